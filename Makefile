@@ -1,0 +1,36 @@
+# Two commands matter: `make run` and `make test`. Each sets everything up first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench loadtest lint setup system-packages clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,loadtest,dev]'
+	touch $(STAMP)
+
+# Debian packages the tests and load tests use (HAProxy for the cluster, nftables
+# for wire-byte counters). Installed only when missing; we run as root.
+system-packages:
+	@command -v haproxy >/dev/null && command -v nft >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nftables >/dev/null; }
+
+setup: $(STAMP) system-packages
+
+run: $(STAMP)
+	$(VENV)/bin/pushup serve
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) -m loadtest.bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pushup tests loadtest
+	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
