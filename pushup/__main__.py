@@ -1,0 +1,5 @@
+import sys
+
+from pushup.cli import main
+
+sys.exit(main())

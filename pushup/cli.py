@@ -1,0 +1,80 @@
+"""``pushup serve``: parse the configuration, install the reactor first, run.
+
+Invalid configuration is one line on stderr and exit code 2. The reactor is
+installed before anything imports ``twisted.internet.reactor``; the first line
+on stdout is ``listening on http://HOST:PORT`` once connections are accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from collections.abc import Sequence
+
+from pushup.config import Config, ConfigError, load
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
+        return 2
+    if config.workers > 1:
+        print("pushup: error: --workers above 1 is not available yet", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def install_reactor(name: str) -> None:
+    if name == "epoll":
+        from twisted.internet import epollreactor as chosen
+    elif name == "poll":
+        from twisted.internet import pollreactor as chosen  # type: ignore[no-redef]
+    else:
+        from twisted.internet import selectreactor as chosen  # type: ignore[no-redef]
+    chosen.install()
+
+
+def raise_open_files_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def start_logging(level: str) -> None:
+    from twisted.logger import (FilteringLogObserver, LogLevel, LogLevelFilterPredicate,
+                                globalLogBeginner, textFileLogObserver)
+
+    predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
+    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def serve(config: Config) -> int:
+    install_reactor(config.reactor)
+    raise_open_files_limit()
+    start_logging(config.log_level)
+
+    from twisted.internet import reactor
+    from twisted.internet.error import CannotListenError
+
+    from pushup.node import Node
+
+    node = Node(config, reactor)
+    try:
+        port = node.listen()
+    except CannotListenError as e:
+        print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
+              f"{e.socketError}", file=sys.stderr)
+        return 1
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"listening on http://{host}:{port}", flush=True)
+    reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

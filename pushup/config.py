@@ -1,0 +1,212 @@
+"""One validated ``Config`` from defaults, a TOML file, the environment and flags.
+
+Precedence: flags win over ``PUSHUP_*`` environment variables, which win
+over the ``--config`` TOML file, which wins over the defaults below. Any
+invalid value raises ``ConfigError`` with a one-line message; the CLI turns
+that into exit code 2. Nothing here starts the reactor or opens a socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pushup.model import check_node_id
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message is one line for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    node_id: str = ""  # empty: a random one is made at start
+    peer: tuple[str, ...] = ()
+    cluster_secret: str = ""
+    publish_token: str = ""
+    reactor: str = "epoll"
+    workers: int = 1
+    message_ttl: float = 3600.0
+    channel_ttl: float = 3600.0
+    max_timeout: float = 120.0
+    cors_origin: str = ""
+    allow_open_publish: bool = False
+    max_body_bytes: int = 1024 * 1024
+    max_message_bytes: int = 64 * 1024
+    max_channels: int = 64
+    max_limit: int = 1000
+    max_messages_per_channel: int = 1000
+    max_cached_bytes: int = 256 * 1024 * 1024
+    max_connections: int = 16000
+    log_level: str = "info"
+
+
+REACTORS = ("epoll", "poll", "select")
+LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
+# Every option: (help, metavar). Types come from the Config annotations.
+_HELP: dict[str, tuple[str, str | None]] = {
+    "host": ("address to listen on", "HOST"),
+    "port": ("port to listen on (0: any free port)", "PORT"),
+    "node_id": ("this node's id (letters, digits, _ and -); default random", "ID"),
+    "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
+    "cluster_secret": ("shared secret peers authenticate with", "S"),
+    "publish_token": ("bearer token required to publish and manage channels", "T"),
+    "reactor": ("event loop: epoll, poll or select", "NAME"),
+    "workers": ("processes sharing the port (a number, or auto)", "N"),
+    "message_ttl": ("seconds a message is kept", "SECONDS"),
+    "channel_ttl": ("seconds a channel lives without publishes or subscribers", "SECONDS"),
+    "max_timeout": ("longest hold of a subscribe, in seconds", "SECONDS"),
+    "cors_origin": ("answer CORS for this origin (or *)", "ORIGIN"),
+    "allow_open_publish": ("allow publishing without a token on a public address", None),
+    "max_body_bytes": ("largest request body", "BYTES"),
+    "max_message_bytes": ("largest message data (serialised JSON)", "BYTES"),
+    "max_channels": ("most channels per subscribe or per message", "N"),
+    "max_limit": ("most messages in one subscribe response", "N"),
+    "max_messages_per_channel": ("messages cached per channel (oldest evicted)", "N"),
+    "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "BYTES"),
+    "max_connections": ("open connections before answering 503 overloaded", "N"),
+    "log_level": ("debug, info, warn, error or critical", "LEVEL"),
+}
+_TYPES = {f.name: f.type for f in fields(Config)}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pushup", description="PushUp long-polling pub/sub server")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    serve = commands.add_parser("serve", help="run a node in the foreground")
+    serve.add_argument("--config", metavar="FILE", help="TOML file of settings")
+    for name, (text, metavar) in _HELP.items():
+        flag = "--" + name.replace("_", "-")
+        if _TYPES[name] == "bool":
+            serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
+        elif name == "peer":
+            serve.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
+        else:
+            serve.add_argument(flag, default=None, metavar=metavar, help=text)
+    return parser
+
+
+def load(
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    read_file: Callable[[str], bytes] = lambda p: Path(p).read_bytes(),
+) -> Config:
+    """Parse ``pushup serve ...`` into a Config, or raise ConfigError."""
+    args = vars(build_parser().parse_args(list(argv)))
+    raw: dict[str, Any] = {}
+    config_path = args.pop("config") or environ.get("PUSHUP_CONFIG")
+    if config_path:
+        raw.update(_read_toml(config_path, read_file))
+    for name in _HELP:
+        value = environ.get("PUSHUP_" + name.upper())
+        if value is not None:
+            raw[name] = value.split(",") if name == "peer" else value
+    for name in _HELP:
+        if args.get(name) is not None:
+            raw[name] = args[name]
+    return validate(Config(**{k: _convert(k, v) for k, v in raw.items()}))
+
+
+def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(read_file(path).decode("utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    unknown = sorted(set(data) - set(_HELP))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting {unknown[0]!r}")
+    return data
+
+
+def _convert(name: str, value: Any) -> Any:
+    kind = _TYPES[name]
+    flag = "--" + name.replace("_", "-")
+    try:
+        if kind == "bool":
+            return _to_bool(value)
+        if name == "peer":
+            items = [value] if isinstance(value, str) else list(value)
+            return tuple(str(v).strip() for v in items if str(v).strip())
+        if name == "workers" and str(value).strip() == "auto":
+            return os.cpu_count() or 1
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError
+            return number
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag}: invalid value {value!r}") from None
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(value)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def validate(c: Config) -> Config:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    need(0 <= c.port <= 65535, "--port must be 0-65535")
+    if c.node_id:
+        try:
+            check_node_id(c.node_id)
+        except ValueError as e:
+            raise ConfigError(f"--node-id: {e}") from None
+    need(c.reactor in REACTORS, f"--reactor must be one of {', '.join(REACTORS)}")
+    need(c.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+    need(1 <= c.workers <= 64, "--workers must be 1-64 or auto")
+    for name in ("message_ttl", "channel_ttl", "max_timeout"):
+        need(getattr(c, name) > 0, f"--{name.replace('_', '-')} must be more than 0")
+    for name in ("max_body_bytes", "max_message_bytes", "max_channels", "max_limit",
+                 "max_messages_per_channel", "max_cached_bytes", "max_connections"):
+        need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    need(c.max_message_bytes <= c.max_cached_bytes,
+         "--max-message-bytes must not exceed --max-cached-bytes")
+    for url in c.peer:
+        need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
+    need(not c.peer or bool(c.cluster_secret),
+         "--peer needs --cluster-secret: peers always authenticate each other")
+    need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
+         f"refusing to listen on {c.host} with publishing open: "
+         "set --publish-token or --allow-open-publish")
+    return c

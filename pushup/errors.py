@@ -1,0 +1,84 @@
+"""Every error PushUp answers a client with, and nothing else.
+
+The core raises these; exactly one function in :mod:`pushup.web` turns them
+into the JSON error body. Each class carries the HTTP status and the
+machine-readable code of API.md, so a raise site only writes the sentence.
+"""
+
+from __future__ import annotations
+
+
+class PushUpError(Exception):
+    """An error a client caused or must be told about: status, code, message."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class BadRequest(PushUpError):
+    """400: malformed body, wrong type, out-of-range value."""
+
+    status = 400
+    code = "bad_parameter"
+
+
+class BadJSON(BadRequest):
+    code = "bad_json"
+
+
+class BadChannelName(BadRequest):
+    code = "bad_channel_name"
+
+
+class TooManyChannels(BadRequest):
+    code = "too_many_channels"
+
+
+class Unauthorized(PushUpError):
+    status = 401
+    code = "unauthorized"
+
+
+class NotFound(PushUpError):
+    status = 404
+    code = "not_found"
+
+
+class NoSuchChannel(NotFound):
+    code = "no_such_channel"
+
+
+class MethodNotAllowed(PushUpError):
+    status = 405
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class ChannelExists(PushUpError):
+    status = 409
+    code = "channel_exists"
+
+
+class TooLarge(PushUpError):
+    status = 413
+    code = "too_large"
+
+
+class Unavailable(PushUpError):
+    """503: work the node cannot hold right now."""
+
+    status = 503
+    code = "overloaded"
+
+
+class ShuttingDown(Unavailable):
+    code = "shutting_down"

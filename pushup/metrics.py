@@ -1,0 +1,88 @@
+"""The node's figures, for ``/stats`` (JSON) and ``/metrics`` (Prometheus).
+
+Both views read the same snapshot, built from the live counters at request
+time, so they can never disagree. Labels have fixed cardinality: a peer URL
+is a label (peers are configured), a channel name never is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counts the node keeps (mutable, owned by the node)."""
+
+    published: int = 0  # messages accepted from publishers here, once each
+    delivered: int = 0  # messages handed to subscribers, per subscriber
+    bytes_in: int = 0
+    bytes_out: int = 0
+    connections: int = 0  # open now
+    refused: int = 0  # connections answered 503 overloaded
+
+
+# (key in /stats, Prometheus name, kind, help)
+_FIGURES = (
+    ("uptime_s", "pushup_uptime_seconds", "gauge", "Seconds since the node started"),
+    ("connections", "pushup_connections", "gauge", "Open client connections"),
+    ("waiting", "pushup_waiting", "gauge", "Subscriptions held open"),
+    ("channels", "pushup_channels", "gauge", "Channels that exist"),
+    ("messages", "pushup_messages", "gauge", "Distinct cached messages, every origin"),
+    ("cached_bytes", "pushup_cached_bytes", "gauge", "Bytes of cached messages"),
+    ("published", "pushup_published", "counter", "Messages accepted from publishers here"),
+    ("delivered", "pushup_delivered", "counter", "Messages handed to subscribers"),
+    ("bytes_in", "pushup_bytes_in", "counter", "Bytes received from clients"),
+    ("bytes_out", "pushup_bytes_out", "counter", "Bytes sent to clients"),
+    ("refused", "pushup_refused_connections", "counter", "Connections refused, overloaded"),
+)
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Collector:
+    """Prometheus collector over a snapshot function (same data as /stats)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._snapshot()
+        for key, name, kind, text in _FIGURES:
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, text, value=stats[key])
+        queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",
+                                   labels=["peer"])
+        sent = CounterMetricFamily("pushup_peer_sent", "Messages delivered to a peer",
+                                   labels=["peer"])
+        up = GaugeMetricFamily("pushup_peer_up", "1 if the peer link is up", labels=["peer"])
+        for peer in stats["peers"]:
+            queued.add_metric([peer["url"]], peer["queued"])
+            sent.add_metric([peer["url"]], peer["sent"])
+            up.add_metric([peer["url"]], 1 if peer["state"] == "up" else 0)
+        yield from (queued, sent, up)
+
+
+def registry_for(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """A registry with our figures plus the process's (memory, CPU, fds)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector(snapshot))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def prometheus_text(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

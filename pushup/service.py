@@ -1,0 +1,227 @@
+"""The node's behaviour over time: publish, hold, answer, expire, drain.
+
+``Service`` owns the store, the hub and the counters, and is driven by an
+injected clock (``IReactorTime``): one timer for every subscriber timeout,
+one for retention. It builds response bodies (each message's JSON was
+serialised once at publish; equal queries share one body) and hands them to
+the subscriber objects the HTTP layer gives it. It parses no HTTP.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from pushup.errors import ShuttingDown
+from pushup.hub import Hub, Waiter
+from pushup.metrics import Counters
+from pushup.model import Draft, Message, Query, dumps
+from pushup.store import Result, Store
+
+SLICE = 500  # subscribers answered per reactor turn during a fan-out
+SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
+
+
+class Subscriber(Protocol):
+    """The HTTP layer's end of a held subscription."""
+
+    def respond(self, body: bytes) -> bool:
+        """Send ``body`` as the 200 answer; False if the client is gone."""
+
+
+def render(query: Query, result: Result, closed: Sequence[str] = ()) -> bytes:
+    """The subscribe response body for ``result``."""
+    wanted = frozenset(query.channels)
+    parts = [b'{"messages":[', b",".join(m.json_for(wanted) for m in result.messages),
+             b'],"cursor":"', result.cursor.encode().encode(), b'"']
+    if result.gap:
+        parts.append(b',"gap":true')
+    parts += [b',"closed":', dumps(list(closed)), b"}"]
+    return b"".join(parts)
+
+
+class Alarm:
+    """One timer that fires ``callback(deadline)`` no later than asked."""
+
+    def __init__(self, clock: IReactorTime, callback: Callable[[int], None]) -> None:
+        self._clock = clock
+        self._callback = callback
+        self._call: IDelayedCall | None = None
+        self._at = 0
+
+    def set(self, deadline: int | None, now: int) -> None:
+        """Fire at ``deadline`` (µs) unless already due earlier; None disarms."""
+        if self._call is not None and self._call.active():
+            if deadline is not None and self._at <= deadline:
+                return
+            self._call.cancel()
+        self._call = None
+        if deadline is not None:
+            self._at = deadline
+            self._call = self._clock.callLater(max(0, deadline - now) / 1e6, self._fire)
+
+    def _fire(self) -> None:
+        self._call = None
+        self._callback(self._at)
+
+
+class Service:
+    def __init__(self, store: Store, clock: IReactorTime, max_timeout: float) -> None:
+        self.store = store
+        self.hub = Hub()
+        self.counters = Counters()
+        self.clock = clock
+        self.max_timeout = max_timeout
+        self.started = clock.seconds()
+        self.draining = False
+        self.on_publish: list[Callable[[list[Message]], None]] = []  # e.g. peer links
+        self._timeouts = Alarm(clock, self._on_timeout)
+        self._sweeper = Alarm(clock, self._on_sweep)
+        self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
+        self._flushing: IDelayedCall | None = None
+
+    def now(self) -> int:
+        return round(self.clock.seconds() * 1_000_000)
+
+    # -- publishing --------------------------------------------------------
+
+    def publish(self, drafts: Sequence[Draft]) -> list[Message]:
+        """Accept drafts from a publisher (all validated): store, answer, forward."""
+        if self.draining:
+            raise ShuttingDown("the node is shutting down; publish to another node")
+        now = self.now()
+        messages = self.store.publish(drafts, now)
+        self.counters.published += len(messages)
+        self.arrived(messages, now)
+        for listener in self.on_publish:
+            listener(messages)
+        return messages
+
+    def arrived(self, messages: Iterable[Message], now: int) -> None:
+        """New messages are in the store: answer everyone they are for."""
+        waiters: dict[Waiter, None] = {}
+        for m in messages:
+            waiters.update(dict.fromkeys(self.hub.take_matching(m)))
+        self._answer(waiters)
+        self._timeouts.set(self.hub.next_deadline(), now)
+        self._sweeper.set(self._next_sweep(), now)
+
+    # -- subscribing -------------------------------------------------------
+
+    def subscribe(self, query: Query, timeout: float, who: Subscriber) -> bytes | Waiter:
+        """Answer now (returns the body) or hold (returns the Waiter to forget)."""
+        now = self.now()
+        self.store.touch(query.channels, now)
+        result = self.store.query(query)
+        past_until = query.until is not None and query.until < now
+        if result.messages or result.gap or timeout <= 0 or self.draining or past_until:
+            self.counters.delivered += len(result.messages)
+            return render(query, result)
+        waiter = Waiter(query, now + round(min(timeout, self.max_timeout) * 1e6), who)
+        self.hub.add(waiter)
+        self._timeouts.set(waiter.deadline, now)
+        self._sweeper.set(self._next_sweep(), now)
+        return waiter
+
+    def rearm(self) -> None:
+        """Channels were created or renewed: make sure retention runs in time."""
+        self._sweeper.set(self._next_sweep(), self.now())
+
+    def forget(self, waiter: Waiter) -> None:
+        """The subscriber went away: drop every trace of it."""
+        if self.hub.discard(waiter):
+            self._timeouts.set(self.hub.next_deadline(), self.now())
+
+    def close_channel(self, name: str) -> None:
+        self.store.delete(name)
+        self._answer(dict.fromkeys(self.hub.take_channel(name)), closed=name)
+        self._timeouts.set(self.hub.next_deadline(), self.now())
+
+    # -- answering ---------------------------------------------------------
+
+    def _answer(self, waiters: Iterable[Waiter], closed: str | None = None) -> None:
+        """Queue an answer for each waiter; equal queries share one body."""
+        bodies: dict[Query, tuple[bytes, int]] = {}
+        for waiter in waiters:
+            entry = bodies.get(waiter.query)
+            if entry is None:
+                result = self.store.query(waiter.query)
+                entry = (render(waiter.query, result, [closed] if closed else ()),
+                         len(result.messages))
+                bodies[waiter.query] = entry
+            self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
+        self._flush()
+
+    def _flush(self, everything: bool = False) -> None:
+        """Answer a slice of the backlog now and yield the reactor for the rest."""
+        self._flushing = None
+        backlog = self._backlog
+        n = len(backlog) if everything else min(SLICE, len(backlog))
+        delivered = 0
+        for _ in range(n):
+            who, body, count = backlog.popleft()
+            if who.respond(body):
+                delivered += count
+        self.counters.delivered += delivered
+        if backlog and self._flushing is None:
+            self._flushing = self.clock.callLater(0, self._flush)
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    # -- timers ------------------------------------------------------------
+
+    def _on_timeout(self, deadline: int) -> None:
+        now = max(self.now(), deadline)
+        self._answer(self.hub.take_expired(now))
+        self._timeouts.set(self.hub.next_deadline(), now)
+
+    def _next_sweep(self) -> int | None:
+        deadline = self.store.next_deadline()
+        if deadline is None:
+            return None
+        return deadline + (-deadline % SWEEP_GRAIN)
+
+    def _on_sweep(self, deadline: int) -> None:
+        now = max(self.now(), deadline)
+        self.store.expire(now, busy=lambda name: self.hub.waiting_on(name) > 0)
+        self._sweeper.set(self._next_sweep(), now)
+
+    # -- shutting down -----------------------------------------------------
+
+    def drain(self) -> None:
+        """Refuse new work and answer every held subscriber now."""
+        self.draining = True
+        self._answer(self.hub.take_all())
+        if self._flushing is not None and self._flushing.active():
+            self._flushing.cancel()
+        self._flush(everything=True)
+        self._timeouts.set(None, self.now())
+        self._sweeper.set(None, self.now())
+
+    # -- figures -----------------------------------------------------------
+
+    def snapshot(self, peers: list[dict[str, object]], rss: int) -> dict[str, object]:
+        c = self.counters
+        return {
+            "node_id": self.store.origin.node_id,
+            "origin": self.store.origin.name,
+            "uptime_s": round(self.clock.seconds() - self.started, 3),
+            "connections": c.connections,
+            "waiting": len(self.hub),
+            "channels": len(self.store.channels),
+            "messages": self.store.message_count,
+            "cached_bytes": self.store.bytes,
+            "published": c.published,
+            "delivered": c.delivered,
+            "bytes_in": c.bytes_in,
+            "bytes_out": c.bytes_out,
+            "refused": c.refused,
+            "rss_bytes": rss,
+            "peers": peers,
+        }
+

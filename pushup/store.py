@@ -1,0 +1,351 @@
+"""The message cache: channels, their messages in order, retention and gaps.
+
+Each channel keeps one sorted run per origin (``SortedKeyList`` keyed by
+sequence number; an origin's timestamps strictly increase with its sequence,
+so a run is also in timestamp order). A query merges the runs of its
+channels by ``(timestamp, id)``, returns each message once, and computes the
+cursor that comes after it. A global index ordered by ``(timestamp, id)``
+drives retention: message ttl and the total-bytes cap evict oldest first.
+
+This module never touches a socket and never reads the clock: every method
+that depends on time takes ``now`` (integer microseconds).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from operator import attrgetter
+
+from sortedcontainers import SortedKeyList
+
+from pushup.cursor import Cursor
+from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
+from pushup.model import Draft, Message, Origin, Query, check_channel_name
+
+_by_seq = attrgetter("seq")
+_by_time = attrgetter("sort_key")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long and how much the store keeps (times in microseconds)."""
+
+    message_ttl: int
+    channel_ttl: int
+    max_per_channel: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """An answer to a Query: messages in order, the next cursor, a gap flag."""
+
+    messages: tuple[Message, ...]
+    cursor: Cursor
+    gap: bool
+
+
+class Channel:
+    """One channel's runs, lifetime and eviction record (owned by Store)."""
+
+    __slots__ = ("name", "ttl", "expires_at", "queued_at", "runs", "count",
+                 "evicted", "evicted_ts")
+
+    def __init__(self, name: str, ttl: int, now: int) -> None:
+        self.name = name
+        self.ttl = ttl
+        self.expires_at = now + ttl
+        self.queued_at = -1  # the deadline this channel has in the expiry heap
+        self.runs: dict[str, SortedKeyList] = {}
+        self.count = 0
+        # Highest evicted sequence per origin, and highest evicted timestamp:
+        # what a client must have read past to have no gap.
+        self.evicted: dict[str, int] = {}
+        self.evicted_ts = 0
+
+    def oldest(self) -> Message | None:
+        heads = [run[0] for run in self.runs.values()]
+        return min(heads, key=_by_time) if heads else None
+
+    def has_gap(self, since: Cursor | int) -> bool:
+        if isinstance(since, Cursor):
+            return any(seq > since.position(o) for o, seq in self.evicted.items())
+        return self.evicted_ts > since
+
+
+class Store:
+    """Channels and cached messages of every origin, with retention.
+
+    Local publishes get their ids from ``origin``; messages of other origins
+    are applied with :meth:`apply`, strictly in sequence order per origin, so
+    ``horizon`` (the highest contiguous sequence per origin) is what a cursor
+    may safely claim.
+    """
+
+    def __init__(self, retention: Retention, origin: Origin) -> None:
+        self.retention = retention
+        self.origin = origin
+        self.channels: dict[str, Channel] = {}
+        self.horizon: dict[str, int] = {origin.name: 0}
+        self.bytes = 0
+        self._by_time = SortedKeyList(key=_by_time)
+        self._holders: dict[str, int] = {}  # message id -> channels holding it
+        self._deadlines: list[tuple[int, str]] = []  # lazy channel-expiry heap
+        self._generated = 0
+
+    # -- reading -----------------------------------------------------------
+
+    @property
+    def message_count(self) -> int:
+        return len(self._by_time)
+
+    def next_deadline(self) -> int | None:
+        """When :meth:`expire` next has something to do (µs), if ever."""
+        times = [self._deadlines[0][0]] if self._deadlines else []
+        if self._by_time:
+            times.append(self._by_time[0].ts + self.retention.message_ttl)
+        return min(times) if times else None
+
+    def get(self, name: str) -> Channel:
+        channel = self.channels.get(name)
+        if channel is None:
+            raise NoSuchChannel(f"no channel named {name!r}")
+        return channel
+
+    def query(self, q: Query) -> Result:
+        """Messages after ``q.since`` on ``q.channels``, at most ``q.limit``.
+
+        The cursor returned claims, per origin, everything up to the first
+        matching message not returned (cut by ``limit`` or ``until``), or the
+        whole horizon when none is left; it never moves a position back.
+        """
+        since = q.since
+        gap = False
+        heap: list[tuple[int, str, int, Message, Iterator[Message]]] = []
+        for name in q.channels:
+            channel = self.channels.get(name)
+            if channel is None:
+                continue
+            gap = gap or channel.has_gap(since)
+            for origin, run in channel.runs.items():
+                if isinstance(since, Cursor):
+                    start = run.bisect_key_right(since.position(origin))
+                else:
+                    start = _first_after(run, since)
+                if start < len(run):
+                    stream = run.islice(start)
+                    m = next(stream)
+                    heap.append((m.ts, m.id, len(heap), m, stream))
+        heapq.heapify(heap)
+
+        out: list[Message] = []
+        last_id = ""
+        while heap and len(out) < q.limit:
+            ts, ident, k, m, stream = heap[0]
+            if q.until is not None and ts > q.until:
+                break
+            if ident != last_id:  # the same message on another channel: once
+                out.append(m)
+                last_id = ident
+            _advance(heap, k, stream)
+        while heap and heap[0][1] == last_id:
+            _advance(heap, heap[0][2], heap[0][4])
+
+        # Origins with a message still to come stop just before it.
+        pending: dict[str, int] = {}
+        for _, _, _, m, _ in heap:
+            if m.seq <= pending.get(m.origin, m.seq):
+                pending[m.origin] = m.seq
+        updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self.horizon.items()]
+        base = since if isinstance(since, Cursor) else Cursor(())
+        return Result(tuple(out), base.advanced(updates), gap)
+
+    # -- writing -----------------------------------------------------------
+
+    def publish(self, drafts: Iterable[Draft], now: int) -> list[Message]:
+        """Accept validated drafts from a publisher, in order; returns the messages."""
+        messages = []
+        for draft in drafts:
+            seq, ts = self.origin.next(now)
+            m = Message(self.origin.name, seq, ts, draft.channels, draft.data)
+            self._insert(m, now)
+            messages.append(m)
+        return messages
+
+    def apply(self, m: Message, now: int) -> bool:
+        """Apply another origin's message; False if already applied.
+
+        Raises ValueError if it is not the next in its origin's sequence: the
+        caller must fetch what is missing first, so the horizon has no holes.
+        """
+        have = self.horizon.get(m.origin, 0)
+        if m.seq <= have:
+            return False
+        if m.seq != have + 1:
+            raise ValueError(f"{m.origin}: expected seq {have + 1}, got {m.seq}")
+        self._insert(m, now)
+        return True
+
+    def _insert(self, m: Message, now: int) -> None:
+        self.horizon[m.origin] = m.seq
+        for name in m.channels:
+            channel = self._channel(name, now)
+            channel.runs.setdefault(m.origin, SortedKeyList(key=_by_seq)).add(m)
+            channel.count += 1
+            channel.expires_at = max(channel.expires_at, now + channel.ttl)
+        self._holders[m.id] = len(m.channels)
+        self._by_time.add(m)
+        self.bytes += m.size
+        for name in m.channels:
+            channel = self.channels[name]
+            while channel.count > self.retention.max_per_channel:
+                oldest = channel.oldest()
+                assert oldest is not None
+                self._drop_from(channel, oldest)
+                self._release(oldest)
+        while self.bytes > self.retention.max_bytes:
+            self._evict(self._by_time[0])
+
+    def _channel(self, name: str, now: int, ttl: int | None = None) -> Channel:
+        channel = self.channels.get(name)
+        if channel is None:
+            channel = Channel(name, self.retention.channel_ttl if ttl is None else ttl, now)
+            self.channels[name] = channel
+            self._schedule(channel)
+        return channel
+
+    def touch(self, names: Iterable[str], now: int) -> None:
+        """Create the channels a subscriber names, if they do not exist."""
+        for name in names:
+            self._channel(name, now)
+
+    # -- channel lifecycle -------------------------------------------------
+
+    def create(self, name: str | None, ttl: int | None, now: int) -> Channel:
+        if name is None:
+            while name is None or name in self.channels:
+                self._generated += 1
+                name = f"_{self.origin.name}.{self._generated}"
+        check_channel_name(name)
+        if name in self.channels:
+            raise ChannelExists(f"channel {name!r} exists")
+        return self._channel(name, now, _check_ttl(ttl, self.retention.channel_ttl))
+
+    def renew(self, name: str, ttl: int | None, now: int) -> Channel:
+        channel = self.get(name)
+        channel.ttl = _check_ttl(ttl, channel.ttl)
+        channel.expires_at = now + channel.ttl
+        if channel.expires_at < channel.queued_at:
+            self._schedule(channel)
+        return channel
+
+    def delete(self, name: str) -> None:
+        channel = self.get(name)
+        del self.channels[name]
+        for run in channel.runs.values():
+            for m in run:
+                self._release(m)
+
+    def expire(self, now: int, busy: Callable[[str], bool]) -> list[str]:
+        """Drop expired messages and channels; returns the channels removed.
+
+        A channel expires ``ttl`` after its last publish (or creation or
+        renewal) unless ``busy(name)``: then it is looked at again one ttl on.
+        """
+        cutoff = now - self.retention.message_ttl
+        while self._by_time and self._by_time[0].ts <= cutoff:
+            self._evict(self._by_time[0])
+        removed = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, name = heapq.heappop(self._deadlines)
+            channel = self.channels.get(name)
+            if channel is None or channel.queued_at != deadline:
+                continue  # deleted, or a stale entry
+            if channel.expires_at <= now and busy(name):
+                channel.expires_at = now + channel.ttl
+            if channel.expires_at > now:
+                self._schedule(channel)
+                continue
+            self.delete(name)
+            removed.append(name)
+        return removed
+
+    # -- internals ---------------------------------------------------------
+
+    def _schedule(self, channel: Channel) -> None:
+        channel.queued_at = channel.expires_at
+        heapq.heappush(self._deadlines, (channel.expires_at, channel.name))
+
+    def _evict(self, m: Message) -> None:
+        """Remove ``m`` from every channel and the cache, recording the gap."""
+        for name in m.channels:
+            channel = self.channels.get(name)
+            if channel is not None and _holds(channel, m):
+                self._drop_from(channel, m)
+        self._forget(m)
+
+    def _drop_from(self, channel: Channel, m: Message) -> None:
+        run = channel.runs[m.origin]
+        run.remove(m)
+        if not run:
+            del channel.runs[m.origin]
+        channel.count -= 1
+        if m.seq > channel.evicted.get(m.origin, 0):
+            channel.evicted[m.origin] = m.seq
+        channel.evicted_ts = max(channel.evicted_ts, m.ts)
+
+    def _release(self, m: Message) -> None:
+        """One channel let go of ``m``; forget it when none holds it."""
+        left = self._holders.get(m.id, 0) - 1
+        if left > 0:
+            self._holders[m.id] = left
+        elif m.id in self._holders:
+            self._forget(m)
+
+    def _forget(self, m: Message) -> None:
+        if self._holders.pop(m.id, None) is not None:
+            self._by_time.remove(m)
+            self.bytes -= m.size
+
+
+def _holds(channel: Channel, m: Message) -> bool:
+    run = channel.runs.get(m.origin)
+    if run is None:
+        return False
+    i = run.bisect_key_left(m.seq)
+    return i < len(run) and run[i] is m
+
+
+def _advance(heap: list, k: int, stream: Iterator[Message]) -> None:
+    nxt = next(stream, None)
+    if nxt is None:
+        heapq.heappop(heap)
+    else:
+        heapq.heapreplace(heap, (nxt.ts, nxt.id, k, nxt, stream))
+
+
+def _first_after(run: SortedKeyList, ts: int) -> int:
+    """Index of the first message in ``run`` with a timestamp after ``ts``."""
+    lo, hi = 0, len(run)
+    if hi and run[0].ts > ts:
+        return 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if run[mid].ts <= ts:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+MAX_TTL = 366 * 86400 * 1_000_000
+
+
+def _check_ttl(ttl: int | None, default: int) -> int:
+    if ttl is None:
+        return default
+    if not 0 < ttl <= MAX_TTL:
+        raise BadRequest("ttl must be more than 0 and at most 366 days")
+    return ttl
