@@ -63,7 +63,8 @@ def decode(token: str) -> Cursor:
         raise BadRequest("since is neither a time nor a cursor issued by this service")
     body = token[len(PREFIX) :]
     try:
-        text = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("ascii")
+        padded = (body + "=" * (-len(body) % 4)).encode("ascii")
+        text = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
     except (binascii.Error, ValueError):
         raise BadRequest("since is not a valid cursor") from None
     if not text:
