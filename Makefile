@@ -30,7 +30,7 @@ bench: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest
-	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py
+	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

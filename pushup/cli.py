@@ -44,8 +44,13 @@ def raise_open_files_limit() -> None:
 
 
 def start_logging(level: str) -> None:
-    from twisted.logger import (FilteringLogObserver, LogLevel, LogLevelFilterPredicate,
-                                globalLogBeginner, textFileLogObserver)
+    from twisted.logger import (
+        FilteringLogObserver,
+        LogLevel,
+        LogLevelFilterPredicate,
+        globalLogBeginner,
+        textFileLogObserver,
+    )
 
     predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
     observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])

@@ -9,6 +9,7 @@ never reads the clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import count
 from operator import attrgetter
 
@@ -20,7 +21,7 @@ from pushup.model import Message, Query
 class Waiter:
     """One held subscription. ``target`` is the caller's (e.g. the request)."""
 
-    __slots__ = ("query", "deadline", "target", "serial")
+    __slots__ = ("deadline", "query", "serial", "target")
 
     def __init__(self, query: Query, deadline: int, target: object) -> None:
         self.query = query
@@ -94,8 +95,8 @@ class Hub:
     def take_all(self) -> list[Waiter]:
         return self._take(list(self._by_deadline))
 
-    def _take(self, waiters: object) -> list[Waiter]:
-        taken = list(waiters)  # type: ignore[call-overload]
+    def _take(self, waiters: Iterable[Waiter]) -> list[Waiter]:
+        taken = list(waiters)
         for waiter in taken:
             self.discard(waiter)
         return taken

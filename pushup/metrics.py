@@ -79,7 +79,7 @@ class Collector:
 def registry_for(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     """A registry with our figures plus the process's (memory, CPU, fds)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector(snapshot))  # type: ignore[arg-type]
+    registry.register(Collector(snapshot))
     ProcessCollector(registry=registry)
     return registry
 

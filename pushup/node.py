@@ -136,7 +136,7 @@ class Node:
         self.site = PushUpSite(self.web)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
-            log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
+            log.warning("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
             limit = SELECT_CONNECTIONS
         self.gate = Gate(self.site, self.service.counters, limit, reactor)
         self.port: IListeningPort | None = None
@@ -165,5 +165,5 @@ class Node:
         try:
             yield closed
         except defer.TimeoutError:
-            log.warn("drain: some clients did not read their answers in time")
+            log.warning("drain: some clients did not read their answers in time")
         log.info("drained")

@@ -50,8 +50,16 @@ class Result:
 class Channel:
     """One channel's runs, lifetime and eviction record (owned by Store)."""
 
-    __slots__ = ("name", "ttl", "expires_at", "queued_at", "runs", "count",
-                 "evicted", "evicted_ts")
+    __slots__ = (
+        "count",
+        "evicted",
+        "evicted_ts",
+        "expires_at",
+        "name",
+        "queued_at",
+        "runs",
+        "ttl",
+    )
 
     def __init__(self, name: str, ttl: int, now: int) -> None:
         self.name = name
@@ -123,7 +131,7 @@ class Store:
         """
         since = q.since
         gap = False
-        heap: list[tuple[int, str, int, Message, Iterator[Message]]] = []
+        heap: list[_Head] = []
         for name in q.channels:
             channel = self.channels.get(name)
             if channel is None:
@@ -318,7 +326,10 @@ def _holds(channel: Channel, m: Message) -> bool:
     return i < len(run) and run[i] is m
 
 
-def _advance(heap: list, k: int, stream: Iterator[Message]) -> None:
+_Head = tuple[int, str, int, Message, Iterator[Message]]  # (ts, id, stream no., msg, rest)
+
+
+def _advance(heap: list[_Head], k: int, stream: Iterator[Message]) -> None:
     nxt = next(stream, None)
     if nxt is None:
         heapq.heappop(heap)

@@ -24,8 +24,17 @@ from pushup.config import Config
 from pushup.cursor import PREFIX as CURSOR_PREFIX
 from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
-from pushup.model import (Draft, Query, check_channel_list, check_channel_name, dumps,
-                          encode_data, format_time, loads, parse_time)
+from pushup.model import (
+    Draft,
+    Query,
+    check_channel_list,
+    check_channel_name,
+    dumps,
+    encode_data,
+    format_time,
+    loads,
+    parse_time,
+)
 from pushup.service import Service
 
 log = Logger()

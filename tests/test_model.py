@@ -3,8 +3,16 @@ import json
 import pytest
 
 from pushup.errors import BadChannelName, BadJSON, BadRequest, TooLarge, TooManyChannels
-from pushup.model import (Message, Origin, check_channel_list, check_channel_name, encode_data,
-                          format_time, loads, parse_time)
+from pushup.model import (
+    Message,
+    Origin,
+    check_channel_list,
+    check_channel_name,
+    encode_data,
+    format_time,
+    loads,
+    parse_time,
+)
 
 
 @pytest.mark.parametrize("name", ["author:John", "tag:c++", "a", "x" * 200, "ünïcode", "a/b"])
