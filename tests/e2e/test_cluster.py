@@ -1,0 +1,158 @@
+"""Two peered nodes, a peer with the wrong secret, --workers."""
+from __future__ import annotations
+
+import pytest
+
+from pushup_e2e import assert_json_ok, free_port, spawn, stop, uniq, wait_until
+
+
+class Cluster:
+    def __init__(self, secrets=("s3cret", "s3cret")):
+        pa, pb = free_port(), free_port()
+        self.a = spawn("--node-id", "node-a", "--peer", f"http://127.0.0.1:{pb}",
+                       "--cluster-secret", secrets[0], port=str(pa))
+        try:
+            self.b = spawn("--node-id", "node-b", "--peer", f"http://127.0.0.1:{pa}",
+                           "--cluster-secret", secrets[1], port=str(pb))
+        except BaseException:
+            stop(self.a)
+            raise
+
+    def close(self):
+        rcs = [stop(self.a), stop(self.b)]
+        assert rcs == [0, 0], rcs
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    yield c
+    c.close()
+
+
+def wait_peers_up(n):
+    def up():
+        peers = n.stats()["peers"]
+        return len(peers) == 1 and peers[0]["state"] == "up"
+    wait_until(up, 20, interval=0.1, msg="peer up")
+
+
+def test_peers_listed_in_stats(cluster):
+    for n, other in ((cluster.a, cluster.b), (cluster.b, cluster.a)):
+        wait_peers_up(n)
+        peers = n.stats()["peers"]
+        assert len(peers) == 1
+        p = peers[0]
+        assert set(p) >= {"url", "state", "queued", "sent"}
+        assert p["url"].rstrip("/") == f"http://127.0.0.1:{other.port}"
+        assert isinstance(p["queued"], int) and isinstance(p["sent"], int)
+
+
+def test_publish_on_one_node_wakes_subscriber_on_other(cluster):
+    a, b = cluster.a, cluster.b
+    ch = uniq("x")
+    cur = b.subscribe([ch])["cursor"]
+    p = b.subscribe_async([ch], since=cur, timeout=60)
+    b.wait_subscribers(ch, 1)
+    sent0 = a.stats()["peers"][0]["sent"]
+    pub_b0 = b.stats()["published"]
+    pub = a.publish([ch], {"from": "a"})
+    body = assert_json_ok(p.result(10))
+    assert [m["id"] for m in body["messages"]] == [pub["id"]]
+    assert body["messages"][0]["timestamp"] == pub["timestamp"]
+    assert body["messages"][0]["data"] == {"from": "a"}
+    wait_until(lambda: a.stats()["peers"][0]["sent"] > sent0, 10, msg="peer sent counter")
+    # published counts only publishes accepted on this node; messages counts every origin
+    assert b.stats()["published"] == pub_b0
+    assert assert_json_ok(b.channel_info(ch))["messages"] == 1
+
+
+def test_exactly_once_across_nodes(cluster):
+    a, b = cluster.a, cluster.b
+    ch = uniq("eo")
+    pubs = [(a if i % 2 else b).publish([ch], i) for i in range(30)]
+    for n in (a, b):
+        wait_until(lambda n=n: n.channel_info(ch).json.get("messages") == 30, 15,
+                   msg="replication")
+    ids_all = [p["id"] for p in pubs]
+    assert len(set(ids_all)) == 30  # unique across the cluster
+    seen, cursor, k = [], "0", 0
+    while True:
+        node = (a, b)[k % 2]
+        k += 1
+        body = node.subscribe([ch], since=cursor, limit=4)
+        if not body["messages"]:
+            break
+        seen += [m["id"] for m in body["messages"]]
+        cursor = body["cursor"]
+        assert k < 50
+    assert sorted(seen) == sorted(ids_all) and len(seen) == 30
+    # per node of origin, in publish order
+    for parity in (0, 1):
+        mine = [p["id"] for i, p in enumerate(pubs) if i % 2 == parity]
+        assert [i for i in seen if i in mine] == mine
+
+
+def test_cursor_from_one_node_works_on_the_other_while_held(cluster):
+    a, b = cluster.a, cluster.b
+    ch = uniq("mix")
+    first = b.publish([ch], 1)
+    body = a.subscribe([ch], since="0", timeout=10)
+    assert [m["id"] for m in body["messages"]] == [first["id"]]
+    p = b.subscribe_async([ch], since=body["cursor"], timeout=60)
+    b.wait_subscribers(ch, 1)
+    second = a.publish([ch], 2)
+    got = assert_json_ok(p.result(10))
+    assert [m["id"] for m in got["messages"]] == [second["id"]]
+
+
+def test_peer_with_wrong_secret_is_refused():
+    c = Cluster(secrets=("right", "wrong"))
+    try:
+        ch = uniq("sec")
+        pub = c.a.publish([ch], "secret stuff")
+        body = c.b.subscribe([ch], since="0", timeout=3)
+        assert body["messages"] == []
+        assert all(m["id"] != pub["id"] for m in body["messages"])
+        r = c.b.channel_info(ch)
+        assert r.status == 404 or r.json["messages"] == 0
+        assert c.b.stats()["messages"] == 0
+    finally:
+        c.close()
+
+
+def test_peer_down_does_not_block_publish(start_node):
+    dead = free_port()
+    n = start_node("--peer", f"http://127.0.0.1:{dead}", "--cluster-secret", "s")
+    ch = uniq("down")
+    pub = n.publish([ch], 1)
+    assert [m["id"] for m in n.subscribe([ch], since="0")["messages"]] == [pub["id"]]
+    peers = n.stats()["peers"]
+    assert len(peers) == 1 and peers[0]["state"] in ("connecting", "down")
+
+
+def test_workers_share_one_port():
+    n = spawn("--workers", "2")
+    try:
+        ch = uniq("w")
+        pubs = [n.publish([ch], i) for i in range(20)]  # one connection each: both workers
+
+        def all_visible():
+            return all(len(n.subscribe([ch], since="0")["messages"]) == 20 for _ in range(6))
+        wait_until(all_visible, 15, interval=0.05, msg="every worker sees every message")
+        seen, cursor = [], "0"
+        for _ in range(30):
+            body = n.subscribe([ch], since=cursor, limit=3)
+            if not body["messages"]:
+                break
+            seen += [m["id"] for m in body["messages"]]
+            cursor = body["cursor"]
+        assert sorted(seen) == sorted(p["id"] for p in pubs) and len(seen) == 20
+        # held polls on any worker are answered by a publish on any worker
+        cur = n.subscribe([ch])["cursor"]
+        polls = [n.subscribe_async([ch], since=cur, timeout=60) for _ in range(6)]
+        pub = n.publish([ch], "all")
+        for p in polls:
+            assert [m["id"] for m in assert_json_ok(p.result(15))["messages"]] == [pub["id"]]
+    finally:
+        assert stop(n) == 0
