@@ -1,0 +1,293 @@
+"""In-memory nodes for the unit tests: a real ``Node`` on a ``task.Clock``, no sockets.
+
+``treq.testing.StubTreq`` cannot drive PushUp: its agent builds its own
+``Site`` around a resource, so ``PushUpRequest`` (which routes in
+``process``, caps bodies in ``gotLength``/``handleContentChunk`` and forgets
+waiters in ``connectionLost``) would never run. Instead each ``Conn`` is one
+connection through the node's real ``Gate`` (so ``/stats`` counts it) into
+the real ``HTTPChannel``, over a ``StringTransport``: we write raw HTTP bytes
+in and parse the raw response bytes out. Time only moves with ``clock.advance``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
+
+from pushup.config import Config
+from pushup.node import Node
+
+START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
+JSON_CT = "application/json; charset=utf-8"
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, list[str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = self.headers.get(name.lower())
+        return None if values is None else ", ".join(values)
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+    def __repr__(self) -> str:
+        return f"<Response {self.status} {self.body[:300]!r}>"
+
+
+def parse_responses(raw: bytes, head_only: Callable[[int], bool] = lambda i: False,
+                    ) -> tuple[list[Response], bytes]:
+    """Complete HTTP responses in ``raw`` (Content-Length framed), and the rest."""
+    out = []
+    while b"\r\n\r\n" in raw:
+        head, rest = raw.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        status = int(status_line[1])
+        headers: dict[str, list[str]] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers.setdefault(name.strip().lower(), []).append(value.strip())
+        assert "transfer-encoding" not in headers, "PushUp always sends Content-Length"
+        if status == 100:
+            raw = rest
+            continue
+        length = int(headers.get("content-length", ["0"])[0])
+        if head_only(len(out)) or status in (204, 304):
+            length = 0
+        if len(rest) < length:
+            break
+        out.append(Response(status, headers, rest[:length]))
+        raw = rest[length:]
+    return out, raw
+
+
+class Conn:
+    """One client connection to a node: write bytes, read responses."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        self.protocol = harness.node.gate.buildProtocol(self.transport.getPeer())
+        self.protocol.makeConnection(self.transport)
+        self.lost = False
+        self.sent: list[bytes] = []  # every chunk the client wrote
+        self._heads: list[bool] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        self.protocol.dataReceived(data)
+        self._settle()
+
+    def request(self, method: str, path: str, body: bytes | str | Any = None,
+                headers: dict[str, str] | None = None) -> None:
+        if body is not None and not isinstance(body, bytes | str):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        lines = [f"{method} {path} HTTP/1.1", "Host: pushup.test"]
+        for name, value in (headers or {}).items():
+            lines.append(f"{name}: {value}")
+        if body is not None and not any(h.lower() in ("content-length", "transfer-encoding")
+                                        for h in headers or {}):
+            lines.append(f"Content-Length: {len(body)}")
+        self._heads.append(method == "HEAD")
+        self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+
+    def responses(self) -> list[Response]:
+        found, _ = parse_responses(self.transport.value(),
+                                   lambda i: i < len(self._heads) and self._heads[i])
+        return found
+
+    @property
+    def response(self) -> Response | None:
+        """The first response on this connection, or None while it is held."""
+        found = self.responses()
+        return found[0] if found else None
+
+    def close(self, reason: type[Exception] = ConnectionLost) -> None:
+        """The client went away (or the server's close completed)."""
+        if not self.lost:
+            self.lost = True
+            self.protocol.connectionLost(Failure(reason()))
+
+    def _settle(self) -> None:
+        # A StringTransport only records loseConnection; complete it as the
+        # reactor would once the output is flushed.
+        if self.transport.disconnecting and not self.lost:
+            self.close(ConnectionDone)
+
+
+@dataclass
+class Harness:
+    """A node on a Clock plus helpers to talk HTTP to it."""
+
+    config: Config
+    clock: Clock = field(default_factory=Clock)
+    conns: list[Conn] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.clock.advance(START)
+        self.node = Node(self.config, reactor=self.clock)
+        # PushUpSite takes no reactor, so twisted.web would arm connection
+        # idle timeouts on the global reactor; keep every timer on our clock.
+        self.node.site.reactor = self.clock
+
+    @property
+    def service(self) -> Any:
+        return self.node.service
+
+    def connect(self) -> Conn:
+        conn = Conn(self)
+        self.conns.append(conn)
+        return conn
+
+    def open(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> Conn:
+        """Send one request on a new connection and leave it open (e.g. held)."""
+        conn = self.connect()
+        conn.request(method, path, body, headers)
+        return conn
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None) -> Response:
+        """One request on a new connection, answered at once; then hang up."""
+        conn = self.open(method, path, body, headers)
+        response = conn.response
+        assert response is not None, f"{method} {path} was not answered at once"
+        conn.close(ConnectionDone)
+        return response
+
+    def get(self, path: str, **kw: Any) -> Response:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Response:
+        return self.request("POST", path, body, **kw)
+
+    def publish(self, channels: list[str] | str, data: Any = None, **kw: Any) -> Response:
+        if isinstance(channels, str):
+            channels = [channels]
+        return self.post("/publish", {"channels": channels, "data": data}, **kw)
+
+    def subscribe(self, channels: str, **params: Any) -> Conn:
+        """A subscribe on its own connection (maybe held; see ``conn.response``)."""
+        query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
+        path = f"/subscribe?channels={quote(channels, safe=',')}" + (f"&{query}" if query else "")
+        return self.open("GET", path)
+
+    def stats(self) -> dict[str, Any]:
+        response = self.get("/stats")
+        assert response.status == 200, response
+        return response.json  # type: ignore[no-any-return]
+
+    def pending_times(self) -> list[float]:
+        """When each scheduled call on the clock is due."""
+        return sorted(call.getTime() for call in self.clock.getDelayedCalls())
+
+    def turn(self) -> int:
+        """Run the calls due now, as one reactor iteration would; returns how many.
+
+        ``Clock.advance(0)`` also runs calls scheduled *while* it runs (a
+        ``callLater(0)`` made by a due call), so it cannot show that work was
+        split across turns. A real reactor runs those on its next iteration;
+        this does the same.
+        """
+        now = self.clock.seconds()
+        due = [c for c in self.clock.getDelayedCalls() if c.getTime() <= now]
+        for call in due:
+            if call.active():
+                self.clock.calls.remove(call)
+                call.called = 1
+                call.func(*call.args, **call.kw)
+        return len(due)
+
+    def answered(self, conns: list[Conn]) -> int:
+        return sum(1 for c in conns if c.transport.value())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    if call.when == "call":
+        item.call_failed = outcome.get_result().failed  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def no_logged_failures(request: pytest.FixtureRequest) -> Iterator[list[dict[str, Any]]]:
+    """Fail a test in which anything logged a failure (e.g. a 500's traceback).
+
+    A test that already failed is not failed twice for it.
+    """
+    failures: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "log_failure" in event:
+            failures.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    yield failures
+    globalLogPublisher.removeObserver(observe)
+    if getattr(request.node, "call_failed", False):
+        return
+    assert not failures, [e["log_failure"].getTraceback() for e in failures]
+
+
+@pytest.fixture
+def make_node() -> Iterator[Callable[..., Harness]]:
+    """``make_node(**config)``: a fresh in-memory node with those settings."""
+    made: list[Harness] = []
+
+    def make(**settings: Any) -> Harness:
+        settings.setdefault("node_id", "test")
+        harness = Harness(Config(**settings))
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        for conn in harness.conns:
+            conn.close(ConnectionDone)
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Harness]) -> Harness:
+    return make_node()
+
+
+def assert_error(response: Response, status: int, code: str | None) -> dict[str, str]:
+    """The contract's one error shape: {"error": {"code", "message"}}, JSON.
+
+    ``code`` None accepts any snake_case code.
+    """
+    assert response.status == status, response
+    assert response.header("content-type") == JSON_CT, response.headers
+    body = response.json
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message"}, body
+    if code is None:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["error"]["code"]), body
+    else:
+        assert body["error"]["code"] == code, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"].strip()
+    return body["error"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def check_error() -> Callable[[Response, int, str | None], dict[str, str]]:
+    return assert_error

@@ -1,0 +1,239 @@
+"""pushup/config.py: one validated Config from defaults ← TOML file ← PUSHUP_* env ← flags."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pushup.config import Config, ConfigError, load
+
+
+def files(**contents: str):
+    """A ``read_file`` that serves these TOML texts by path (no disk)."""
+    def read(path: str) -> bytes:
+        if path not in contents:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return contents[path].encode("utf-8")
+    return read
+
+
+def serve(*flags: str, env: dict[str, str] | None = None, toml: str | None = None) -> Config:
+    argv = ["serve", *flags]
+    read = files(**{"pushup.toml": toml}) if toml is not None else files()
+    if toml is not None and "--config" not in flags:
+        argv += ["--config", "pushup.toml"]
+    return load(argv, env or {}, read)
+
+
+def refused(*flags: str, env: dict[str, str] | None = None, toml: str | None = None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        serve(*flags, env=env, toml=toml)
+    message = str(caught.value)
+    assert message.strip(), "a ConfigError needs a message"
+    assert "\n" not in message, f"not one line: {message!r}"
+    return message
+
+
+# -- defaults and precedence -----------------------------------------------
+
+
+def test_defaults():
+    config = serve()
+    assert config == Config()
+    assert (config.host, config.port, config.max_timeout) == ("127.0.0.1", 8080, 120.0)
+
+
+def test_flags_win_over_env_which_wins_over_the_file():
+    toml = 'port = 7000\nmessage_ttl = 10\ncors_origin = "file"\n'
+    env = {"PUSHUP_PORT": "8000", "PUSHUP_MESSAGE_TTL": "20"}
+    config = serve("--port", "9000", env=env, toml=toml)
+    assert config.port == 9000  # flag over env over file
+    assert config.message_ttl == 20.0  # env over file
+    assert config.cors_origin == "file"  # file over default
+
+
+@pytest.mark.parametrize("env, flags, expected", [
+    ({}, (), 7000),
+    ({"PUSHUP_PORT": "8000"}, (), 8000),
+    ({"PUSHUP_PORT": "8000"}, ("--port", "9000"), 9000),
+    ({}, ("--port", "9000"), 9000),
+])
+def test_port_precedence(env, flags, expected):
+    assert serve(*flags, env=env, toml="port = 7000").port == expected
+
+
+def test_every_flag_has_an_environment_variable():
+    env = {"PUSHUP_" + name.upper(): value for name, value in {
+        "host": "::1", "port": "0", "node_id": "n-1", "publish_token": "t",
+        "reactor": "poll", "workers": "2", "message_ttl": "5", "channel_ttl": "6",
+        "max_timeout": "7", "cors_origin": "*", "allow_open_publish": "yes",
+        "cluster_secret": "s", "peer": "http://127.0.0.1:1",
+    }.items()}
+    config = serve(env=env)
+    assert (config.host, config.port, config.node_id) == ("::1", 0, "n-1")
+    assert config.publish_token == "t"
+    assert (config.reactor, config.workers) == ("poll", 2)
+    assert (config.message_ttl, config.channel_ttl, config.max_timeout) == (5.0, 6.0, 7.0)
+    assert (config.cors_origin, config.allow_open_publish) == ("*", True)
+    assert config.peer == ("http://127.0.0.1:1",)
+
+
+def test_config_file_from_the_environment():
+    read = files(**{"/etc/pushup.toml": "port = 7001", "other.toml": "port = 7002"})
+    assert load(["serve"], {"PUSHUP_CONFIG": "/etc/pushup.toml"}, read).port == 7001
+    assert load(["serve", "--config", "other.toml"],
+                {"PUSHUP_CONFIG": "/etc/pushup.toml"}, read).port == 7002
+
+
+def test_toml_values_keep_their_types():
+    config = serve(toml='max_timeout = 30\nmax_channels = 8\nallow_open_publish = true\n'
+                        'host = "0.0.0.0"\n')
+    assert config.max_timeout == 30.0 and isinstance(config.max_timeout, float)
+    assert config.max_channels == 8
+    assert config.allow_open_publish is True
+
+
+def test_workers_auto_is_the_cpu_count():
+    assert serve("--workers", "auto").workers == min(os.cpu_count() or 1, 64)
+
+
+# -- booleans ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["1", "true", "yes", "TRUE", "Yes", " true "])
+def test_boolean_env_true(text):
+    assert serve(env={"PUSHUP_ALLOW_OPEN_PUBLISH": text}).allow_open_publish is True
+
+
+@pytest.mark.parametrize("text", ["0", "false", "no", "FALSE", "No"])
+def test_boolean_env_false(text):
+    assert serve(env={"PUSHUP_ALLOW_OPEN_PUBLISH": text}).allow_open_publish is False
+
+
+@pytest.mark.parametrize("text", ["maybe", "2", "y e s", "truee"])
+def test_boolean_env_garbage_is_refused(text):
+    assert "allow-open-publish" in refused(env={"PUSHUP_ALLOW_OPEN_PUBLISH": text})
+
+
+def test_boolean_flag_and_toml():
+    assert serve("--allow-open-publish").allow_open_publish is True
+    assert serve(toml="allow_open_publish = true").allow_open_publish is True
+    assert serve(toml="allow_open_publish = false").allow_open_publish is False
+    refused(toml='allow_open_publish = "perhaps"')
+
+
+# -- peers -------------------------------------------------------------------
+
+
+def test_peer_list_from_toml():
+    config = serve(toml='peer = ["http://10.0.0.1:8080", "http://10.0.0.2:8080"]\n'
+                        'cluster_secret = "s"\npublish_token = "t"\n')
+    assert config.peer == ("http://10.0.0.1:8080", "http://10.0.0.2:8080")
+
+
+def test_peer_flag_is_repeatable_and_keeps_order():
+    config = serve("--peer", "http://b:2", "--peer", "http://a:1", "--cluster-secret", "s")
+    assert config.peer == ("http://b:2", "http://a:1")
+
+
+def test_peer_env_is_comma_separated():
+    env = {"PUSHUP_PEER": "http://a:1, http://b:2", "PUSHUP_CLUSTER_SECRET": "s"}
+    assert serve(env=env).peer == ("http://a:1", "http://b:2")
+
+
+def test_peer_flags_replace_peers_from_env_and_file():
+    env = {"PUSHUP_PEER": "http://env:1", "PUSHUP_CLUSTER_SECRET": "s"}
+    config = serve("--peer", "http://flag:1", env=env, toml='peer = ["http://file:1"]')
+    assert config.peer == ("http://flag:1",)
+
+
+@pytest.mark.parametrize("source", [
+    {"flags": ("--peer", "http://127.0.0.1:8081")},
+    {"env": {"PUSHUP_PEER": "http://127.0.0.1:8081"}},
+    {"toml": 'peer = ["http://127.0.0.1:8081"]'},
+    {"flags": ("--peer", "http://127.0.0.1:8081", "--cluster-secret", "")},
+])
+def test_peer_without_cluster_secret_is_refused(source):
+    message = refused(*source.get("flags", ()), env=source.get("env"), toml=source.get("toml"))
+    assert "cluster-secret" in message
+
+
+def test_peer_that_is_not_an_http_url_is_refused():
+    refused("--peer", "127.0.0.1:8081", "--cluster-secret", "s")
+    refused("--peer", "ftp://x", "--cluster-secret", "s")
+
+
+# -- open publishing on public addresses -------------------------------------
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "10.0.0.1", "", "example.com"])
+def test_public_host_without_token_is_refused(host):
+    message = refused("--host", host)
+    assert "publish-token" in message
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5"])
+def test_public_host_with_token_or_explicit_open_publish_is_accepted(host):
+    assert serve("--host", host, "--publish-token", "t").publish_token == "t"
+    assert serve("--host", host, "--allow-open-publish").allow_open_publish is True
+    assert serve("--host", host, env={"PUSHUP_ALLOW_OPEN_PUBLISH": "1"}).host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.9.9.9", "::1", "localhost"])
+def test_loopback_host_needs_no_token(host):
+    assert serve("--host", host).host == host
+
+
+# -- invalid values ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [
+    ("--port", "abc"), ("--port", "70000"), ("--port", "-1"), ("--port", "80.5"),
+    ("--workers", "0"), ("--workers", "65"), ("--workers", "many"),
+    ("--message-ttl", "0"), ("--message-ttl", "nan"), ("--channel-ttl", "inf"),
+    ("--max-timeout", "-5"), ("--max-timeout", "soon"),
+    ("--reactor", "kqueue"), ("--log-level", "loud"),
+    ("--node-id", "bad id"), ("--node-id", "a.b"), ("--node-id", "x" * 65),
+    ("--max-body-bytes", "0"), ("--max-body-bytes", "1.5"), ("--max-connections", "0"),
+    ("--max-message-bytes", "100", "--max-cached-bytes", "10"),
+    ("--bogus",), ("--port",),
+])
+def test_invalid_flag_is_one_line_config_error(flags):
+    refused(*flags)
+
+
+def test_missing_command_is_a_config_error():
+    with pytest.raises(ConfigError):
+        load([], {})
+    with pytest.raises(ConfigError):
+        load(["run"], {})
+
+
+@pytest.mark.parametrize("env", [{"PUSHUP_PORT": "x"}, {"PUSHUP_PORT": ""},
+                                 {"PUSHUP_MAX_TIMEOUT": "NaN"}, {"PUSHUP_WORKERS": "-2"}])
+def test_invalid_env_value_is_one_line_config_error(env):
+    refused(env=env)
+
+
+@pytest.mark.parametrize("toml", [
+    "port = ",                 # not TOML
+    "port = 1\nport = 2",       # duplicate key
+    "colour = 'blue'",         # unknown setting
+    'port = "x"', "port = true", "port = 1.5", "host = 5", "max_timeout = 'soon'",
+    "peer = [1, 2]\ncluster_secret = 's'",
+    "max_timeout = nan",
+])
+def test_invalid_toml_is_one_line_config_error(toml):
+    refused(toml=toml)
+
+
+def test_unreadable_config_file_is_a_config_error():
+    message = refused("--config", "missing.toml")
+    assert "missing.toml" in message
+
+
+def test_non_utf8_config_file_is_a_config_error():
+    with pytest.raises(ConfigError) as caught:
+        load(["serve", "--config", "f"], {}, lambda path: b"port = \xff")
+    assert "\n" not in str(caught.value)
