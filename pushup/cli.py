@@ -77,6 +77,7 @@ def serve(config: Config) -> int:
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
+    node.start()
     reactor.run()  # type: ignore[attr-defined]
     return 0
 

@@ -19,9 +19,11 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 from pushup import errors
+from pushup.cluster import Cluster
 from pushup.config import Config
 from pushup.metrics import Counters, prometheus_text, registry_for, rss_bytes
 from pushup.model import Origin
+from pushup.peers import http_client
 from pushup.service import Service
 from pushup.store import Retention, Store
 from pushup.web import PushUpSite, Web, canned_response
@@ -140,6 +142,10 @@ class Node:
             limit = SELECT_CONNECTIONS
         self.gate = Gate(self.site, self.service.counters, limit, reactor)
         self.port: IListeningPort | None = None
+        self.cluster: Cluster | None = None
+        if config.peer or config.cluster_secret:
+            self.cluster = Cluster(self.service, config, reactor, http_client(reactor))
+            self.web.cluster = self.cluster
 
     def listen(self) -> int:
         """Start accepting connections; returns the port (useful with port 0)."""
@@ -147,8 +153,20 @@ class Node:
             self.config.port, self.gate, backlog=4096, interface=self.config.host)
         return self.port.getHost().port  # type: ignore[no-any-return]
 
+    def start(self) -> defer.Deferred[None]:
+        """Join the cluster: catch up from a peer, then start the links."""
+        if self.cluster is None:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = self.cluster.start()
+        d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
+        return d
+
     def stats(self) -> dict[str, Any]:
-        return self.service.snapshot(peers=[], rss=rss_bytes())
+        peers = self.cluster.stats() if self.cluster is not None else []
+        stats = self.service.snapshot(peers=peers, rss=rss_bytes())
+        if self.cluster is not None:
+            stats["peer_refused"] = self.cluster.refused
+        return stats
 
     def metrics(self) -> tuple[bytes, bytes]:
         return CONTENT_TYPE_LATEST.encode(), prometheus_text(self.registry)
@@ -158,6 +176,8 @@ class Node:
         """Drain: refuse new work, answer every held subscriber, close, done."""
         log.info("draining: answering {n} waiting subscribers", n=len(self.service.hub))
         self.service.drain()
+        if self.cluster is not None:
+            self.cluster.stop()
         if self.port is not None:
             yield self.port.stopListening()
         closed = self.gate.close_all()

@@ -19,7 +19,7 @@ from pushup.errors import ShuttingDown
 from pushup.hub import Hub, Waiter
 from pushup.metrics import Counters
 from pushup.model import Draft, Message, Query, dumps
-from pushup.store import Result, Store
+from pushup.store import Channel, Result, Store
 
 SLICE = 500  # subscribers answered per reactor turn during a fan-out
 SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
@@ -78,6 +78,7 @@ class Service:
         self.started = clock.seconds()
         self.draining = False
         self.on_publish: list[Callable[[list[Message]], None]] = []  # e.g. peer links
+        self.on_channel_op: list[Callable[[tuple[object, ...]], None]] = []
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
         self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
@@ -134,6 +135,26 @@ class Service:
         """The subscriber went away: drop every trace of it."""
         if self.hub.discard(waiter):
             self._timeouts.set(self.hub.next_deadline(), self.now())
+
+    def create_channel(self, name: str | None, ttl: int | None) -> Channel:
+        channel = self.store.create(name, ttl, self.now())
+        self._channel_changed("create", channel)
+        return channel
+
+    def renew_channel(self, name: str, ttl: int | None) -> Channel:
+        channel = self.store.renew(name, ttl, self.now())
+        self._channel_changed("renew", channel)
+        return channel
+
+    def delete_channel(self, name: str) -> None:
+        self.close_channel(name)
+        for listener in self.on_channel_op:
+            listener(("delete", name))
+
+    def _channel_changed(self, kind: str, channel: Channel) -> None:
+        self.rearm()
+        for listener in self.on_channel_op:
+            listener((kind, channel.name, channel.ttl, channel.expires_at))
 
     def close_channel(self, name: str) -> None:
         self.store.delete(name)

@@ -99,6 +99,11 @@ class Store:
         self.horizon: dict[str, int] = {origin.name: 0}
         self.bytes = 0
         self._by_time = SortedKeyList(key=_by_time)
+        self._by_origin: dict[str, SortedKeyList] = {}  # origin -> its cached messages
+        # Per origin, the last (seq, ts) of history this node will never have:
+        # evicted everywhere before it could be fetched. Any reader behind it
+        # is told of a gap, whatever its channels (we do not know theirs).
+        self.lost: dict[str, tuple[int, int]] = {}
         self._holders: dict[str, int] = {}  # message id -> channels holding it
         self._deadlines: list[tuple[int, str]] = []  # lazy channel-expiry heap
         self._generated = 0
@@ -130,7 +135,7 @@ class Store:
         whole horizon when none is left; it never moves a position back.
         """
         since = q.since
-        gap = False
+        gap = self._behind_lost(since)
         heap: list[_Head] = []
         for name in q.channels:
             channel = self.channels.get(name)
@@ -170,6 +175,19 @@ class Store:
         base = since if isinstance(since, Cursor) else Cursor(())
         return Result(tuple(out), base.advanced(updates), gap)
 
+    def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
+        """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""
+        run = self._by_origin.get(origin)
+        if run is None:
+            return []
+        start = run.bisect_key_right(after)
+        return list(run.islice(start, start + most))
+
+    def _behind_lost(self, since: Cursor | int) -> bool:
+        if isinstance(since, Cursor):
+            return any(since.position(o) < seq for o, (seq, _) in self.lost.items())
+        return any(ts > since for _, ts in self.lost.values())
+
     # -- writing -----------------------------------------------------------
 
     def publish(self, drafts: Iterable[Draft], now: int) -> list[Message]:
@@ -196,15 +214,36 @@ class Store:
         self._insert(m, now)
         return True
 
-    def _insert(self, m: Message, now: int) -> None:
-        self.horizon[m.origin] = m.seq
+    def skip_to(self, origin: str, seq: int, ts: int) -> None:
+        """History of ``origin`` up to ``seq`` is gone everywhere: move past it."""
+        if seq > self.horizon.get(origin, 0):
+            self.horizon[origin] = seq
+            self.lost[origin] = (seq, ts)
+
+    def load(self, m: Message, now: int) -> None:
+        """Insert a message copied from a peer's snapshot (channel times kept)."""
+        if m.id not in self._holders:
+            self._insert(m, now, renew=False)
+
+    def adopt_channel(self, channel: Channel) -> None:
+        """Take a channel copied from a peer's snapshot, as it is."""
+        self.channels[channel.name] = channel
+        self._schedule(channel)
+
+    def all_messages(self) -> list[Message]:
+        return list(self._by_time)
+
+    def _insert(self, m: Message, now: int, renew: bool = True) -> None:
+        self.horizon[m.origin] = max(m.seq, self.horizon.get(m.origin, 0))
         for name in m.channels:
             channel = self._channel(name, now)
             channel.runs.setdefault(m.origin, SortedKeyList(key=_by_seq)).add(m)
             channel.count += 1
-            channel.expires_at = max(channel.expires_at, now + channel.ttl)
+            if renew:
+                channel.expires_at = max(channel.expires_at, now + channel.ttl)
         self._holders[m.id] = len(m.channels)
         self._by_time.add(m)
+        self._by_origin.setdefault(m.origin, SortedKeyList(key=_by_seq)).add(m)
         self.bytes += m.size
         for name in m.channels:
             channel = self.channels[name]
@@ -245,9 +284,13 @@ class Store:
         channel = self.get(name)
         channel.ttl = _check_ttl(ttl, channel.ttl)
         channel.expires_at = now + channel.ttl
+        self.reschedule(channel)
+        return channel
+
+    def reschedule(self, channel: Channel) -> None:
+        """Its expiry moved: make sure the sweep looks at it in time."""
         if channel.expires_at < channel.queued_at:
             self._schedule(channel)
-        return channel
 
     def delete(self, name: str) -> None:
         channel = self.get(name)
@@ -315,6 +358,7 @@ class Store:
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
             self._by_time.remove(m)
+            self._by_origin[m.origin].remove(m)
             self.bytes -= m.size
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import time
 from collections.abc import Callable
 from io import BytesIO
 from typing import Any
@@ -35,6 +36,7 @@ from pushup.model import (
     loads,
     parse_time,
 )
+from pushup.replica import decode_batch, verify
 from pushup.service import Service
 
 log = Logger()
@@ -44,6 +46,7 @@ DEFAULT_TIMEOUT = 50.0
 DEFAULT_LIMIT = 100
 MAX_TTL_S = 366 * 86400
 DISCARD_CAP = 16 * 1024 * 1024  # past this much of an oversized body, hang up
+PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see peers.BATCH_BYTES)
 
 
 def error_body(e: PushUpError) -> bytes:
@@ -66,10 +69,13 @@ class PushUpRequest(server.Request):
 
     waiter: Any = None
     too_large = False
+    body_limit = 0  # 0: the configured --max-body-bytes
 
     def gotLength(self, length: int | None) -> None:
         self.content = BytesIO()  # never a temporary file, whatever the length
-        limit = self.channel.site.web.config.max_body_bytes
+        if getattr(self.channel, "_path", b"").startswith(b"/peer/"):
+            self.body_limit = PEER_BODY_LIMIT
+        limit = self.body_limit or self.channel.site.web.config.max_body_bytes
         if length is not None and length > limit:
             self._overflow()
             if (self.requestHeaders.getRawHeaders(b"expect") or [b""])[0].lower() \
@@ -80,7 +86,8 @@ class PushUpRequest(server.Request):
 
     def handleContentChunk(self, data: bytes) -> None:
         if not self.too_large:
-            if self.content.tell() + len(data) <= self.channel.site.web.config.max_body_bytes:
+            limit = self.body_limit or self.channel.site.web.config.max_body_bytes
+            if self.content.tell() + len(data) <= limit:
                 self.content.write(data)
                 return
             self._overflow()
@@ -165,6 +172,7 @@ class Web:
         self._stats = stats
         self._metrics = metrics
         self._cors = config.cors_origin.encode()
+        self.cluster: Any = None  # set by the node when it has peers or a secret
         self._routes: dict[tuple[str, ...], dict[bytes, Handler]] = {
             ("publish",): {b"POST": self.publish},
             ("subscribe",): {b"GET": self.subscribe},
@@ -175,6 +183,8 @@ class Web:
             ("health",): {b"GET": self.health, b"HEAD": self.health},
             ("stats",): {b"GET": self.stats, b"HEAD": self.stats},
             ("metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
+            ("peer", "messages"): {b"POST": self.peer_messages},
+            ("peer", "snapshot"): {b"GET": self.peer_snapshot},
         }
 
     # -- plumbing ----------------------------------------------------------
@@ -249,7 +259,7 @@ class Web:
         token = self.config.publish_token
         if not token:
             return
-        given = request.getHeader(b"authorization") or ""
+        given = _header(request, b"authorization")
         if not (given.startswith("Bearer ")
                 and hmac.compare_digest(given[7:].encode(), token.encode())):
             raise errors.Unauthorized("this endpoint needs Authorization: Bearer <token>")
@@ -267,6 +277,7 @@ class Web:
 
     def publish(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
         self._authorize(request)
+        self._ready()
         body = self._body(request)
         if "messages" in body:
             items = body["messages"]
@@ -300,6 +311,7 @@ class Web:
         return Draft(channels, data)
 
     def subscribe(self, request: PushUpRequest, _: tuple[str, ...]) -> Any:
+        self._ready()
         args = _Args(request.args)
         names = args.get("channels")
         if names is None:
@@ -330,28 +342,30 @@ class Web:
 
     def create_channel(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
         self._authorize(request)
+        self._ready()
         body = self._body(request, empty_ok=True)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise errors.BadChannelName("name must be a string")
-        channel = self.service.store.create(name, _ttl(body), self.service.now())
-        self.service.rearm()
+        channel = self.service.create_channel(name, _ttl(body))
         return 201, self._channel_json(channel)
 
     def renew_channel(self, request: PushUpRequest, params: tuple[str, ...]) -> tuple[int, bytes]:
         self._authorize(request)
+        self._ready()
         body = self._body(request, empty_ok=True)
-        channel = self.service.store.renew(params[0], _ttl(body), self.service.now())
-        self.service.rearm()
+        channel = self.service.renew_channel(params[0], _ttl(body))
         return 200, self._channel_json(channel)
 
     def delete_channel(self, request: PushUpRequest, params: tuple[str, ...]) -> tuple[int, None]:
         self._authorize(request)
-        self.service.close_channel(params[0])
+        self._ready()
+        self.service.delete_channel(params[0])
         return 204, None
 
     def channel_info(self, request: PushUpRequest, params: tuple[str, ...]) -> tuple[int, bytes]:
         self._authorize(request)
+        self._ready()
         channel = self.service.store.get(params[0])
         info = {"channel": channel.name, "messages": channel.count,
                 "subscribers": self.service.hub.waiting_on(channel.name)}
@@ -362,18 +376,47 @@ class Web:
         text = dumps(fields)[:-1] + b',"expires_at":' + format_time(channel.expires_at).encode()
         return text + b"}"
 
+    def _ready(self) -> None:
+        if self.cluster is not None:
+            self.cluster.check_ready()
+
     def health(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
         if self.service.draining:
             raise errors.ShuttingDown("the node is draining for shutdown")
+        self._ready()
         return 200, dumps({"status": "ok", "node_id": self.service.store.origin.node_id})
 
     def stats(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
         return 200, dumps(self._stats())
 
+    def _peer(self, request: PushUpRequest) -> Any:
+        """The cluster, if this request is signed with its secret; else 401."""
+        cluster = self.cluster
+        ok = cluster is not None and bool(cluster.secret) and verify(
+            cluster.secret, request.method.decode(), request.path.decode("latin-1"),
+            _header(request, b"x-pushup-time"), request.content.getvalue(),
+            _header(request, b"x-pushup-signature"), time.time())
+        if not ok:
+            if cluster is not None:
+                cluster.refused += 1
+            raise errors.Unauthorized("peer requests must be signed with the cluster secret")
+        return cluster
+
+    def peer_messages(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
+        cluster = self._peer(request)
+        return cluster.receive(decode_batch(request.content.getvalue()))  # type: ignore
+
+    def peer_snapshot(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
+        return 200, self._peer(request).snapshot()
+
     def metrics(self, request: PushUpRequest, _: tuple[str, ...]) -> tuple[int, bytes]:
         content_type, text = self._metrics()
         self.send(request, 200, text, content_type)
         return server.NOT_DONE_YET  # type: ignore[return-value]
+
+
+def _header(request: PushUpRequest, name: bytes) -> str:
+    return (request.getHeader(name) or b"").decode("latin-1")
 
 
 def _close_after(request: PushUpRequest) -> None:

@@ -1,0 +1,152 @@
+"""This node in its cluster: batches in, links out, catching up after a start.
+
+A node applies each origin's messages in sequence order only; a batch that
+would leave a hole is answered 409 with the sequence it expects, and the
+sender resends from there. A node that starts with peers fills its cache
+from a live peer's snapshot before it reports healthy; while it catches up it
+answers 503 ``catching_up``. Channel operations travel with the origin's
+messages, stamped with the origin's sequence at the time, and are applied in
+that order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer, task
+from twisted.internet.error import ConnectError
+from twisted.logger import Logger
+
+from pushup import errors
+from pushup.config import Config
+from pushup.model import dumps
+from pushup.peers import PeerLink
+from pushup.replica import Batch, Op, export_snapshot, import_snapshot, ops_of
+from pushup.service import Service
+
+log = Logger()
+CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
+
+
+class CatchingUp(errors.Unavailable):
+    code = "catching_up"
+
+
+class Cluster:
+    def __init__(self, service: Service, config: Config, clock: Any, http: Any) -> None:
+        self.service = service
+        self.store = service.store
+        self.clock = clock
+        self.secret = config.cluster_secret
+        self.links = [PeerLink(url, self.store, self.secret, http, clock) for url in config.peer]
+        self.ready = not self.links
+        self.refused = 0  # peer requests refused for a bad or missing signature
+        service.on_publish.append(self._poke)
+        service.on_channel_op.append(self._channel_op)
+
+    def _poke(self, messages: object) -> None:
+        for link in self.links:
+            link.poke()
+
+    def _channel_op(self, op: Op) -> None:
+        for link in self.links:
+            link.add_op((op[0], self.store.origin.seq, *op[1:]))
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise CatchingUp("this node is catching up with its peers; retry shortly")
+
+    # -- in ------------------------------------------------------------------
+
+    def receive(self, batch: Batch) -> tuple[int, bytes]:
+        """Apply a peer's batch in order; 409 with the sequence expected on a hole."""
+        self.check_ready()
+        now = self.service.now()
+        store = self.store
+        ops = sorted(ops_of(batch.ops), key=lambda op: op[1])
+        applied = []
+        hole = False
+        for i, m in enumerate(batch.messages):
+            if i == 0 and batch.first:
+                store.skip_to(batch.origin, m.seq - 1, m.ts - 1)
+            while ops and ops[0][1] < m.seq and ops[0][1] <= store.horizon.get(batch.origin, 0):
+                self._apply_op(ops.pop(0), now)
+            try:
+                if store.apply(m, now):
+                    applied.append(m)
+            except ValueError:
+                hole = True
+                break
+        horizon = store.horizon.get(batch.origin, 0)
+        while ops and ops[0][1] <= horizon:
+            self._apply_op(ops.pop(0), now)
+        self.service.arrived(applied, now)
+        if hole or ops:
+            return 409, dumps({"expected": horizon + 1})
+        return 200, dumps({"horizon": horizon})
+
+    def _apply_op(self, op: Op, now: int) -> None:
+        kind, name = op[0], op[2]
+        channel = self.store.channels.get(name)
+        if kind == "delete":
+            if channel is not None:
+                self.service.close_channel(name)
+            return
+        if channel is None:
+            channel = self.store.create(name, op[3], now)
+        channel.ttl = op[3]
+        channel.expires_at = op[4]
+        self.store.reschedule(channel)
+        self.service.rearm()
+
+    def snapshot(self) -> bytes:
+        self.check_ready()
+        return export_snapshot(self.store)
+
+    # -- starting ------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self) -> Any:
+        """Catch up from a live peer (if any is serving), then start the links."""
+        if self.links:
+            yield self._catch_up()
+        self.ready = True
+        for link in self.links:
+            link.start()
+
+    @defer.inlineCallbacks
+    def _catch_up(self) -> Any:
+        deadline = self.clock.seconds() + CATCH_UP_TIMEOUT
+        while True:
+            serving = False
+            for link in self.links:
+                try:
+                    status, raw = yield link.request("GET", "/peer/snapshot")
+                except ConnectError:
+                    continue  # not running: nothing to learn from it
+                except Exception as e:
+                    serving = True
+                    log.warn("catch-up from {url} failed: {e}", url=link.url, e=e)
+                    continue
+                if status == 200:
+                    n = import_snapshot(self.store, raw, self.service.now())
+                    self.service.rearm()
+                    log.info("caught up from {url}: {n} messages", url=link.url, n=n)
+                    return
+                if status != 503:
+                    serving = True
+                    log.warn("catch-up from {url}: answered {s}", url=link.url, s=status)
+            if not serving:
+                log.info("no peer is serving yet: starting with an empty cache")
+                return
+            if self.clock.seconds() > deadline:
+                log.warn("no peer gave a snapshot in time: starting with what we have")
+                return
+            yield task.deferLater(self.clock, 0.5, lambda: None)
+
+    def stop(self) -> None:
+        for link in self.links:
+            link.stop()
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [link.stats() for link in self.links]

@@ -1,0 +1,194 @@
+"""Peers out: one link per peer, ordered, batched, authenticated, retried.
+
+A link sends this node's own messages to one peer, in sequence order, one
+batched POST in flight at a time (order and back-pressure in one rule). Its
+queue is the store itself: the link only remembers how far the peer has
+confirmed (``after``), so a peer that is down costs no memory beyond the
+cache, and when it returns it is sent what is still retained. Channel
+operations wait in a bounded queue beside it. Failures are link state, shown
+in ``/stats``; they never reach a client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from pushup.replica import Batch, Op, encode_batch, sign
+from pushup.store import Store
+
+log = Logger()
+BATCH = 1000  # messages per POST at most
+BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
+HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
+BACKOFF_MAX = 5.0
+DOWN_AFTER = 3  # failures in a row before a peer is shown as down
+
+
+class PeerError(Exception):
+    """A peer answered, but not with what the protocol expects."""
+
+
+class PeerLink:
+    def __init__(self, url: str, store: Store, secret: str, http: Any, clock: IReactorTime,
+                 max_ops: int = 10_000, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.store = store
+        self.secret = secret
+        self.http = http
+        self.clock = clock
+        self.timeout = timeout
+        self.state = "connecting"
+        self.after = 0  # the peer holds our messages up to this sequence number
+        self.sent = 0  # our messages the peer accepted
+        self.ops: deque[Op] = deque(maxlen=max_ops)
+        self.dropped_ops = 0
+        self._busy = False
+        self._failures = 0
+        self._timer: IDelayedCall | None = None
+        self.stopped = False
+
+    # -- what the node calls ----------------------------------------------
+
+    def start(self) -> None:
+        self._wake(0)
+
+    def poke(self) -> None:
+        """New messages or ops: send them soon (batched within this reactor turn)."""
+        if not self._busy and self._failures == 0:
+            self._wake(0)
+
+    def add_op(self, op: Op) -> None:
+        if len(self.ops) == self.ops.maxlen:
+            self.dropped_ops += 1
+            log.warn("peer {url}: channel-op queue full, oldest dropped", url=self.url)
+        self.ops.append(op)
+        self.poke()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+
+    @property
+    def queued(self) -> int:
+        return max(0, self.store.origin.seq - self.after) + len(self.ops)
+
+    def stats(self) -> dict[str, Any]:
+        return {"url": self.url, "state": self.state, "queued": self.queued, "sent": self.sent}
+
+    # -- the loop ----------------------------------------------------------
+
+    def _wake(self, delay: float) -> None:
+        if self.stopped:
+            return
+        if self._timer is not None and self._timer.active():
+            if delay > 0:
+                return
+            self._timer.cancel()
+        self._timer = self.clock.callLater(delay, self._run)
+
+    @defer.inlineCallbacks
+    def _run(self) -> Any:
+        self._timer = None
+        if self._busy or self.stopped:
+            return
+        self._busy = True
+        try:
+            while not self.stopped:
+                origin = self.store.origin.name
+                messages = _cap(self.store.messages_of(origin, self.after, BATCH))
+                # An op is stamped with our seq when it happened: it travels
+                # with (or after) the messages before it.
+                upto = messages[-1].seq if messages else self.after
+                ops = []
+                while self.ops and self.ops[0][1] <= upto and len(ops) < 100:
+                    ops.append(self.ops.popleft())
+                first = bool(messages) and messages[0].seq != self.after + 1
+                body = encode_batch(Batch(origin, first, tuple(messages), tuple(ops)))
+                try:
+                    status, raw = yield self.request("POST", "/peer/messages", body)
+                    reply = json.loads(raw) if status in (200, 409) else raw[:200]
+                except Exception:
+                    self.ops.extendleft(reversed(ops))
+                    raise
+                if status == 409:
+                    self.ops.extendleft(reversed(ops))
+                    self.after = int(reply["expected"]) - 1
+                    continue
+                if status != 200:
+                    self.ops.extendleft(reversed(ops))
+                    raise PeerError(f"answered {status}: {reply}")
+                horizon = int(reply["horizon"])
+                self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
+                self.after = horizon
+                self._up()
+                if not messages and not self.ops and self.after >= self.store.origin.seq:
+                    break
+        except Exception as e:
+            self._failed(e)
+        else:
+            self._wake(HEARTBEAT)
+        finally:
+            self._busy = False
+
+    def _up(self) -> None:
+        if self.state != "up":
+            log.info("peer {url} is up", url=self.url)
+        self.state = "up"
+        self._failures = 0
+
+    def _failed(self, e: Exception) -> None:
+        self._failures += 1
+        was = self.state
+        self.state = "down" if self._failures >= DOWN_AFTER else "connecting"
+        if self.state != was:
+            log.warn("peer {url} is {state}: {why}", url=self.url, state=self.state, why=e)
+        # The first failure after success is often a stale pooled connection:
+        # retry at once; then back off.
+        delay = 0 if self._failures == 1 else min(BACKOFF_MAX, 0.1 * 2 ** self._failures)
+        self._wake(delay)
+
+    @defer.inlineCallbacks
+    def request(self, method: str, path: str, body: bytes = b"") -> Any:
+        """A signed request to the peer; fires with (status, body bytes)."""
+        when = int(time.time())
+        headers = {"X-PushUp-Time": [str(when)],
+                   "X-PushUp-Signature": [sign(self.secret, method, path, when, body)],
+                   "Content-Type": ["application/json"]}
+        response = yield self.http.request(method, self.url + path, data=body or None,
+                                           headers=headers, timeout=self.timeout)
+        raw = yield response.content()
+        return response.code, raw
+
+
+def _cap(messages: list[Any]) -> list[Any]:
+    total = 0
+    for i, m in enumerate(messages):
+        total += m.size
+        if total > BATCH_BYTES and i:
+            return messages[:i]
+    return messages
+
+
+def http_client(reactor: Any) -> Any:
+    """A treq client with its own pool; idle connections close before the
+    peer's 60 s idle timeout would (Twisted issue #7843)."""
+    from treq.client import HTTPClient
+    from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+
+    class QuietFactory(_HTTP11ClientFactory):  # type: ignore[misc]
+        noisy = False  # no log line per pooled connection
+
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool._factory = QuietFactory
+    pool.maxPersistentPerHost = 2
+    pool.cachedConnectionTimeout = 30
+    return HTTPClient(Agent(reactor, pool=pool))
+

@@ -1,0 +1,127 @@
+"""What nodes tell each other: message batches, channel operations, snapshots.
+
+Pure encoding and decoding of peer payloads, and applying a snapshot to a
+store. A message's data travels as the exact JSON text its origin accepted,
+so every node serves byte-identical messages. No sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pushup.errors import BadJSON, BadRequest
+from pushup.model import Message, check_channel_name
+from pushup.store import Channel, Store
+
+# ("create"|"renew", at_seq, name, ttl, expires_at) or ("delete", at_seq, name):
+# at_seq is the origin's sequence number when the operation happened.
+Op = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Messages of one origin in sequence order, plus that origin's channel ops.
+
+    ``first`` says the origin holds nothing before ``messages[0]`` any more:
+    a receiver that lacks the history before it must skip, not wait.
+    """
+
+    origin: str
+    first: bool
+    messages: tuple[Message, ...]
+    ops: tuple[Op, ...]
+
+
+def _wire(m: Message) -> list[Any]:
+    return [m.seq, m.ts, list(m.channels), m.data_json.decode()]
+
+
+def _message(origin: str, row: Any) -> Message:
+    seq, ts, channels, data = row
+    if not (isinstance(seq, int) and isinstance(ts, int) and isinstance(data, str)
+            and isinstance(channels, list) and channels):
+        raise BadRequest("malformed message row")
+    names = tuple(check_channel_name(c) for c in channels)
+    return Message(origin, seq, ts, names, data.encode())
+
+
+def encode_batch(batch: Batch) -> bytes:
+    return json.dumps({
+        "origin": batch.origin, "first": batch.first,
+        "messages": [_wire(m) for m in batch.messages], "ops": [list(op) for op in batch.ops],
+    }, separators=(",", ":")).encode()
+
+
+def decode_batch(body: bytes) -> Batch:
+    try:
+        raw = json.loads(body)
+        origin = raw["origin"]
+        messages = tuple(_message(origin, row) for row in raw["messages"])
+        ops = tuple(tuple(op) for op in raw.get("ops", ()))
+        return Batch(origin, bool(raw.get("first")), messages, ops)
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadJSON(f"malformed peer batch: {e}") from None
+
+
+def export_snapshot(store: Store) -> bytes:
+    """Everything a new node needs to serve like this one (one JSON document)."""
+    channels = [{"name": c.name, "ttl": c.ttl, "expires_at": c.expires_at,
+                 "evicted": c.evicted, "evicted_ts": c.evicted_ts}
+                for c in store.channels.values()]
+    messages = [[m.origin, *_wire(m)] for m in store.all_messages()]
+    return json.dumps({"horizon": store.horizon, "lost": store.lost, "channels": channels,
+                       "messages": messages}, separators=(",", ":")).encode()
+
+
+def import_snapshot(store: Store, body: bytes, now: int) -> int:
+    """Load a peer's snapshot into an empty store; returns messages loaded."""
+    raw = json.loads(body)
+    for c in raw["channels"]:
+        channel = Channel(c["name"], c["ttl"], now)
+        channel.expires_at = c["expires_at"]
+        channel.evicted = dict(c["evicted"])
+        channel.evicted_ts = c["evicted_ts"]
+        store.adopt_channel(channel)
+    for row in raw["messages"]:
+        store.load(_message(row[0], row[1:]), now)
+    for origin, (seq, ts) in raw["lost"].items():
+        store.lost[origin] = (seq, ts)
+    for origin, seq in raw["horizon"].items():
+        if origin != store.origin.name and seq > store.horizon.get(origin, 0):
+            store.horizon[origin] = seq
+    return len(raw["messages"])
+
+
+def sign(secret: str, method: str, path: str, when: int, body: bytes) -> str:
+    """HMAC-SHA256 over what a peer request says; the secret never travels."""
+    text = f"{method}\n{path}\n{when}\n".encode() + body
+    return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, method: str, path: str, when: str, body: bytes, signature: str,
+           now_s: float, window: float = 300.0) -> bool:
+    try:
+        stamp = int(when)
+    except ValueError:
+        return False
+    if abs(now_s - stamp) > window:
+        return False
+    return hmac.compare_digest(sign(secret, method, path, stamp, body), signature)
+
+
+def ops_of(ops: Sequence[Op]) -> list[Op]:
+    """Validated channel operations from a peer."""
+    valid: list[Op] = []
+    for op in ops:
+        if op and op[0] in ("create", "renew") and len(op) == 5:
+            valid.append((op[0], int(op[1]), check_channel_name(op[2]), int(op[3]), int(op[4])))
+        elif op and op[0] == "delete" and len(op) == 3:
+            valid.append(("delete", int(op[1]), check_channel_name(op[2])))
+        else:
+            raise BadRequest(f"unknown channel operation {op!r:.60}")
+    return valid
