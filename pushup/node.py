@@ -135,7 +135,7 @@ class Node:
         self.service = Service(Store(retention, origin), reactor, config.max_timeout)
         self.registry = registry_for(self.stats)
         self.web = Web(self.service, config, self.stats, self.metrics)
-        self.site = PushUpSite(self.web)
+        self.site = PushUpSite(self.web, reactor)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warning("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)

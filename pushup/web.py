@@ -40,7 +40,7 @@ from pushup.replica import decode_batch, verify
 from pushup.service import Service
 
 log = Logger()
-_WHOLE = re.compile(r"[0-9]{1,12}")
+_WHOLE = re.compile(r"[0-9]+")
 JSON = b"application/json; charset=utf-8"
 DEFAULT_TIMEOUT = 50.0
 DEFAULT_LIMIT = 100
@@ -143,19 +143,40 @@ class _Discard:
     def read(self, *args: object) -> bytes:
         return b""
 
+    def close(self) -> None:
+        pass
+
+
+class PushUpChannel(http.HTTPChannel):
+    """Twisted's HTTP channel, answering malformed HTTP with our JSON 400."""
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        e = errors.BadRequest("malformed HTTP request", code="bad_request")
+        self.transport.write(canned_response(e, self.site.web.config.cors_origin))
+        self.loseConnection()
+
 
 class PushUpSite(server.Site):
     """A Site that routes to ``web``, with no access log and no form parsing."""
 
     noisy = False
 
-    def __init__(self, web: Web) -> None:
+    def __init__(self, web: Web, reactor: Any = None) -> None:
         super().__init__(None, requestFactory=PushUpRequest, parsePOSTFormSubmission=False,
-                         timeout=60)
+                         timeout=60, reactor=reactor)
         self.web = web
+
+    def protocol(self) -> Any:  # type: ignore[override]
+        return http._GenericHTTPChannelProtocol(PushUpChannel())
 
     def log(self, request: object) -> None:
         pass  # no line per request: a long-poll server would log itself to death
+
+    def startFactory(self) -> None:
+        pass  # no access log, so no once-a-second timer to keep its date current
+
+    def stopFactory(self) -> None:
+        pass
 
 
 Handler = Callable[[PushUpRequest, tuple[str, ...]], Any]
@@ -195,9 +216,9 @@ class Web:
                 _close_after(request)
                 raise errors.TooLarge(
                     f"the request body is over {self.config.max_body_bytes} bytes")
-            handlers, params = self._route(request.path)
             if request.method == b"OPTIONS" and self._cors:
                 return self._preflight(request)
+            handlers, params = self._route(request.path)
             handler = handlers.get(request.method)
             if handler is None:
                 allowed = tuple(m.decode() for m in handlers)
@@ -474,6 +495,7 @@ class _Args:
         text = self.get(name)
         if text is None:
             return default
-        if not _WHOLE.fullmatch(text) or int(text) < 1:
+        digits = text.lstrip("0")
+        if not _WHOLE.fullmatch(text) or not digits:
             raise errors.BadRequest(f"{name} must be a whole number, 1 or more")
-        return int(text)
+        return int(digits) if len(digits) < 19 else 10**18  # the caller caps it anyway
