@@ -22,8 +22,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        print("pushup: error: --workers above 1 is not available yet", file=sys.stderr)
-        return 2
+        if config.peer:
+            print("pushup: error: --workers cannot be combined with --peer: run each "
+                  "machine's nodes with --workers 1 and list them all as peers", file=sys.stderr)
+            return 2
+        from pushup.workers import supervise
+
+        return supervise(config)
     return serve(config)
 
 
@@ -66,10 +71,13 @@ def serve(config: Config) -> int:
     from twisted.internet.error import CannotListenError
 
     from pushup.node import Node
+    from pushup.workers import FD_ENV, REUSE_ENV
 
     node = Node(config, reactor)
     try:
-        port = node.listen()
+        port = node.listen(reuse_port=os.environ.get(REUSE_ENV) == "1")
+        if os.environ.get(FD_ENV):
+            node.adopt(int(os.environ[FD_ENV]))
     except CannotListenError as e:
         print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
               f"{e.socketError}", file=sys.stderr)

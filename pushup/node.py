@@ -7,7 +7,9 @@ connections and refuses connections past the limit with a 503 of its own.
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 import time
 from typing import Any
 
@@ -15,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
 from twisted.internet.interfaces import IAddress, IListeningPort
 from twisted.internet.protocol import Protocol
+from twisted.internet.tcp import makeBinding
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
@@ -147,11 +150,23 @@ class Node:
             self.cluster = Cluster(self.service, config, reactor, http_client(reactor))
             self.web.cluster = self.cluster
 
-    def listen(self) -> int:
-        """Start accepting connections; returns the port (useful with port 0)."""
-        self.port = self.reactor.listenTCP(
-            self.config.port, self.gate, backlog=4096, interface=self.config.host)
+    def listen(self, reuse_port: bool = False) -> int:
+        """Start accepting connections; returns the port (useful with port 0).
+
+        With ``reuse_port`` the port is shared (SO_REUSEPORT) with the other
+        workers of ``--workers``.
+        """
+        port: Any = self.config.port
+        if reuse_port:
+            port = makeBinding(self.config.host, port, reuseAddress=True, reusePort=True)
+        self.port = self.reactor.listenTCP(port, self.gate, backlog=4096,
+                                           interface=self.config.host)
         return self.port.getHost().port  # type: ignore[no-any-return]
+
+    def adopt(self, fd: int) -> None:
+        """Also serve on an inherited listening socket (a worker's private port)."""
+        self.private_port = self.reactor.adoptStreamPort(fd, socket.AF_INET, self.gate)
+        os.close(fd)
 
     def start(self) -> defer.Deferred[None]:
         """Join the cluster: catch up from a peer, then start the links."""
@@ -178,8 +193,9 @@ class Node:
         self.service.drain()
         if self.cluster is not None:
             self.cluster.stop()
-        if self.port is not None:
-            yield self.port.stopListening()
+        for port in (self.port, getattr(self, "private_port", None)):
+            if port is not None:
+                yield port.stopListening()
         closed = self.gate.close_all()
         closed.addTimeout(DRAIN_GRACE, self.reactor)
         try:
