@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench loadtest lint setup system-packages clean
+.PHONY: run test bench cluster loadtest lint setup system-packages clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ setup: $(STAMP) system-packages
 
 run: $(STAMP)
 	$(VENV)/bin/pushup serve
+
+# N nodes (NODES=3) behind HAProxy on loopback; Ctrl-C stops everything.
+NODES ?= 3
+cluster: setup
+	$(PY) deploy/launch.py --nodes $(NODES) --port 8000
 
 test: setup
 	$(PY) -m pytest
