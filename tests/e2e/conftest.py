@@ -344,7 +344,21 @@ def spawn(*flags, env: dict | None = None, port: str = "0") -> Node:
     node = Node(proc, m.group(1), int(m.group(2)), flags)
     node.stderr_lines = err_lines
     node.stdout_lines = out_lines
-    return node
+    # A node with peers may answer 503 while it catches up; ready means /health is 200.
+    deadline = time.monotonic() + START_TIMEOUT
+    status = None
+    while time.monotonic() < deadline:
+        try:
+            status = node.get("/health", timeout=5).status
+        except OSError as e:
+            status = repr(e)
+        if status == 200:
+            return node
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(5)
+    raise AssertionError(f"node never became healthy (last /health: {status}); "
+                         f"stderr={err_lines[-20:]}")
 
 
 def stop(node: Node, sig=signal.SIGTERM) -> int:

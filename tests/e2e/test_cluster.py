@@ -23,18 +23,24 @@ class Cluster:
         assert rcs == [0, 0], rcs
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster()
-    yield c
-    c.close()
-
-
 def wait_peers_up(n):
     def up():
         peers = n.stats()["peers"]
         return len(peers) == 1 and peers[0]["state"] == "up"
     wait_until(up, 20, interval=0.1, msg="peer up")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    try:
+        wait_peers_up(c.a)
+        wait_peers_up(c.b)
+    except BaseException:
+        c.close()
+        raise
+    yield c
+    c.close()
 
 
 def test_peers_listed_in_stats(cluster):
@@ -117,6 +123,9 @@ def test_peer_with_wrong_secret_is_refused():
         r = c.b.channel_info(ch)
         assert r.status == 404 or r.json["messages"] == 0
         assert c.b.stats()["messages"] == 0
+        # neither side ever sees the other as up
+        assert c.a.stats()["peers"][0]["state"] != "up"
+        assert c.b.stats()["peers"][0]["state"] != "up"
     finally:
         c.close()
 

@@ -208,3 +208,9 @@ def test_publish_serialised_json_is_valid(node):
     node.publish([ch], {"f": 1e308, "neg": -0.0, "s": "\u2028\u2029"})
     r = node.subscribe_raw([ch], since="0")
     json.loads(r.body, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+
+
+def test_multi_channel_publish_with_one_bad_name_publishes_nothing(node):
+    good = uniq("good")
+    assert_error(node.publish_raw([good, "bad name"], 1), 400, "bad_channel_name")
+    assert node.subscribe([good], since="0")["messages"] == []

@@ -271,3 +271,41 @@ def test_too_many_channels_default_64(node):
     chans = [uniq("s") for _ in range(65)]
     assert_error(node.subscribe_raw(chans, timeout=0), 400, "too_many_channels")
     node.subscribe(chans[:64], timeout=0)
+
+
+def test_default_timeout_holds(node):
+    """Without `timeout` the poll is held (default 50 s), not answered at once."""
+    import socket as _socket
+    ch = uniq("deft")
+    cur = node.subscribe([ch])["cursor"]
+    with pytest.raises((_socket.timeout, TimeoutError)):
+        node.get(node.sub_path([ch], since=cur), timeout=2)
+
+
+def test_default_timeout_is_capped_by_max_timeout(start_node):
+    n = start_node("--max-timeout", "0.5")
+    t0 = time.monotonic()
+    body = n.subscribe([uniq()], timeout=None, http_timeout=10)
+    assert body["messages"] == [] and time.monotonic() - t0 < 10
+
+
+def test_default_max_limit_is_1000(node):
+    a, b = uniq("ml"), uniq("ml")
+    for ch in (a, b):
+        r = node.publish_batch([{"channels": [ch], "data": i} for i in range(600)])
+        assert r.status == 201, r
+    body = node.subscribe([a, b], since="0", limit=5000)
+    assert len(body["messages"]) == 1000
+    body = node.subscribe([a, b], since=body["cursor"], limit=5000)
+    assert len(body["messages"]) == 200
+
+
+def test_default_per_channel_cap_is_1000(node):
+    ch = uniq("cap")
+    for start in (0, 500, 1000):
+        r = node.publish_batch([{"channels": [ch], "data": i}
+                                for i in range(start, min(start + 500, 1005))])
+        assert r.status == 201, r
+    body = node.subscribe([ch], since="0", limit=1000)
+    assert body.get("gap") is True
+    assert [m["data"] for m in body["messages"]] == list(range(5, 1005))
