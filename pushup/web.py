@@ -115,7 +115,16 @@ class PushUpRequest(server.Request):
         self.waiter = None
         if self._disconnected or self.finished:
             return False
-        self.site.web.send(self, 200, body)
+        if self.clientproto == b"HTTP/1.1" and self.channel.persistent:
+            # Fan-out fast path: every subscriber of a group gets the same
+            # bytes, so the whole response is built once (Web.wire) and
+            # written as is; finish() still does Twisted's bookkeeping.
+            self.startedWriting = 1
+            self.sentLength = len(body)
+            self.channel.write(self.site.web.wire(body))
+            self.finish()
+        else:
+            self.site.web.send(self, 200, body)
         return True
 
     def connectionLost(self, reason: Any) -> None:
@@ -194,6 +203,7 @@ class Web:
         self._metrics = metrics
         self._cors = config.cors_origin.encode()
         self.cluster: Any = None  # set by the node when it has peers or a secret
+        self._wire: dict[int, tuple[bytes, bytes]] = {}  # id(body) -> (body, response)
         self._routes: dict[tuple[str, ...], dict[bytes, Handler]] = {
             ("publish",): {b"POST": self.publish},
             ("subscribe",): {b"GET": self.subscribe},
@@ -247,6 +257,22 @@ class Web:
         if handlers is None:
             raise errors.NotFound(f"no such path: {raw_path.decode('latin-1')[:100]}")
         return handlers, params
+
+    def wire(self, body: bytes) -> bytes:
+        """A complete HTTP/1.1 200 response carrying ``body``, built once per body."""
+        cached = self._wire.get(id(body))
+        if cached is not None and cached[0] is body:
+            return cached[1]
+        if len(self._wire) >= 64:
+            self._wire.clear()
+        head = [b"HTTP/1.1 200 OK", b"Server: PushUp", b"Date: " + http.datetimeToString(),
+                b"Cache-Control: no-store", b"Content-Type: " + JSON,
+                b"Content-Length: %d" % len(body)]
+        if self._cors:
+            head.append(b"Access-Control-Allow-Origin: " + self._cors)
+        raw = b"\r\n".join(head) + b"\r\n\r\n" + body
+        self._wire[id(body)] = (body, raw)
+        return raw
 
     def send(self, request: PushUpRequest, status: int, body: bytes | None,
              content_type: bytes = JSON) -> None:

@@ -59,3 +59,16 @@ def test_closing_a_channel_takes_its_waiters_and_drain_takes_all():
     assert hub.take_channel("a") == [a]
     assert hub.take_all() == [b]
     assert len(hub) == 0
+
+
+def test_a_large_fan_out_takes_its_waiters_and_keeps_everyone_else_in_order():
+    hub = Hub()
+    hot = [Waiter(q("hot"), 100 + i, f"h{i}") for i in range(300)]
+    cold = [Waiter(q("cold"), 50 + 3 * i, f"c{i}") for i in range(100)]
+    for w in hot + cold:
+        hub.add(w)
+    assert hub.take_matching(msg(1, "hot")) == hot
+    assert len(hub) == 100 and hub.waiting_on("hot") == 0
+    assert [w.target for w in hub.take_expired(56)] == ["c0", "c1", "c2"]
+    assert hub.discard(cold[3]) and not hub.discard(hot[0])
+    assert [w.target for w in hub.take_all()] == [f"c{i}" for i in range(4, 100)]
