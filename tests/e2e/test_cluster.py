@@ -143,6 +143,13 @@ def test_peer_down_does_not_block_publish(start_node):
 def test_workers_share_one_port():
     n = spawn("--workers", "2")
     try:
+        # every worker ready: /health 200 on 12 fresh connections in a row
+        streak = [0]
+
+        def healthy():
+            streak[0] = streak[0] + 1 if n.get("/health").status == 200 else 0
+            return streak[0] >= 12
+        wait_until(healthy, 20, interval=0.01, msg="all workers healthy")
         ch = uniq("w")
         pubs = [n.publish([ch], i) for i in range(20)]  # one connection each: both workers
 
