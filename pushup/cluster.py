@@ -61,6 +61,7 @@ class Cluster:
     def receive(self, batch: Batch) -> tuple[int, bytes]:
         """Apply a peer's batch in order; 409 with the sequence expected on a hole."""
         self.check_ready()
+        self._peer_alive()
         now = self.service.now()
         store = self.store
         ops = sorted(ops_of(batch.ops), key=lambda op: op[1])
@@ -99,8 +100,16 @@ class Cluster:
         self.store.reschedule(channel)
         self.service.rearm()
 
+    def _peer_alive(self) -> None:
+        # A peer just spoke: links in backoff (e.g. to a node that was still
+        # starting) retry now instead of after their backoff.
+        for link in self.links:
+            if link.failing:
+                link.kick()
+
     def snapshot(self) -> bytes:
         self.check_ready()
+        self._peer_alive()
         return export_snapshot(self.store)
 
     # -- starting ------------------------------------------------------------
@@ -144,7 +153,18 @@ class Cluster:
                 return
             yield task.deferLater(self.clock, 0.5, lambda: None)
 
-    def stop(self) -> None:
+    @defer.inlineCallbacks
+    def stop(self, grace: float = 3.0) -> Any:
+        """Let the links hand peers what we accepted (up to ``grace`` s), then stop."""
+        deadline = self.clock.seconds() + grace
+        for link in self.links:
+            if not link.settled:
+                link.kick()
+        while self.ready and not all(link.settled for link in self.links):
+            if self.clock.seconds() >= deadline:
+                log.warn("stopping with messages not yet confirmed by every peer")
+                break
+            yield task.deferLater(self.clock, 0.05, lambda: None)
         for link in self.links:
             link.stop()
 

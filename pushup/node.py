@@ -192,7 +192,7 @@ class Node:
         log.info("draining: answering {n} waiting subscribers", n=len(self.service.hub))
         self.service.drain()
         if self.cluster is not None:
-            self.cluster.stop()
+            yield self.cluster.stop()
         for port in (self.port, getattr(self, "private_port", None)):
             if port is not None:
                 yield port.stopListening()

@@ -27,7 +27,7 @@ log = Logger()
 BATCH = 1000  # messages per POST at most
 BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
-BACKOFF_MAX = 5.0
+BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
 
 
@@ -89,10 +89,27 @@ class PeerLink:
         if self.stopped:
             return
         if self._timer is not None and self._timer.active():
-            if delay > 0:
-                return
+            if delay > 0 or self._timer.getTime() <= self.clock.seconds():
+                return  # already due no later than asked
             self._timer.cancel()
         self._timer = self.clock.callLater(delay, self._run)
+
+    @property
+    def settled(self) -> bool:
+        """The peer has confirmed everything we have for it."""
+        return self.queued == 0 and not self._busy
+
+    @property
+    def failing(self) -> bool:
+        return self._failures > 0
+
+    def kick(self) -> None:
+        """Try now, whatever the backoff says (draining, or a peer spoke up)."""
+        if not self._busy:
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            self._wake(0)
 
     @defer.inlineCallbacks
     def _run(self) -> Any:
