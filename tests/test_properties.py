@@ -183,6 +183,6 @@ class StoreMachine(RuleBasedStateMachine):
         assert len(self.hub) == 0
 
 
-StoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
+StoreMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=50,
                                           deadline=None)
 test_store_against_model = StoreMachine.TestCase
