@@ -146,13 +146,15 @@ class Node:
         return self.post("/publish", {"messages": messages}, **kw)
 
     @staticmethod
-    def sub_path(channels, since=None, until=None, timeout=None, limit=None, extra: str = "") -> str:
+    def sub_path(channels, since=None, until=None, timeout=None, limit=None,
+                 extra: str = "") -> str:
         if not isinstance(channels, str):
             channels = ",".join(channels)
         q = [("channels", channels)]
         for k, v in (("since", since), ("until", until), ("timeout", timeout), ("limit", limit)):
             if v is not None:
-                q.append((k, v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)))
+                text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+                q.append((k, text))
         path = "/subscribe?" + urllib.parse.urlencode(q, quote_via=urllib.parse.quote, safe="")
         return path + extra
 
@@ -170,7 +172,7 @@ class Node:
         assert isinstance(body.get("closed"), list), body
         return body
 
-    def subscribe_async(self, channels, **kw) -> "Pending":
+    def subscribe_async(self, channels, **kw) -> Pending:
         return Pending(lambda: self.subscribe_raw(channels, **kw))
 
     def stats(self) -> dict:
@@ -232,7 +234,7 @@ class Node:
                     chunk = s.recv(65536)
                 except ConnectionResetError:
                     break
-                except socket.timeout:
+                except TimeoutError:
                     break
                 if not chunk:
                     break
@@ -372,7 +374,7 @@ def stop(node: Node, sig=signal.SIGTERM) -> int:
         node.proc.kill()
         node.proc.wait(5)
         raise AssertionError(f"node did not exit within {STOP_TIMEOUT}s of {sig!r}; "
-                             f"stderr tail={node.stderr_lines[-20:]}")
+                             f"stderr tail={node.stderr_lines[-20:]}") from None
 
 
 class _Nodes:
@@ -424,7 +426,7 @@ def run_cli(*args, env: dict | None = None, timeout: float = 20.0) -> subprocess
         proc.kill()
         out, err = proc.communicate(timeout=5)
         raise AssertionError(f"`pushup {' '.join(args)}` did not exit (it should refuse to "
-                             f"start); stdout={out[:300]!r} stderr={err[-500:]!r}")
+                             f"start); stdout={out[:300]!r} stderr={err[-500:]!r}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

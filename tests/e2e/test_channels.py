@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, q, uniq, wait_until
 
 
@@ -94,7 +93,8 @@ def test_renew(node):
 
 
 def test_renew_unknown_is_404(node):
-    assert_error(node.post(f"/channels/{uniq('nochan')}/renew", {"ttl": 10}), 404, "no_such_channel")
+    r = node.post(f"/channels/{uniq('nochan')}/renew", {"ttl": 10})
+    assert_error(r, 404, "no_such_channel")
 
 
 def test_renew_bad_ttl_is_400(node):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pushup_e2e import assert_json_ok, free_port, spawn, stop, uniq, wait_until
 
 
@@ -172,3 +171,51 @@ def test_workers_share_one_port():
             assert [m["id"] for m in assert_json_ok(p.result(15))["messages"]] == [pub["id"]]
     finally:
         assert stop(n) == 0
+
+
+def test_no_loss_no_duplicates_while_publishing_on_both_nodes(cluster):
+    """Cursor-following clients that alternate nodes receive every message exactly once."""
+    import threading
+    import time
+    a, b = cluster.a, cluster.b
+    ch = uniq("live")
+    total = 2 * 60
+    results, errors = {}, []
+
+    def client(k):
+        try:
+            cur = (a, b)[k % 2].subscribe([ch], timeout=0)["cursor"]
+            seen, i = [], k
+            deadline = time.monotonic() + 60
+            while len(seen) < total and time.monotonic() < deadline:
+                body = (a, b)[i % 2].subscribe([ch], since=cur, timeout=5, limit=9)
+                i += 1
+                seen += [m["data"] for m in body["messages"]]
+                cur = body["cursor"]
+            results[k] = seen
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    clients = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(4)]
+    for t in clients:
+        t.start()
+    wait_until(lambda: sum(n.stats()["waiting"] for n in (a, b)) >= 4, 20, msg="clients held")
+
+    def publisher(node, base):
+        for i in range(60):
+            node.publish([ch], base + i)
+
+    pubs = [threading.Thread(target=publisher, args=(a, 0), daemon=True),
+            threading.Thread(target=publisher, args=(b, 1000), daemon=True)]
+    for t in pubs:
+        t.start()
+    for t in pubs + clients:
+        t.join(90)
+    assert not errors, errors
+    expected = sorted(list(range(60)) + list(range(1000, 1060)))
+    for k in range(4):
+        got = results[k]
+        assert len(got) == total and sorted(got) == expected, (k, len(got))
+        for lo in (0, 1000):
+            mine = [x for x in got if lo <= x < lo + 1000]
+            assert mine == sorted(mine), (k, lo)  # per origin, in publish order

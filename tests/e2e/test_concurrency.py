@@ -8,9 +8,14 @@ import struct
 import time
 
 import pytest
-
-from pushup_e2e import (assert_error, assert_json_ok, parse_raw_response, response_complete,
-                        uniq, wait_until)
+from pushup_e2e import (
+    assert_error,
+    assert_json_ok,
+    parse_raw_response,
+    response_complete,
+    uniq,
+    wait_until,
+)
 
 
 def dechunk(body: bytes) -> bytes:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, q, uniq
 
 ORIGIN = "https://app.example.com"

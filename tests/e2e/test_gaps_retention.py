@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from pushup_e2e import assert_json_ok, uniq, wait_until
 
 

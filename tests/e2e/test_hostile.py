@@ -6,7 +6,6 @@ import socket
 import time
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, parse_raw_response, uniq
 
 
@@ -37,7 +36,8 @@ GARBAGE = [
     b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
     b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n{}",
     b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+    b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 3\r\n\r\n0\r\n\r\n",
     b"GET /subscribe?channels=\xff\xfe&timeout=0 HTTP/1.1\r\nHost: x\r\n\r\n",
     b"GET /\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
     b"\r\n" * 5000,
@@ -57,7 +57,8 @@ def test_half_request_held_open_does_not_block_others(node):
         for data in (b"GET /subscr",
                      b"GET /subscribe?channels=x HTTP/1.1\r\nHost: x\r\n",
                      b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"chan",
-                     b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n"):
+                     b"POST /publish HTTP/1.1\r\nHost: x\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n5\r\n"):
             s = node.raw_socket()
             s.sendall(data)
             socks.append(s)
@@ -207,7 +208,7 @@ def read_response(s: socket.socket, timeout: float = 10.0) -> bytes:
     while time.monotonic() < deadline and not response_complete(buf):
         try:
             chunk = s.recv(65536)
-        except (ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionResetError):
             break
         if not chunk:
             break

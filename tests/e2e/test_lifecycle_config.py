@@ -8,9 +8,15 @@ import socket
 import time
 
 import pytest
-
-from pushup_e2e import (assert_error, assert_json_ok, run_cli, spawn, stop, uniq, wait_until,
-                        free_port)
+from pushup_e2e import (
+    assert_error,
+    assert_json_ok,
+    free_port,
+    run_cli,
+    spawn,
+    stop,
+    uniq,
+)
 
 
 def test_first_stdout_line_and_logs_on_stderr(start_node):
@@ -44,7 +50,8 @@ def test_signal_drains_and_exits_0(sig):
     try:
         chans = [uniq("drain") for _ in range(3)]
         curs = [n.subscribe([c])["cursor"] for c in chans]
-        polls = [n.subscribe_async([c], since=cur, timeout=100) for c, cur in zip(chans, curs)]
+        polls = [n.subscribe_async([c], since=cur, timeout=100)
+                 for c, cur in zip(chans, curs, strict=True)]
         n.wait_stat("waiting", lambda w: w == 3)
         keep = n.conn(timeout=5)
         assert_json_ok(n.request("GET", "/health", conn=keep))

@@ -6,7 +6,6 @@ import re
 import time
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, uniq
 
 TS_RE = re.compile(rb'"timestamp":\s*(-?\d+\.\d+)\s*[,}]')
@@ -38,7 +37,7 @@ def test_timestamps_have_six_decimals_and_strictly_increase(node):
         assert m, r.body
         assert len(m.group(1).split(b".")[1]) == 6, r.body
         stamps.append(float(m.group(1)))
-    assert all(x < y for x, y in zip(stamps, stamps[1:])), stamps
+    assert all(x < y for x, y in zip(stamps, stamps[1:], strict=False)), stamps
     sub = node.subscribe_raw([ch], since="0", limit=100)
     found = TS_RE.findall(sub.body)
     assert len(found) == 40 and all(len(t.split(b".")[1]) == 6 for t in found)
@@ -91,7 +90,7 @@ def test_batch_empty_is_400(node):
     ({"channels": ["x"]}, "bad_parameter"),
     ({"channels": "x", "data": 1}, "bad_parameter"),
     ("not an object", "bad_parameter"),
-    ({"channels": ["c%d" % i for i in range(65)], "data": 1}, "too_many_channels"),
+    ({"channels": [f"c{i}" for i in range(65)], "data": 1}, "too_many_channels"),
 ])
 def test_batch_all_or_nothing(node, bad, code):
     a = uniq("aon")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, uniq
 
 

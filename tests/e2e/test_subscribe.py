@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from pushup_e2e import assert_error, assert_json_ok, uniq
 
 
@@ -130,7 +129,7 @@ def test_since_time_is_strictly_greater(node):
     assert body["messages"] == []
     body = node.subscribe([ch], since=repr(p[0]["timestamp"] - 0.000001))
     assert ids(body) == [m["id"] for m in p]
-    body = node.subscribe([ch], since="%.6f" % p[1]["timestamp"])
+    body = node.subscribe([ch], since="{:.6f}".format(p[1]["timestamp"]))
     assert ids(body) == [p[2]["id"]]
 
 
