@@ -141,7 +141,7 @@ class Node:
         self.site = PushUpSite(self.web, reactor)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
-            log.warning("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
+            log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
             limit = SELECT_CONNECTIONS
         self.gate = Gate(self.site, self.service.counters, limit, reactor)
         self.port: IListeningPort | None = None
@@ -201,5 +201,5 @@ class Node:
         try:
             yield closed
         except defer.TimeoutError:
-            log.warning("drain: some clients did not read their answers in time")
+            log.warn("drain: some clients did not read their answers in time")
         log.info("drained")

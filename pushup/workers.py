@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -48,6 +49,20 @@ def _reserve_public(config: Config) -> tuple[socket.socket, int]:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     s.bind((config.host, config.port))
     return s, s.getsockname()[1]
+
+
+def _healthy(url: str, timeout: float = 30.0) -> bool:
+    """Wait until a worker answers /health 200 (it may be catching up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> list[str]:
@@ -104,6 +119,10 @@ class Supervisor:
                 self.stop()
                 return 1
             selector.register(proc.stdout, selectors.EVENT_READ, i)
+        if not all(_healthy(url) for url in self.urls):
+            print("pushup: error: a worker did not become healthy", file=sys.stderr)
+            self.stop()
+            return 1
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         print(f"listening on http://{host}:{self.port}", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
