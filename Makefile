@@ -33,6 +33,12 @@ test: setup
 bench: setup
 	$(PY) -m loadtest.bench
 
+# The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,
+# report.md and figures in loadtest/results/$(PROFILE)/. Needs root for NT.
+PROFILE ?= quick
+loadtest: setup
+	$(PY) -m loadtest.run --profile $(PROFILE)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest
 	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py
