@@ -191,6 +191,11 @@ def _figure(title: str) -> tuple[Any, Any, Any]:
     return plt, fig, (ax, cpu)
 
 
+def _legend(ax: Any, **kw: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def _cpu(cpu: Any, xs: list[float], rs: list[dict[str, Any]], mode: str, label: str) -> None:
     gen = [r.get("gen_cpu_peak_pct") or 0 for r in rs]
     srv = [r.get("server_cpu_peak_pct") or 0 for r in rs]
@@ -228,9 +233,9 @@ def grid_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
         if log:
             ax.set_yscale("log")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         cpu.set_xlabel("publish interval (s)")
-        cpu.legend(fontsize=6, ncol=3)
+        _legend(cpu, fontsize=6, ncol=3)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
@@ -267,9 +272,9 @@ def scale_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
                         color=COLORS[mode], label=f"{NAMES[mode]} (paper, read off chart)")
         ax.set_xscale("log")
         ax.set_ylabel(ylabel + (" (paper: % of 8 GB → MB)" if fname.startswith("fig9") else ""))
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         cpu.set_xlabel("concurrent connections")
-        cpu.legend(fontsize=6, ncol=2)
+        _legend(cpu, fontsize=6, ncol=2)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
@@ -300,9 +305,9 @@ def scale_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
                             color=color, label=f"{n} (paper, read off chart)")
             ax.set_xscale("log")
             ax.set_ylabel(ylabel)
-            ax.legend(fontsize=7)
+            _legend(ax, fontsize=7)
             cpu.set_xlabel("concurrent connections")
-            cpu.legend(fontsize=6, ncol=2)
+            _legend(cpu, fontsize=6, ncol=2)
             fig.tight_layout()
             fig.savefig(out / fname, dpi=110)
             plt.close(fig)

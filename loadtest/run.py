@@ -85,6 +85,7 @@ class Point:
     messages: int = 0  # scale: how many messages
     gap: float = 0.0  # scale: seconds between them
     timeout: float = 50.0
+    procs: int = 0  # Locust processes; 0: one up to 4,000 users, else two
 
     @property
     def edge(self) -> float:
@@ -98,7 +99,7 @@ class Point:
 
     @property
     def processes(self) -> int:
-        return 1 if self.users <= 4000 else 2
+        return self.procs or (1 if self.users <= 4000 else 2)
 
     @property
     def rate(self) -> int:
@@ -249,6 +250,8 @@ class Sampler:
         # role -> [(t, rss, cpu seconds, busiest single process's CPU % since last sample)]
         self.series: dict[str, list[tuple[float, int, float, float]]] = {}
         self._last: dict[int, tuple[float, float]] = {}
+        # role -> pid -> last CPU seconds seen: processes that exit keep counting
+        self._cum: dict[str, dict[int, float]] = {}
         psutil.cpu_percent()
         self.host: list[float] = []
 
@@ -281,12 +284,13 @@ class Sampler:
                         c = t.user + t.system
                 except psutil.Error:
                     continue
-                cpu += c
+                self._cum.setdefault(role, {})[p.pid] = c
                 last = self._last.get(p.pid)
                 if last is not None and now > last[0]:
                     busiest = max(busiest, 100.0 * (c - last[1]) / (now - last[0]))
                 self._last[p.pid] = (now, c)
             if procs:
+                cpu = sum(self._cum.get(role, {}).values())
                 self.series.setdefault(role, []).append((now, rss, cpu, busiest))
         self.host.append(psutil.cpu_percent())
 
@@ -320,6 +324,21 @@ def read_stats(prefix: Path) -> dict[tuple[str, str], dict[str, str]]:
         return {}
     with open(path, newline="") as f:
         return {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+
+
+def users_at(prefix: Path, t: float) -> int | None:
+    """Locust's user count at Unix time ``t`` (from the stats history)."""
+    import csv
+
+    path = Path(f"{prefix}_stats_history.csv")
+    if not path.exists():
+        return None
+    found = None
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["Name"] == "Aggregated" and float(r["Timestamp"]) <= t:
+                found = int(r["User Count"])
+    return found
 
 
 def _num(row: dict[str, str] | None, key: str) -> float:
@@ -479,6 +498,8 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
         "run": run_id, "experiment": p.experiment, "mode": p.mode, "nodes": p.nodes,
         "users": p.users, "timeout_s": p.timeout, "locust_processes": p.processes,
         "connected": connected, "requests": polls,
+        # Locust users (subscribers + the publisher) running at the first publish
+        "users_at_first_publish": users_at(prefix, t0),
         "gaps_seen": ok_count(stats.get(("GAP", "gap"))),
         "smu_peak_mb": server_use.get("rss_peak_mb"), "smu_mean_mb": server_use.get("rss_mean_mb"),
         "smu_hold_mb": sampler.rss_at("server", mono_t0 - 0.5),
@@ -543,14 +564,16 @@ def plan(args: argparse.Namespace) -> list[Point]:
     if gaps:
         for cc in prof["cc"]:
             for mode in prof["modes"]:
-                points.append(Point("grid", mode, cc, 1, gaps=gaps, timeout=prof["timeout"]))
+                points.append(Point("grid", mode, cc, 1, gaps=gaps, timeout=prof["timeout"],
+                                    procs=args.processes))
     for n in nodes:
         for conns in prof["conns"]:
             for mode in prof["modes"]:
                 if mode == "cp" or (mode == "mlp" and n > 1):
                     continue
                 points.append(Point("scale", mode, conns, n, messages=prof["scale_messages"],
-                                    gap=prof["scale_gap"], timeout=prof["timeout"]))
+                                    gap=prof["scale_gap"], timeout=prof["timeout"],
+                                    procs=args.processes))
     return points
 
 
@@ -573,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conns", type=_list(int), default=None, help="scale connection counts")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=None, help="long-poll hold, seconds")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="Locust processes per point (default: 1 up to 4,000 users, else 2)")
     parser.add_argument("--append", action="store_true",
                         help="add to an existing results.jsonl instead of replacing it")
     parser.add_argument("--no-report", action="store_true")
