@@ -1,0 +1,164 @@
+"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k] [--quick]`.
+
+Runs the selected benchmarks against fresh `pushup serve` processes, prints a
+table of figures versus targets, and writes everything (per-sample figures,
+CPU use, client counters, machine load) to loadtest/out/bench-<timestamp>.json.
+Exit status: 0 when every selected benchmark produced its figures (whether or
+not targets were met), 1 when one failed to run, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import report, scenarios
+from .pool import WorkerPool
+from .server import raise_nofile
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "loadtest" / "out"
+CHOICES = ["memory", "fanout", "cpu", "publish", "16k"]
+
+FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
+        "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
+        "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0}
+QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
+         "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
+         "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0}
+WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(CHOICES),
+                    help="comma-separated subset of: " + ",".join(CHOICES)
+                    + " (cpu is measured during fanout; either selects that run)")
+    ap.add_argument("--quick", action="store_true", help="small numbers for a smoke run")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="load-generator processes (default 2, this box has 2 cores)")
+    ap.add_argument("--server", default=str(REPO / ".venv" / "bin" / "pushup"),
+                    help="server command (default: the venv's pushup); split like a shell")
+    ap.add_argument("--publishers", type=int, default=8)
+    ap.add_argument("--repoll", choices=["immediate", "after-round"], default="immediate",
+                    help="fan-out subscribers re-poll on receipt (default) or only after "
+                    "every subscriber has the publish (separates fan-out from re-poll cost)")
+    ap.add_argument("--subscribers", type=int, help="override the fan-out subscriber count")
+    ap.add_argument("--publishes", type=int, help="override the fan-out publish count")
+    args = ap.parse_args(argv)
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    bad = [x for x in args.only if x not in CHOICES]
+    if bad:
+        ap.error(f"unknown benchmark(s) {bad}; choose from {CHOICES}")
+    if not 1 <= args.workers <= 8:
+        ap.error("--workers must be 1..8")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "nofile_hard": raise_nofile(),
+    }
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.subscribers:
+        cfg["fanout_n"] = args.subscribers
+    if args.publishes:
+        cfg["fanout_publishes"] = args.publishes
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGALRM, _terminate)
+    signal.alarm(WATCHDOG_S)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    OUT.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": "python -m loadtest.bench " + " ".join(shlex.quote(a) for a in
+                                                          (argv or sys.argv[1:])),
+        "quick": args.quick, "settings": {**cfg, "workers": args.workers,
+                                          "publishers": args.publishers,
+                                          "repoll": args.repoll,
+                                          "server": args.server},
+        "machine": machine(),
+        "results": {},
+    }
+    results: dict[str, Any] = record["results"]
+    t_start = time.monotonic()
+    with WorkerPool(args.workers) as pool:
+        ctx = scenarios.Context(pool=pool, server_command=shlex.split(args.server), repo=REPO,
+                                out_dir=OUT, stamp=stamp,
+                                log=lambda m: print(m, flush=True))
+        plan: list[tuple[str, Any]] = []
+        if "memory" in args.only:
+            plan.append(("memory", lambda: scenarios.bench_memory(
+                ctx, cfg["memory_sizes"], cfg["memory_reps"])))
+        if "fanout" in args.only or "cpu" in args.only:
+            plan.append(("fanout", lambda: scenarios.bench_fanout(
+                ctx, "fanout", cfg["fanout_n"], cfg["fanout_publishes"], cfg["round_timeout"],
+                args.repoll == "immediate")))
+        if ("fanout" in args.only or "cpu" in args.only) and args.repoll == "immediate":
+            # Diagnostic: the same fan-out with re-polls held back until every subscriber
+            # has the message, so the server's fan-out cost shows apart from re-poll cost.
+            plan.append(("fanout_deferred", lambda: scenarios.bench_fanout(
+                ctx, "fanout-deferred", cfg["fanout_n"], max(3, cfg["fanout_publishes"] // 2),
+                cfg["round_timeout"], False)))
+        if "publish" in args.only:
+            plan.append(("publish", lambda: scenarios.bench_publish(
+                ctx, args.publishers, cfg["publish_seconds"], cfg["publish_reps"])))
+        if "16k" in args.only:
+            plan.append(("16k", lambda: scenarios.bench_fanout(
+                ctx, "16k", cfg["big_n"], cfg["big_publishes"], cfg["round_timeout"],
+                args.repoll == "immediate")))
+        for name, run in plan:
+            print(f"== {name}", flush=True)
+            t0 = time.monotonic()
+            try:
+                results[name] = run()
+            except Exception as e:  # one broken benchmark must not hide the others
+                traceback.print_exc()
+                results[name] = {"error": f"{type(e).__name__}: {e}"}
+                try:
+                    pool.close_all()
+                except Exception:
+                    pass
+            print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+    record["duration_s"] = round(time.monotonic() - t_start, 1)
+    record["machine"]["loadavg_at_end"] = os.getloadavg()
+    rows = report.rows(results, targets_apply=not args.quick)
+    record["table"] = rows
+    path = OUT / f"bench-{stamp}.json"
+    path.write_text(json.dumps(record, indent=2, default=str))
+    print()
+    if args.quick:
+        print("(--quick: small numbers, targets not applied)")
+    print(report.table(rows))
+    print(f"\nmachine: {record['machine']['cores']} cores, load average "
+          f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
+          f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "
+          f"{record['duration_s']:.0f} s")
+    print(f"written: {path.relative_to(REPO)}")
+    return 1 if any(isinstance(r, dict) and "error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

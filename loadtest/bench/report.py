@@ -1,0 +1,156 @@
+"""Figures versus targets: the end-of-run table and the JSON record.
+
+Pure formatting: takes the result dicts of `scenarios` and returns rows and
+text. Missed targets are results, not errors; the gap is stated in the row.
+CPU columns are over the measured phase, in % of one core: the server, the load
+generator (its worker processes plus the controller), and everything else that
+ran on the machine meanwhile ("others": other tenants, unattributed kernel work).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def _row(name: str, value: float | None, unit: str, target: float | None, better: str,
+         server_cpu: str = "", generator_cpu: str = "", note: str = "",
+         others: float | None = None) -> Row:
+    if value is None:
+        verdict = "no figure"
+    elif target is None:
+        verdict = ""
+    elif (value <= target) if better == "lower" else (value >= target):
+        verdict = "met"
+    else:
+        ratio = value / target if better == "lower" else target / value if value else float("inf")
+        verdict = f"MISSED ({ratio:.2f}x)"
+    return {
+        "figure": name,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "target_text": "" if target is None else ("<= " if better == "lower" else ">= ")
+        + _fmt(target, unit),
+        "verdict": verdict,
+        "server_cpu": server_cpu,
+        "generator_cpu": generator_cpu,
+        "others_cpu": "" if others is None else f"{others:.0f}%",
+        "note": note,
+    }
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "KB":
+        return f"{v:.2f} KB"
+    if unit == "ms":
+        return f"{v:.0f} ms"
+    if unit == "%":
+        return f"{v:.2f} %"
+    if unit == "s":
+        return f"{v:.3f} s"
+    if unit == "/s":
+        return f"{v:,.0f}/s"
+    return f"{v}"
+
+
+def _pct(u: dict[str, float], key: str) -> str:
+    return f"{u[key + '_cpu_s']:.2f} s ({u[key + '_cpu_pct']:.0f}% of a core)"
+
+
+def rows(results: dict[str, Any], targets_apply: bool) -> list[Row]:
+    out: list[Row] = []
+    t = (lambda x: x) if targets_apply else (lambda x: None)
+
+    mem = results.get("memory")
+    if isinstance(mem, dict) and "error" not in mem:
+        for n, m in mem.items():
+            out.append(_row(
+                f"memory per held poll @ {int(n):,}", m["median_bytes_per_poll"] / 1024, "KB",
+                t(8.0), "lower",
+                f"{m['server_cpu_pct_median']:.0f}% of a core while opening",
+                f"{m['generator_cpu_pct_median']:.0f}% of a core while opening",
+                f"median of {len(m['samples'])} fresh servers; range "
+                f"{m['min_bytes_per_poll'] / 1024:.2f}-{m['max_bytes_per_poll'] / 1024:.2f} KB",
+                _median(s["usage_while_opening"]["others_cpu_pct"] for s in m["samples"]),
+            ))
+    fan = results.get("fanout")
+    if isinstance(fan, dict) and "error" not in fan:
+        u = fan["usage_all_publishes"]
+        n = fan["subscribers"]
+        note = f"{fan['publishes']} publishes to {n:,} subscribers"
+        out.append(_row(f"fan-out {n:,}: last subscriber p50", 1000 * fan["last_p50_s"], "ms",
+                        t(400.0), "lower", _pct(u, "server"), _pct(u, "generator"), note,
+                        u["others_cpu_pct"]))
+        out.append(_row(f"fan-out {n:,}: last subscriber p99", 1000 * fan["last_p99_s"], "ms",
+                        None, "lower", "", "",
+                        f"median subscriber p50 {1000 * fan['median_subscriber_p50_s']:.0f} ms"))
+        out.append(_row(f"fan-out {n:,}: delivered", fan["delivered_pct"], "%", t(100.0),
+                        "higher", "", "", f"worst publish {fan['min_round_delivered_pct']:.2f} %"))
+        gen = fan["generator_cpu_s_per_10k_deliveries"]
+        out.append(_row("server CPU per 10k deliveries", fan["server_cpu_s_per_10k_deliveries"],
+                        "s", t(0.4), "lower", "", f"{gen:.3f} s per 10k" if gen else "",
+                        "publish + fan-out + re-polls; publish-to-last-receipt only: "
+                        f"{fan['server_cpu_s_per_10k_in_rounds']:.3f} s"))
+    dfr = results.get("fanout_deferred")
+    if isinstance(dfr, dict) and "error" not in dfr:
+        u = dfr["usage_all_publishes"]
+        n = dfr["subscribers"]
+        out.append(_row(f"diagnostic: fan-out {n:,}, re-poll after round: last p50",
+                        1000 * dfr["last_p50_s"], "ms", None, "lower",
+                        _pct(u, "server"), _pct(u, "generator"),
+                        f"{dfr['publishes']} publishes; p99 {1000 * dfr['last_p99_s']:.0f} ms; "
+                        f"delivered {dfr['delivered_pct']:.2f} %", u["others_cpu_pct"]))
+        out.append(_row("diagnostic: server CPU per 10k, publish to last receipt",
+                        dfr["server_cpu_s_per_10k_in_rounds"], "s", None, "lower", "",
+                        f"{dfr['generator_cpu_s_per_10k_in_rounds']:.3f} s per 10k",
+                        "no re-polls inside the window: the fan-out alone; whole loop incl. "
+                        f"re-polls {dfr['server_cpu_s_per_10k_deliveries']:.3f} s"))
+    pub = results.get("publish")
+    if isinstance(pub, dict) and "error" not in pub:
+        s0 = pub["samples"][0]
+        out.append(_row(
+            f"publishes/s, {s0['publishers']} keep-alive publishers", pub["median_per_second"],
+            "/s", t(8000.0), "higher",
+            f"{pub['server_cpu_pct_median']:.0f}% of a core",
+            f"{pub['generator_cpu_pct_median']:.0f}% of a core",
+            f"median of {len(pub['samples'])} x {s0['duration_s']:.0f} s; range "
+            f"{pub['min_per_second']:,.0f}-{pub['max_per_second']:,.0f}/s; per server "
+            f"CPU-second {pub['median_per_server_cpu_second']:,.0f}/s (one uncontended core)",
+            _median(s["usage"]["others_cpu_pct"] for s in pub["samples"]),
+        ))
+    big = results.get("16k")
+    if isinstance(big, dict) and "error" not in big:
+        u = big["usage_all_publishes"]
+        n = big["subscribers"]
+        out.append(_row(f"{n:,} held, one publish: delivered", big["min_round_delivered_pct"],
+                        "%", t(100.0), "higher", _pct(u, "server"), _pct(u, "generator"),
+                        f"held {big['opened']:,}; last subscriber p50 "
+                        f"{1000 * big['last_p50_s']:.0f} ms; "
+                        f"{big['bytes_per_poll'] / 1024:.2f} KB/poll", u["others_cpu_pct"]))
+    for name, res in results.items():
+        if isinstance(res, dict) and "error" in res:
+            out.append(_row(f"{name}: ERROR", None, "", None, "lower", note=res["error"][:200]))
+    return out
+
+
+def _median(values: Any) -> float:
+    return statistics.median(list(values))
+
+
+def table(rs: list[Row]) -> str:
+    head = ["figure", "value", "target", "verdict", "server CPU", "generator CPU", "others"]
+    body = [[r["figure"], _fmt(r["value"], r["unit"]), r["target_text"], r["verdict"],
+             r["server_cpu"], r["generator_cpu"], r["others_cpu"]] for r in rs]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=False)),
+             "  ".join("-" * w for w in widths)]
+    for r, b in zip(rs, body, strict=False):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=False)).rstrip())
+        if r["note"]:
+            lines.append("    " + r["note"])
+    return "\n".join(lines)
