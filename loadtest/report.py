@@ -249,16 +249,16 @@ def scale_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
         return []
     made = []
     specs = [
-        ("fig9_smu.png", "Figure 9: server memory (RSS while holding every connection)",
+        ("fig9_smu.png", "Figure 9: server memory (RSS, all connections held)",
          lambda r: r.get("smu_hold_mb"), "MB", {m: {k: v / 100 * 8192 for k, v in d.items()}
                                                  for m, d in PAPER_SMU_PCT.items()}),
-        ("fig10_mpt.png", "Figure 10: mean publish trip time", lambda r: r.get("mpt_mean_s"),
+        ("fig10_mpt.png", "Figure 10: mean publish trip time, MLP vs ELP", lambda r: r.get("mpt_mean_s"),
          "MPT (s)", PAPER_MPT_SCALE),
-        ("fig11_rmp.png", "Figure 11: received message percentage", lambda r: r.get("rmp_pct"),
+        ("fig11_rmp.png", "Figure 11: received messages, MLP vs ELP", lambda r: r.get("rmp_pct"),
          "RMP (%)", PAPER_RMP_SCALE),
     ]
     for fname, title, metric, ylabel, paper in specs:
-        plt, fig, (ax, cpu) = _figure(title + " — MLP vs ELP, 1 node")
+        plt, fig, (ax, cpu) = _figure(title + ", 1 node")
         for mode in ("mlp", "elp"):
             pts = sorted(sc.get((mode, 1), {}).items())
             pts = [(u, metric(r), r) for u, r in pts if metric(r) is not None]
