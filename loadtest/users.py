@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from urllib.parse import quote
 
 import gevent
-from locust import constant, constant_pacing, task
+from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
 CHANNEL = os.environ.get("PUSHUP_LT_CHANNEL", "loadtest")
@@ -115,13 +116,26 @@ class LongPollUser(_Subscriber):
 
 
 class PullUser(_Subscriber):
-    """CP subscriber: one ``timeout=0`` poll every PULL_EVERY seconds."""
+    """CP subscriber: one ``timeout=0`` poll every PULL_EVERY seconds.
 
-    wait_time = constant_pacing(PULL_EVERY)
+    Paced by hand from a random phase: Locust starts users in bursts and its
+    ``constant_pacing`` anchors to the user's start, so every client would
+    pull in lockstep (and every trip time would be the same).
+    """
+
+    wait_time = constant(0)
     poll_name = "subscribe (pull)"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.next_at = time.time() + random.uniform(0, PULL_EVERY)
 
     @task
     def poll(self) -> None:
+        delay = self.next_at - time.time()
+        if delay > 0:
+            gevent.sleep(delay)
+        self.next_at = max(self.next_at + PULL_EVERY, time.time())
         self._poll(0, self.poll_name)
 
 
