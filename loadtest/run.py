@@ -549,6 +549,18 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
 # -- the plan ------------------------------------------------------------------
 
 
+def code_version() -> str:
+    """The commit the servers under test run, and whether pushup/ had local edits."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "pushup", "deploy"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+uncommitted pushup/deploy edits" if dirty else "")
+
+
 def plan(args: argparse.Namespace) -> list[Point]:
     prof = dict(PROFILES[args.profile])
     for key in ("modes", "cc", "intervals", "conns"):
@@ -616,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     if available():
         print(f"warning: no NT figures: {available()}", file=sys.stderr)
     run_id = time.strftime("%Y%m%dT%H%M%S")
+    version = code_version()
     progress = Progress(points)
     total = sum(p.duration() + progress.overhead for p in points)
     print(f"{len(points)} points, about {fmt(total)} (min:s); results in {out}", flush=True)
@@ -636,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
                              users=p.users, error=f"{type(e).__name__}: {e}")]
             with open(results, "a") as f:
                 for row in rows:
+                    row["code"] = version
                     f.write(json.dumps(row) + "\n")
             for row in rows:
                 if "error" in row:
