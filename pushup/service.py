@@ -28,8 +28,12 @@ SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
 class Subscriber(Protocol):
     """The HTTP layer's end of a held subscription."""
 
-    def respond(self, body: bytes) -> bool:
-        """Send ``body`` as the 200 answer; False if the client is gone."""
+    def respond(self, body: bytes, hold: bool = False) -> bool:
+        """Send ``body`` as the 200 answer; False if the client is gone.
+
+        ``hold``: a fan-out is still under way; do not read this client's next
+        request until ``Service.on_fanout_done`` listeners run.
+        """
 
 
 def render(query: Query, result: Result, closed: Sequence[str] = ()) -> bytes:
@@ -79,10 +83,12 @@ class Service:
         self.draining = False
         self.on_publish: list[Callable[[list[Message]], None]] = []  # e.g. peer links
         self.on_channel_op: list[Callable[[tuple[object, ...]], None]] = []
+        self.on_fanout_done: list[Callable[[], None]] = []
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
         self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
         self._flushing: IDelayedCall | None = None
+        self._holding = False  # some answered clients wait for the backlog to empty
 
     def now(self) -> int:
         return round(self.clock.seconds() * 1_000_000)
@@ -181,14 +187,24 @@ class Service:
         self._flushing = None
         backlog = self._backlog
         n = len(backlog) if everything else min(SLICE, len(backlog))
+        # Between slices the reactor serves other clients, but not the next
+        # requests of those already answered: everyone gets this message
+        # before anyone's re-poll costs the fan-out time.
+        hold = n < len(backlog)
+        self._holding = self._holding or hold
         delivered = 0
         for _ in range(n):
             who, body, count = backlog.popleft()
-            if who.respond(body):
+            if who.respond(body, hold):
                 delivered += count
         self.counters.delivered += delivered
-        if backlog and self._flushing is None:
-            self._flushing = self.clock.callLater(0, self._flush)
+        if backlog:
+            if self._flushing is None:
+                self._flushing = self.clock.callLater(0, self._flush)
+        elif self._holding:
+            self._holding = False
+            for listener in self.on_fanout_done:
+                listener()
 
     @property
     def backlog(self) -> int:

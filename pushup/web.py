@@ -110,11 +110,12 @@ class PushUpRequest(server.Request):
         self.site = self.channel.site
         self.site.web.handle(self)
 
-    def respond(self, body: bytes) -> bool:
+    def respond(self, body: bytes, hold: bool = False) -> bool:
         """Answer a held subscribe with ``body``; False if the client left."""
         self.waiter = None
         if self._disconnected or self.finished:
             return False
+        channel = self.channel
         if self.clientproto == b"HTTP/1.1" and self.channel.persistent:
             # Fan-out fast path: every subscriber of a group gets the same
             # bytes, so the whole response is built once (Web.wire) and
@@ -125,6 +126,8 @@ class PushUpRequest(server.Request):
             self.finish()
         else:
             self.site.web.send(self, 200, body)
+        if hold and channel.transport is not None:
+            self.site.web.hold(channel.transport)
         return True
 
     def connectionLost(self, reason: Any) -> None:
@@ -204,6 +207,8 @@ class Web:
         self._cors = config.cors_origin.encode()
         self.cluster: Any = None  # set by the node when it has peers or a secret
         self._wire: dict[int, tuple[bytes, bytes]] = {}  # id(body) -> (body, response)
+        self._held: list[Any] = []  # transports paused until a fan-out is done
+        service.on_fanout_done.append(self.release)
         self._routes: dict[tuple[str, ...], dict[bytes, Handler]] = {
             ("publish",): {b"POST": self.publish},
             ("subscribe",): {b"GET": self.subscribe},
@@ -257,6 +262,16 @@ class Web:
         if handlers is None:
             raise errors.NotFound(f"no such path: {raw_path.decode('latin-1')[:100]}")
         return handlers, params
+
+    def hold(self, transport: Any) -> None:
+        """Read nothing more from ``transport`` until the fan-out is done."""
+        transport.pauseProducing()
+        self._held.append(transport)
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for transport in held:
+            transport.resumeProducing()
 
     def wire(self, body: bytes) -> bytes:
         """A complete HTTP/1.1 200 response carrying ``body``, built once per body."""

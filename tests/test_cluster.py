@@ -22,7 +22,7 @@ class Held:
     def __init__(self):
         self.bodies = []
 
-    def respond(self, body):
+    def respond(self, body, hold=False):
         self.bodies.append(json.loads(body))
         return True
 

@@ -21,7 +21,7 @@ class Recorder:
         self.bodies: list[bytes] = []
         self.present = present
 
-    def respond(self, body: bytes) -> bool:
+    def respond(self, body: bytes, hold: bool = False) -> bool:
         self.bodies.append(body)
         return self.present
 
@@ -211,6 +211,30 @@ def test_fan_out_is_answered_in_slices_that_yield_to_the_reactor(node):
     for conn in waiters:
         assert ids(conn.response) == ["hello"]
     assert node.stats()["delivered"] == total
+
+
+def test_clients_answered_early_in_a_fan_out_wait_for_its_end_before_their_next_request(node):
+    total = 2 * SLICE + 10
+    waiters = [node.subscribe("big", timeout=60) for _ in range(total)]
+    bystander = node.subscribe("other", timeout=60)
+
+    node.publish("big", "hello")
+    first = waiters[:SLICE]
+    assert all(c.transport.producerState == "paused" for c in first)
+    assert bystander.transport.producerState == "producing"  # others are still served
+    while node.turn():
+        pass
+    assert node.answered(waiters) == total
+    assert all(c.transport.producerState == "producing" for c in waiters)
+
+
+def test_a_fan_out_cut_short_by_drain_releases_everyone(node):
+    waiters = [node.subscribe("big", timeout=60) for _ in range(SLICE + 10)]
+    node.publish("big", "hello")
+    assert waiters[0].transport.producerState == "paused"
+    node.node.service.drain()
+    assert node.answered(waiters) == SLICE + 10
+    assert all(c.transport.producerState == "producing" for c in waiters)
 
 
 def test_fan_out_rest_is_answered_by_clock_advance_zero(node):
