@@ -478,6 +478,9 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
         server.stop()
         if counter is not None:
             counter.stop()
+        for log_file in sorted(work.rglob("*.log")):  # keep what the servers said
+            if log_file.stat().st_size:
+                shutil.copy(log_file, raw / f"{name}.{log_file.name}")
         shutil.rmtree(work, ignore_errors=True)
 
     stats = read_stats(prefix)
