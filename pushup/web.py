@@ -122,7 +122,12 @@ class PushUpRequest(server.Request):
             # written as is; finish() still does Twisted's bookkeeping.
             self.startedWriting = 1
             self.sentLength = len(body)
-            self.channel.write(self.site.web.wire(body))
+            raw = self.site.web.wire(body)
+            write_now = getattr(channel.transport, "write_now", None)
+            if write_now is not None:
+                write_now(raw)
+            else:
+                channel.write(raw)
             self.finish()
         else:
             self.site.web.send(self, 200, body)
