@@ -80,6 +80,7 @@ class LocalCluster:
         self.web_backend = web_backend
         self.secret = secret or secrets.token_urlsafe(16)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="pushup-cluster-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes: list[subprocess.Popen | None] = [None] * nodes
         self.haproxies: list[subprocess.Popen] = []
 

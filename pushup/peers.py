@@ -11,12 +11,14 @@ in ``/stats``; they never reach a client.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections import deque
 from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -51,6 +53,7 @@ class PeerLink:
         self.dropped_ops = 0
         self._busy = False
         self._failures = 0
+        self._retry_now = False
         self._timer: IDelayedCall | None = None
         self.stopped = False
 
@@ -105,6 +108,7 @@ class PeerLink:
 
     def kick(self) -> None:
         """Try now, whatever the backoff says (draining, or a peer spoke up)."""
+        self._retry_now = True  # if an attempt is under way and fails, retry at once
         if not self._busy:
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
@@ -168,9 +172,10 @@ class PeerLink:
         if self.state != was:
             log.warn("peer {url} is {state}: {why}", url=self.url, state=self.state, why=e)
         # The first failure after success is often a stale pooled connection:
-        # retry at once; then back off.
-        delay = 0 if self._failures == 1 else min(BACKOFF_MAX, 0.1 * 2 ** self._failures)
-        self._wake(delay)
+        # retry at once; then back off (unless kicked meanwhile).
+        quick = self._failures == 1 or self._retry_now
+        self._retry_now = False
+        self._wake(0 if quick else min(BACKOFF_MAX, 0.1 * 2 ** self._failures))
 
     @defer.inlineCallbacks
     def request(self, method: str, path: str, body: bytes = b"") -> Any:
@@ -194,6 +199,24 @@ def _cap(messages: list[Any]) -> list[Any]:
     return messages
 
 
+class _Endpoints:
+    """Connect to IP literals directly: Agent's default (HostnameEndpoint)
+    resolves in a thread and staggers attempts, so even a refused connection
+    to 127.0.0.1 takes a few hundred milliseconds to be reported."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+
+    def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 (Twisted's interface)
+        host = uri.host.decode() if isinstance(uri.host, bytes) else uri.host
+        try:
+            version = ipaddress.ip_address(host).version
+        except ValueError:
+            return HostnameEndpoint(self.reactor, host, uri.port, timeout=5)
+        kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+        return kind(self.reactor, host, uri.port, timeout=5)
+
+
 def http_client(reactor: Any) -> Any:
     """A treq client with its own pool; idle connections close before the
     peer's 60 s idle timeout would (Twisted issue #7843)."""
@@ -207,5 +230,5 @@ def http_client(reactor: Any) -> Any:
     pool._factory = QuietFactory
     pool.maxPersistentPerHost = 2
     pool.cachedConnectionTimeout = 30
-    return HTTPClient(Agent(reactor, pool=pool))
+    return HTTPClient(Agent.usingEndpointFactory(reactor, _Endpoints(reactor), pool=pool))
 

@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k] [--quick]`.
+"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation] [--quick]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -21,20 +21,24 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import report, scenarios
+from . import cluster, report, scenarios
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
-CHOICES = ["memory", "fanout", "cpu", "publish", "16k"]
+CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
-        "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0}
+        "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0,
+        "cluster_nodes": [1, 2, 4], "cluster_n": 10000, "cluster_publishes": 10,
+        "lag_samples": 200}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
-         "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0}
+         "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
+         "cluster_nodes": [1, 2], "cluster_n": 400, "cluster_publishes": 2,
+         "lag_samples": 20}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -129,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("16k", lambda: scenarios.bench_fanout(
                 ctx, "16k", cfg["big_n"], cfg["big_publishes"], cfg["round_timeout"],
                 args.repoll == "immediate")))
+        if "cluster" in args.only:
+            plan.append(("cluster", lambda: cluster.bench_cluster_fanout(
+                ctx, cfg["cluster_nodes"], cfg["cluster_n"], cfg["cluster_publishes"],
+                cfg["round_timeout"])))
+        if "propagation" in args.only:
+            plan.append(("propagation", lambda: cluster.bench_propagation(
+                ctx, args.publishers, cfg["publish_seconds"], cfg["lag_samples"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()

@@ -132,6 +132,29 @@ def rows(results: dict[str, Any], targets_apply: bool) -> list[Row]:
                         f"held {big['opened']:,}; last subscriber p50 "
                         f"{1000 * big['last_p50_s']:.0f} ms; "
                         f"{big['bytes_per_poll'] / 1024:.2f} KB/poll", u["others_cpu_pct"]))
+    clu = results.get("cluster")
+    if isinstance(clu, dict) and "error" not in clu:
+        for k, c in clu.items():
+            out.append(_row(
+                f"cluster fan-out {c['subscribers']:,} over {k} node(s): last p50",
+                1000 * c["last_p50_s"], "ms", None, "lower",
+                f"{c['server_cpu_s']:.1f} s ({c['server_cpu_pct']:.0f}% of a core, all nodes)",
+                "", f"{c['publishes']} publishes on node 1; p99 {1000 * c['last_p99_s']:.0f} ms; "
+                f"delivered {c['delivered_pct']:.2f} %"))
+    prop = results.get("propagation")
+    if isinstance(prop, dict) and "error" not in prop:
+        out.append(_row(
+            f"3-node cluster: publishes/s on node 1, {prop['publishers']} publishers",
+            prop["per_second"], "/s", None, "higher",
+            f"{prop['cluster_cpu_s']:.1f} s all nodes", "",
+            f"each sent on to 2 peers; peers confirmed all {prop['peers_confirmed_all_after_s']}"
+            f" s after the run; messages per node {prop['messages_per_node']}"))
+        out.append(_row("peer lag node 1 -> node 3, idle: p50", prop["lag_idle_p50_ms"], "ms",
+                        None, "lower", "", "", f"p99 {prop['lag_idle_p99_ms']:.1f} ms"))
+        out.append(_row("peer lag node 1 -> node 3, under that load: p50",
+                        prop["lag_loaded_p50_ms"], "ms", None, "lower", "", "",
+                        f"p99 {prop['lag_loaded_p99_ms']:.1f} ms; samples "
+                        f"{prop['lag_samples'][1]}"))
     for name, res in results.items():
         if isinstance(res, dict) and "error" in res:
             out.append(_row(f"{name}: ERROR", None, "", None, "lower", note=res["error"][:200]))
