@@ -146,6 +146,12 @@ class Message:
         return self.full[self._split[1] + len(b',"data":') : -1]
 
     @property
+    def channels_json(self) -> bytes:
+        """The JSON list of all the message's channels (a slice of ``full``)."""
+        start, end = self._split
+        return self.full[start:end]
+
+    @property
     def size(self) -> int:
         """Bytes this message accounts for in the cache."""
         return len(self.full)

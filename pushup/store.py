@@ -237,13 +237,19 @@ class Store:
         self.horizon[m.origin] = max(m.seq, self.horizon.get(m.origin, 0))
         for name in m.channels:
             channel = self._channel(name, now)
-            channel.runs.setdefault(m.origin, SortedKeyList(key=_by_seq)).add(m)
+            run = channel.runs.get(m.origin)
+            if run is None:
+                run = channel.runs[m.origin] = SortedKeyList(key=_by_seq)
+            run.add(m)
             channel.count += 1
             if renew:
                 channel.expires_at = max(channel.expires_at, now + channel.ttl)
         self._holders[m.id] = len(m.channels)
         self._by_time.add(m)
-        self._by_origin.setdefault(m.origin, SortedKeyList(key=_by_seq)).add(m)
+        mine = self._by_origin.get(m.origin)
+        if mine is None:
+            mine = self._by_origin[m.origin] = SortedKeyList(key=_by_seq)
+        mine.add(m)
         self.bytes += m.size
         for name in m.channels:
             channel = self.channels[name]
@@ -339,7 +345,7 @@ class Store:
 
     def _drop_from(self, channel: Channel, m: Message) -> None:
         run = channel.runs[m.origin]
-        run.remove(m)
+        _remove(run, m)
         if not run:
             del channel.runs[m.origin]
         channel.count -= 1
@@ -357,9 +363,17 @@ class Store:
 
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
-            self._by_time.remove(m)
-            self._by_origin[m.origin].remove(m)
+            _remove(self._by_time, m)
+            _remove(self._by_origin[m.origin], m)
             self.bytes -= m.size
+
+
+def _remove(items: SortedKeyList, m: Message) -> None:
+    """Remove ``m``; evictions take the oldest, so look at the head first."""
+    if items[0] is m:
+        del items[0]
+    else:
+        items.remove(m)
 
 
 def _holds(channel: Channel, m: Message) -> bool:

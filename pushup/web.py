@@ -69,6 +69,7 @@ class PushUpRequest(server.Request):
 
     waiter: Any = None
     too_large = False
+    extra_headers = False  # a header beyond our standard ones was set
     body_limit = 0  # 0: the configured --max-body-bytes
 
     def gotLength(self, length: int | None) -> None:
@@ -116,24 +117,36 @@ class PushUpRequest(server.Request):
         if self._disconnected or self.finished:
             return False
         channel = self.channel
-        if self.clientproto == b"HTTP/1.1" and self.channel.persistent:
-            # Fan-out fast path: every subscriber of a group gets the same
-            # bytes, so the whole response is built once (Web.wire) and
-            # written as is; finish() still does Twisted's bookkeeping.
-            self.startedWriting = 1
-            self.sentLength = len(body)
-            raw = self.site.web.wire(body)
-            write_now = getattr(channel.transport, "write_now", None)
-            if write_now is not None:
-                write_now(raw)
-            else:
-                channel.write(raw)
-            self.finish()
+        if self.plain():
+            # Fan-out: every subscriber of a group gets the same bytes, so
+            # the whole response is built once (Web.wire).
+            self.write_response(self.site.web.wire(body), 200, len(body))
         else:
             self.site.web.send(self, 200, body)
         if hold and channel.transport is not None:
             self.site.web.hold(channel.transport)
         return True
+
+    def plain(self) -> bool:
+        """Whether our prebuilt HTTP/1.1 keep-alive response bytes fit this request."""
+        return (self.clientproto == b"HTTP/1.1" and self.channel.persistent
+                and self.method != b"HEAD" and not self.extra_headers)
+
+    def write_response(self, raw: bytes, status: int, body_length: int) -> None:
+        """Send a complete response (head and body) built by ``Web``; then finish.
+
+        Twisted would build the head header by header for every request;
+        finish() still does its bookkeeping (keep-alive, timeouts).
+        """
+        self.code = status
+        self.startedWriting = 1
+        self.sentLength = body_length
+        write_now = getattr(self.channel.transport, "write_now", None)
+        if write_now is not None:
+            write_now(raw)
+        else:
+            self.channel.write(raw)
+        self.finish()
 
     def connectionLost(self, reason: Any) -> None:
         super().connectionLost(reason)
@@ -285,17 +298,25 @@ class Web:
             return cached[1]
         if len(self._wire) >= 64:
             self._wire.clear()
-        head = [b"HTTP/1.1 200 OK", b"Server: PushUp", b"Date: " + http.datetimeToString(),
-                b"Cache-Control: no-store", b"Content-Type: " + JSON,
-                b"Content-Length: %d" % len(body)]
-        if self._cors:
-            head.append(b"Access-Control-Allow-Origin: " + self._cors)
-        raw = b"\r\n".join(head) + b"\r\n\r\n" + body
+        raw = self._response(200, JSON, body)
         self._wire[id(body)] = (body, raw)
         return raw
 
+    def _response(self, status: int, content_type: bytes, body: bytes) -> bytes:
+        """Status line, our standard headers and ``body``, as bytes for the wire."""
+        head = [b"HTTP/1.1 %d %s" % (status, http.RESPONSES.get(status, b"")),
+                b"Server: PushUp", b"Date: " + http.datetimeToString(),
+                b"Cache-Control: no-store", b"Content-Type: " + content_type,
+                b"Content-Length: %d" % len(body)]
+        if self._cors:
+            head.append(b"Access-Control-Allow-Origin: " + self._cors)
+        return b"\r\n".join(head) + b"\r\n\r\n" + body
+
     def send(self, request: PushUpRequest, status: int, body: bytes | None,
              content_type: bytes = JSON) -> None:
+        if body is not None and request.plain():
+            request.write_response(self._response(status, content_type, body), status, len(body))
+            return
         request.setResponseCode(status)
         headers = request.responseHeaders
         headers.setRawHeaders(b"server", [b"PushUp"])
@@ -312,11 +333,13 @@ class Web:
         """The one place a PushUpError becomes an HTTP answer."""
         if isinstance(e, errors.MethodNotAllowed):
             request.setHeader(b"allow", ", ".join(e.allowed).encode())
+            request.extra_headers = True
         if e.status >= 500 and not isinstance(e, errors.Unavailable):
             _close_after(request)
         self.send(request, e.status, error_body(e))
 
     def _preflight(self, request: PushUpRequest) -> None:
+        request.extra_headers = True
         request.setHeader(b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS")
         request.setHeader(b"access-control-allow-headers", b"Authorization, Content-Type")
         request.setHeader(b"access-control-max-age", b"86400")
@@ -357,7 +380,7 @@ class Web:
             drafts = [self._draft(body, "")]
         published = self.service.publish(drafts)
         receipts = [b'{"id":"%s","timestamp":%s,"channels":%s}'
-                    % (m.id.encode(), format_time(m.ts).encode(), dumps(list(m.channels)))
+                    % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
                     for m in published]
         if "messages" in body:
             return 201, b'{"messages":[' + b",".join(receipts) + b"]}"
@@ -487,6 +510,7 @@ def _header(request: PushUpRequest, name: bytes) -> str:
 
 
 def _close_after(request: PushUpRequest) -> None:
+    request.extra_headers = True
     request.setHeader(b"connection", b"close")
     request.channel.persistent = False
 
