@@ -221,6 +221,17 @@ class Harness:
         return sum(1 for c in conns if c.transport.value())
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Locust imports gevent, which monkey-patches socket and threading in the
+    importing process: the cluster and end-to-end tests (threads and blocking
+    sockets) would then misbehave. Locust runs only in subprocesses."""
+    import socket
+
+    if socket.socket.__module__ != "socket":
+        raise pytest.UsageError("a test module imported locust/gevent into the pytest "
+                                "process; run Locust in a subprocess instead")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield

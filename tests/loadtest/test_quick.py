@@ -18,8 +18,6 @@ from loadtest.netcount import available
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("locust", reason="the loadtest extra is not installed")
-
 
 @pytest.mark.timeout(90)
 def test_quick_profile_tiny(tmp_path: Path) -> None:
