@@ -69,6 +69,7 @@ class PushUpRequest(server.Request):
 
     waiter: Any = None
     too_large = False
+    hung_up = False
     extra_headers = False  # a header beyond our standard ones was set
     body_limit = 0  # 0: the configured --max-body-bytes
 
@@ -101,8 +102,11 @@ class PushUpRequest(server.Request):
         self.content = _Discard()
 
     def _hang_up(self) -> None:
+        if self.hung_up:
+            return
+        self.hung_up = True
         site = self.channel.site
-        limit = site.web.config.max_body_bytes
+        limit = self.body_limit or site.web.config.max_body_bytes
         e = errors.TooLarge(f"the request body is over {limit} bytes")
         self.channel.transport.write(canned_response(e, site.web.config.cors_origin))
         self.channel.transport.loseConnection()
@@ -247,8 +251,8 @@ class Web:
         try:
             if request.too_large:
                 _close_after(request)
-                raise errors.TooLarge(
-                    f"the request body is over {self.config.max_body_bytes} bytes")
+                limit = request.body_limit or self.config.max_body_bytes
+                raise errors.TooLarge(f"the request body is over {limit} bytes")
             if request.method == b"OPTIONS" and self._cors:
                 return self._preflight(request)
             handlers, params = self._route(request.path)
