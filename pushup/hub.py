@@ -62,13 +62,17 @@ class Hub:
         if not waiter.serial:
             return False
         self._by_deadline.remove(waiter)
+        self._unlink(waiter)
+        return True
+
+    def _unlink(self, waiter: Waiter) -> None:
+        """Take ``waiter`` off its channels (not off the deadline index)."""
         for name in waiter.query.channels:
             held = self._by_channel[name]
             del held[waiter]
             if not held:
                 del self._by_channel[name]
         waiter.serial = 0
-        return True
 
     def take_matching(self, message: Message) -> list[Waiter]:
         """Remove and return the waiters ``message`` answers."""
@@ -104,12 +108,7 @@ class Hub:
         # A big fan-out: one pass to rebuild the deadline index beats
         # thousands of removals from it.
         for waiter in taken:
-            for name in waiter.query.channels:
-                held = self._by_channel[name]
-                del held[waiter]
-                if not held:
-                    del self._by_channel[name]
-            waiter.serial = 0
+            self._unlink(waiter)
         self._by_deadline = SortedKeyList(
             (w for w in self._by_deadline if w.serial), key=attrgetter("order"))
         return taken

@@ -406,28 +406,7 @@ class Web:
 
     def subscribe(self, request: PushUpRequest, _: tuple[str, ...]) -> Any:
         self._ready()
-        args = _Args(request.args)
-        names = args.get("channels")
-        if names is None:
-            raise errors.BadRequest("channels is required: ?channels=a,b")
-        channels = check_channel_list(names.split(","), self.config.max_channels)
-        since_text = args.get("since")
-        since: Any = 0
-        if since_text is not None:
-            if since_text.startswith(CURSOR_PREFIX):
-                since = decode_cursor(since_text)
-            else:
-                try:
-                    float(since_text)
-                except ValueError:
-                    since = decode_cursor(since_text)  # 400: neither time nor cursor
-                else:
-                    since = parse_time(since_text, "since")
-        until_text = args.get("until")
-        until = None if until_text is None else parse_time(until_text, "until")
-        timeout = min(args.number("timeout", DEFAULT_TIMEOUT), self.config.max_timeout)
-        limit = min(args.integer("limit", DEFAULT_LIMIT), self.config.max_limit)
-        query = Query(channels, since, until, limit)
+        query, timeout = subscribe_query(request.args, self.config)
         outcome = self.service.subscribe(query, timeout, request)
         if isinstance(outcome, bytes):
             return 200, outcome
@@ -507,6 +486,32 @@ class Web:
         content_type, text = self._metrics()
         self.send(request, 200, text, content_type)
         return server.NOT_DONE_YET  # type: ignore[return-value]
+
+
+def subscribe_query(raw: dict[bytes, list[bytes]], config: Config) -> tuple[Query, float]:
+    """``GET /subscribe`` parameters (parsed query string) → (Query, timeout s)."""
+    args = _Args(raw)
+    names = args.get("channels")
+    if names is None:
+        raise errors.BadRequest("channels is required: ?channels=a,b")
+    channels = check_channel_list(names.split(","), config.max_channels)
+    since_text = args.get("since")
+    since: Any = 0
+    if since_text is not None:
+        if since_text.startswith(CURSOR_PREFIX):
+            since = decode_cursor(since_text)
+        else:
+            try:
+                float(since_text)
+            except ValueError:
+                since = decode_cursor(since_text)  # 400: neither time nor cursor
+            else:
+                since = parse_time(since_text, "since")
+    until_text = args.get("until")
+    until = None if until_text is None else parse_time(until_text, "until")
+    timeout = min(args.number("timeout", DEFAULT_TIMEOUT), config.max_timeout)
+    limit = min(args.integer("limit", DEFAULT_LIMIT), config.max_limit)
+    return Query(channels, since, until, limit), timeout
 
 
 def _header(request: PushUpRequest, name: bytes) -> str:
