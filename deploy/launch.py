@@ -93,7 +93,9 @@ class LocalCluster:
 
     def node_argv(self, i: int) -> list[str]:
         argv = [sys.executable, "-m", "pushup", "serve", "--port", str(self.node_ports[i]),
-                "--node-id", f"node{i + 1}", "--cluster-secret", self.secret]
+                "--node-id", f"node{i + 1}",
+                # "=": a generated secret may start with "-" (token_urlsafe)
+                f"--cluster-secret={self.secret}"]
         for j in range(len(self.node_ports)):
             if j != i:
                 argv += ["--peer", self.node_url(j)]

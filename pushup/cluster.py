@@ -38,7 +38,8 @@ class Cluster:
         self.store = service.store
         self.clock = clock
         self.secret = config.cluster_secret
-        self.links = [PeerLink(url, self.store, self.secret, http, clock) for url in config.peer]
+        self.links = [PeerLink(url, self.store, self.secret, http, clock,
+                               max_ops=config.peer_queue) for url in config.peer]
         self.ready = not self.links
         self.refused = 0  # peer requests refused for a bad or missing signature
         service.on_publish.append(self._poke)

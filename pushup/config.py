@@ -47,6 +47,7 @@ class Config:
     max_messages_per_channel: int = 1000
     max_cached_bytes: int = 256 * 1024 * 1024
     max_connections: int = 16000
+    peer_queue: int = 10_000
     log_level: str = "info"
 
 
@@ -74,6 +75,7 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "max_messages_per_channel": ("messages cached per channel (oldest evicted)", "N"),
     "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "BYTES"),
     "max_connections": ("open connections before answering 503 overloaded", "N"),
+    "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
@@ -198,7 +200,8 @@ def validate(c: Config) -> Config:
     for name in ("message_ttl", "channel_ttl", "max_timeout"):
         need(getattr(c, name) > 0, f"--{name.replace('_', '-')} must be more than 0")
     for name in ("max_body_bytes", "max_message_bytes", "max_channels", "max_limit",
-                 "max_messages_per_channel", "max_cached_bytes", "max_connections"):
+                 "max_messages_per_channel", "max_cached_bytes", "max_connections",
+                 "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     need(c.max_message_bytes <= c.max_cached_bytes,
          "--max-message-bytes must not exceed --max-cached-bytes")

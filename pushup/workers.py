@@ -80,7 +80,7 @@ def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> 
             if value:
                 argv.append(flag)
         elif value != "":
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")  # "=": a value may start with "-"
     for url in peers:
         argv += ["--peer", url]
     return argv
