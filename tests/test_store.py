@@ -169,3 +169,15 @@ def test_expiry_sweeps_many_channels_in_one_pass():
         s.touch([f"c{i}"], T0)
     assert len(s.expire(T0 + 2 * S, busy=lambda name: False)) == 1000
     assert not s.channels
+
+
+def test_a_node_that_does_not_know_an_origin_keeps_the_clients_position_for_it():
+    s = make()
+    pub(s, "a")
+    since = Cursor.of({"elsewhere.x": 42, s.origin.name: 0})
+    r = read(s, ["a"], since=since)
+    assert len(r.messages) == 1
+    assert r.cursor.position("elsewhere.x") == 42  # kept, never rewound
+    later = Message("elsewhere.x", 1, T0 + 5, ("a",), b"old")
+    s.apply(later, T0 + 5)  # the origin's early history arrives later: already seen
+    assert read(s, ["a"], since=r.cursor).messages == ()
