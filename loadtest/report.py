@@ -151,16 +151,19 @@ def scale_table(rows: list[dict[str, Any]]) -> str:
         return ""
     lines = ["### Event vs thread (Figures 9-11) and nodes (Figures 12-13)\n",
              "| server | nodes | connections | connected | SMU hold / peak (MB) | MPT mean / p50 "
-             "/ p99 (s) | received / expected | RMP | dup | gaps | server CPU % (peak) | "
-             "HAProxy CPU % | Locust CPU % (busiest proc peak) | host CPU % |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "/ p99 / max (s) | published / scheduled | received / expected | RMP | dup | gaps "
+             "| server CPU % (peak) | HAProxy CPU % | Locust CPU % (busiest proc peak) | "
+             "host CPU % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (mode, nodes), pts in sorted(sc.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         for users, r in sorted(pts.items()):
             lines.append(
                 f"| {NAMES[mode]} | {nodes} | {users:,} | {r['connected']:,} | "
                 f"{_f(r.get('smu_hold_mb'), 0)} / {_f(r.get('smu_peak_mb'), 0)} | "
                 f"{_f(r.get('mpt_mean_s'), 2)} / {_f(r.get('mpt_p50_s'), 2)} / "
-                f"{_f(r.get('mpt_p99_s'), 2)} | {r['received']:,} / {r['expected']:,} | "
+                f"{_f(r.get('mpt_p99_s'), 2)} / {_f(r.get('mpt_max_s'), 2)} | "
+                f"{r['published']} / {r.get('scheduled', '?')} | "
+                f"{r['received']:,} / {r['expected']:,} | "
                 f"{_f(r.get('rmp_pct'), 1)} % | {r['duplicates']} | {r.get('gaps_seen', 0)} | "
                 f"{_f(r.get('server_cpu_pct'), 0)} ({_f(r.get('server_cpu_peak_pct'), 0)}) | "
                 f"{_f(r.get('haproxy_cpu_pct'), 0)} | {_f(r.get('gen_cpu_pct'), 0)} "
@@ -168,7 +171,9 @@ def scale_table(rows: list[dict[str, Any]]) -> str:
                 f"{_f(r.get('host_cpu_pct'), 0)} |")
     lines.append("\nSMU hold = RSS of the server process(es) just before the first publish, "
                  "with every subscriber connected and waiting; peak = highest 1 s sample. "
-                 "⚠ = the busiest Locust process reached ≥ 90 % of a core (or Locust warned).\n")
+                 "⚠ = the busiest Locust process reached ≥ 90 % of a core (or Locust warned). "
+                 "RMP = received / (scheduled messages × connected subscribers): a message "
+                 "the server did not accept in time counts as lost.\n")
     return "\n".join(lines)
 
 

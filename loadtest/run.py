@@ -25,7 +25,8 @@ subprocess, measures, and stops everything, also on error or Ctrl-C):
 Every figure is measured, none estimated: NT by nftables counters on the
 server port (bytes on the wire, both directions, headers included); MPT from
 the Locust ``DELIVER`` events (trip time of every received message); RMP =
-received / (published x connected subscribers), duplicates counted apart;
+received / (scheduled messages x connected subscribers), duplicates counted
+apart (``rmp_published_pct`` divides by the messages the server accepted);
 SMU and server CPU by sampling the server processes once a second; the load
 generator's CPU (every Locust process) beside every point.
 
@@ -524,11 +525,17 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
     for tag in tags:
         d = stats.get(("DELIVER", f"mpt {tag}"))
         published = ok_count(stats.get(("POST", f"publish {tag}")))
+        scheduled = sum(1 for _, t in schedule if t == tag)
         received = int(_num(d, "Request Count"))
-        expected = published * connected
-        row = dict(base, tag=tag, published=published, received=received, expected=expected,
+        # RMP counts every message the publisher was scheduled to send: one the
+        # server never accepted (publish refused, stuck or too late) is lost too.
+        expected = scheduled * connected
+        row = dict(base, tag=tag, scheduled=scheduled, published=published, received=received,
+                   expected=expected,
                    duplicates=int(_num(stats.get(("DUPLICATE", f"dup {tag}")), "Request Count")),
                    rmp_pct=round(100.0 * received / expected, 2) if expected else None,
+                   rmp_published_pct=(round(100.0 * received / (published * connected), 2)
+                                      if published * connected else None),
                    mpt_mean_s=round(_num(d, "Average Response Time") / 1000, 4) if d else None,
                    mpt_p50_s=round(_num(d, "50%") / 1000, 4) if d else None,
                    mpt_p90_s=round(_num(d, "90%") / 1000, 4) if d else None,
@@ -657,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows:
                 if "error" in row:
                     continue
-                print(f"  {row['tag']:>6}: rx {row['received']}/{row['expected']} "
+                print(f"  {row['tag']:>6}: published {row['published']}/{row['scheduled']}, "
+                      f"rx {row['received']}/{row['expected']} "
                       f"RMP {row['rmp_pct']}% dup {row['duplicates']} MPT "
                       f"{row['mpt_mean_s']} s (p99 {row['mpt_p99_s']}) "
                       f"NT {(row.get('nt') or {}).get('bytes')} B | SMU peak "

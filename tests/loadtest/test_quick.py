@@ -34,9 +34,9 @@ def test_quick_profile_tiny(tmp_path: Path) -> None:
     assert len(grid) == 1 and len(scale) == 1
     for row in grid + scale:
         assert row["connected"] == row["users"]
-        assert row["published"] >= 1
-        assert row["received"] == row["expected"] == row["published"] * row["users"]
-        assert row["rmp_pct"] == 100.0
+        assert row["published"] == row["scheduled"] >= 1
+        assert row["received"] == row["expected"] == row["scheduled"] * row["users"]
+        assert row["rmp_pct"] == row["rmp_published_pct"] == 100.0
         assert row["duplicates"] == 0 and row["gaps_seen"] == 0
         assert 0 <= row["mpt_mean_s"] < 2 and row["mpt_p99_s"] is not None
         assert row["mpt_p50_s"] <= row["mpt_p99_s"] + 0.01
