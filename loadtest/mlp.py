@@ -33,8 +33,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from pushup import errors
 from pushup.config import Config
-from pushup.cursor import PREFIX as CURSOR_PREFIX
-from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
 from pushup.model import (
     Draft,
@@ -45,11 +43,10 @@ from pushup.model import (
     encode_data,
     format_time,
     loads,
-    parse_time,
 )
 from pushup.service import render
 from pushup.store import Retention, Store
-from pushup.web import DEFAULT_LIMIT, DEFAULT_TIMEOUT, _Args, error_body
+from pushup.web import error_body, subscribe_query
 
 JSON = "application/json; charset=utf-8"
 
@@ -150,30 +147,8 @@ def _rss() -> int:
 
 
 def parse_subscribe(raw_query: str, config: Config) -> tuple[Query, float]:
-    """The query string of ``GET /subscribe`` → (Query, timeout), as pushup.web does."""
-    raw = parse_qs(raw_query.encode("latin-1"), keep_blank_values=True)
-    args = _Args(raw)
-    names = args.get("channels")
-    if names is None:
-        raise errors.BadRequest("channels is required: ?channels=a,b")
-    channels = check_channel_list(names.split(","), config.max_channels)
-    since_text = args.get("since")
-    since: Any = 0
-    if since_text is not None:
-        if since_text.startswith(CURSOR_PREFIX):
-            since = decode_cursor(since_text)
-        else:
-            try:
-                float(since_text)
-            except ValueError:
-                since = decode_cursor(since_text)  # 400: neither time nor cursor
-            else:
-                since = parse_time(since_text, "since")
-    until_text = args.get("until")
-    until = None if until_text is None else parse_time(until_text, "until")
-    timeout = min(args.number("timeout", DEFAULT_TIMEOUT), config.max_timeout)
-    limit = min(args.integer("limit", DEFAULT_LIMIT), config.max_limit)
-    return Query(channels, since, until, limit), timeout
+    """The query string of ``GET /subscribe`` → (Query, timeout), by pushup.web's own parser."""
+    return subscribe_query(parse_qs(raw_query.encode("latin-1"), keep_blank_values=True), config)
 
 
 def parse_publish(body: bytes, config: Config) -> tuple[list[Draft], bool]:
