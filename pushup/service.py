@@ -180,7 +180,10 @@ class Service:
                          len(result.messages))
                 bodies[waiter.query] = entry
             self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
-        self._flush()
+        # Answer on the next reactor turn: whoever caused this (a publisher,
+        # a peer) gets its own answer first, not after the first slice.
+        if self._backlog and self._flushing is None:
+            self._flushing = self.clock.callLater(0, self._flush)
 
     def _flush(self, everything: bool = False) -> None:
         """Answer a slice of the backlog now and yield the reactor for the rest."""

@@ -93,6 +93,9 @@ class Conn:
     def send(self, data: bytes) -> None:
         self.sent.append(data)
         self.protocol.dataReceived(data)
+        # The reactor's next iteration: answers queued by this request (a
+        # publish's fan-out starts after the publisher's own 201) go out now.
+        self.harness.turn()
         self._settle()
 
     def request(self, method: str, path: str, body: bytes | str | Any = None,

@@ -46,6 +46,8 @@ def test_a_batch_in_order_is_applied_and_answers_waiters(node):
     assert isinstance(waiter, Waiter)
     status, body = node.receive(Batch(P, False, (msg(1), msg(2)), ()))
     assert (status, json.loads(body)) == (200, {"horizon": 2})
+    assert held.bodies == []  # the peer gets its answer first
+    node.clock.advance(0)
     assert [m["data"] for m in held.bodies[0]["messages"]] == [1, 2]
 
 

@@ -33,6 +33,15 @@ def ids(response: Any) -> list[Any]:
 # -- holding and answering -------------------------------------------------
 
 
+def test_the_publisher_is_answered_before_the_fan_out_starts(node):
+    held = node.subscribe("a", timeout=30)
+    service = node.service
+    service.publish([Draft(("a",), b"1")])
+    assert held.response is None  # publish returned: the publisher's 201 goes out first
+    node.turn()
+    assert ids(held.response) == [1]
+
+
 def test_held_subscribe_is_answered_by_publish(node):
     held = node.subscribe("news", timeout=30)
     assert held.response is None
@@ -262,6 +271,7 @@ def test_equal_queries_share_one_body_object(node):
     for r in recorders:
         service.subscribe(Query(("s",), 0, None, 100), 30, r)
     service.publish([Draft(("s",), b'"m"')])
+    node.turn()  # answers go out on the reactor's next turn
     bodies = [r.bodies[0] for r in recorders]
     assert all(b is bodies[0] for b in bodies), "equal queries were rendered separately"
     assert query == Query(("s",), 0, None, 100)
@@ -284,6 +294,7 @@ def test_subscriber_that_is_gone_is_not_counted_as_delivered(node):
     service.subscribe(Query(("a",), 0, None, 100), 30, present)
     service.subscribe(Query(("a",), 0, None, 100), 30, gone)
     service.publish([Draft(("a",), b"1")])
+    node.turn()
     assert len(gone.bodies) == 1
     assert service.counters.delivered == 1
 
