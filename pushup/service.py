@@ -89,6 +89,8 @@ class Service:
         self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
         self._flushing: IDelayedCall | None = None
         self._holding = False  # some answered clients wait for the backlog to empty
+        self._arrivals: list[Message] = []  # stored, waiters not yet woken
+        self._arriving: IDelayedCall | None = None
 
     def now(self) -> int:
         return round(self.clock.seconds() * 1_000_000)
@@ -108,11 +110,22 @@ class Service:
         return messages
 
     def arrived(self, messages: Iterable[Message], now: int) -> None:
-        """New messages are in the store: answer everyone they are for."""
+        """New messages are in the store: answer everyone they are for, on the
+        reactor's next turn, so whoever brought them (a publisher, a peer) is
+        answered first. Nothing is missed meanwhile: a subscribe that comes in
+        between reads the store, which already holds them."""
+        self._arrivals.extend(messages)
+        if self._arriving is None:
+            self._arriving = self.clock.callLater(0, self._deliver_arrivals)
+
+    def _deliver_arrivals(self) -> None:
+        self._arriving = None
+        messages, self._arrivals = self._arrivals, []
         waiters: dict[Waiter, None] = {}
         for m in messages:
             waiters.update(dict.fromkeys(self.hub.take_matching(m)))
-        self._answer(waiters)
+        self._answer(waiters, at_once=True)
+        now = self.now()
         self._timeouts.set(self.hub.next_deadline(), now)
         self._sweeper.set(self._next_sweep(), now)
 
@@ -169,8 +182,12 @@ class Service:
 
     # -- answering ---------------------------------------------------------
 
-    def _answer(self, waiters: Iterable[Waiter], closed: str | None = None) -> None:
-        """Queue an answer for each waiter; equal queries share one body."""
+    def _answer(self, waiters: Iterable[Waiter], closed: str | None = None,
+                at_once: bool = False) -> None:
+        """Queue an answer for each waiter; equal queries share one body.
+
+        The first slice goes out ``at_once`` or on the reactor's next turn.
+        """
         bodies: dict[Query, tuple[bytes, int]] = {}
         for waiter in waiters:
             entry = bodies.get(waiter.query)
@@ -180,13 +197,16 @@ class Service:
                          len(result.messages))
                 bodies[waiter.query] = entry
             self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
-        # Answer on the next reactor turn: whoever caused this (a publisher,
-        # a peer) gets its own answer first, not after the first slice.
-        if self._backlog and self._flushing is None:
+        if at_once:
+            self._flush()
+        elif self._backlog and self._flushing is None:
+            # e.g. a channel closed by a request: that request is answered first
             self._flushing = self.clock.callLater(0, self._flush)
 
     def _flush(self, everything: bool = False) -> None:
         """Answer a slice of the backlog now and yield the reactor for the rest."""
+        if self._flushing is not None and self._flushing.active():
+            self._flushing.cancel()
         self._flushing = None
         backlog = self._backlog
         n = len(backlog) if everything else min(SLICE, len(backlog))
@@ -217,7 +237,7 @@ class Service:
 
     def _on_timeout(self, deadline: int) -> None:
         now = max(self.now(), deadline)
-        self._answer(self.hub.take_expired(now))
+        self._answer(self.hub.take_expired(now), at_once=True)
         self._timeouts.set(self.hub.next_deadline(), now)
 
     def _next_sweep(self) -> int | None:
@@ -236,9 +256,10 @@ class Service:
     def drain(self) -> None:
         """Refuse new work and answer every held subscriber now."""
         self.draining = True
+        if self._arriving is not None and self._arriving.active():
+            self._arriving.cancel()  # everyone is answered below, with the store as it is
+        self._arriving, self._arrivals = None, []
         self._answer(self.hub.take_all())
-        if self._flushing is not None and self._flushing.active():
-            self._flushing.cancel()
         self._flush(everything=True)
         self._timeouts.set(None, self.now())
         self._sweeper.set(None, self.now())
