@@ -48,6 +48,16 @@ NAMES = {"cp": "CP", "mlp": "MLP", "elp": "ELP"}
 COLORS = {"cp": "tab:red", "mlp": "tab:orange", "elp": "tab:blue"}
 
 
+
+def _save(fig: Any, out: Path, fname: str) -> str:
+    """Lay out, write and close a figure; returns its file name."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / fname, dpi=110)
+    plt.close(fig)
+    return fname
+
 def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     rows, errors = [], []
     for line in path.read_text().splitlines():
@@ -241,10 +251,7 @@ def grid_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
         _legend(ax, fontsize=7)
         cpu.set_xlabel("publish interval (s)")
         _legend(cpu, fontsize=6, ncol=3)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        made.append(fname)
+        made.append(_save(fig, out, fname))
     return made
 
 
@@ -280,10 +287,7 @@ def scale_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
         _legend(ax, fontsize=7)
         cpu.set_xlabel("concurrent connections")
         _legend(cpu, fontsize=6, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        made.append(fname)
+        made.append(_save(fig, out, fname))
     node_counts = sorted({n for (m, n) in sc if m == "elp"})
     if len(node_counts) > 1:
         cmap = {1: "tab:blue", 2: "tab:green", 3: "tab:purple", 4: "tab:brown"}
@@ -313,10 +317,7 @@ def scale_figures(rows: list[dict[str, Any]], out: Path) -> list[str]:
             _legend(ax, fontsize=7)
             cpu.set_xlabel("concurrent connections")
             _legend(cpu, fontsize=6, ncol=2)
-            fig.tight_layout()
-            fig.savefig(out / fname, dpi=110)
-            plt.close(fig)
-            made.append(fname)
+            made.append(_save(fig, out, fname))
     return made
 
 
