@@ -66,6 +66,8 @@ class Cluster:
         now = self.service.now()
         store = self.store
         ops = sorted(ops_of(batch.ops), key=lambda op: op[1])
+        if batch.skip is not None:
+            store.skip_to(batch.origin, *batch.skip)
         applied = []
         hole = False
         for i, m in enumerate(batch.messages):

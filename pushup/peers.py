@@ -132,7 +132,11 @@ class PeerLink:
                 while self.ops and self.ops[0][1] <= upto and len(ops) < 100:
                     ops.append(self.ops.popleft())
                 first = bool(messages) and messages[0].seq != self.after + 1
-                body = encode_batch(Batch(origin, first, tuple(messages), tuple(ops)))
+                skip = None
+                if not messages and self.after < self.store.origin.seq:
+                    # Everything the peer lacks was evicted here: say so.
+                    skip = (self.store.origin.seq, self.store.origin.last_ts)
+                body = encode_batch(Batch(origin, first, tuple(messages), tuple(ops), skip))
                 try:
                     status, raw = yield self.request("POST", "/peer/messages", body)
                     reply = json.loads(raw) if status in (200, 409) else raw[:200]
@@ -141,7 +145,10 @@ class PeerLink:
                     raise
                 if status == 409:
                     self.ops.extendleft(reversed(ops))
-                    self.after = int(reply["expected"]) - 1
+                    expected = int(reply["expected"]) - 1
+                    if expected == self.after:  # what we just sent: no progress
+                        raise PeerError(f"asks again for {expected + 1}")
+                    self.after = expected
                     continue
                 if status != 200:
                     self.ops.extendleft(reversed(ops))

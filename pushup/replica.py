@@ -35,6 +35,9 @@ class Batch:
     first: bool
     messages: tuple[Message, ...]
     ops: tuple[Op, ...]
+    # (seq, ts): the origin holds nothing up to seq any more (no messages
+    # follow yet); a receiver behind it skips there and reports the gap.
+    skip: tuple[int, int] | None = None
 
 
 def _wire(m: Message) -> list[Any]:
@@ -51,10 +54,13 @@ def _message(origin: str, row: Any) -> Message:
 
 
 def encode_batch(batch: Batch) -> bytes:
-    return json.dumps({
+    raw: dict[str, Any] = {
         "origin": batch.origin, "first": batch.first,
         "messages": [_wire(m) for m in batch.messages], "ops": [list(op) for op in batch.ops],
-    }, separators=(",", ":")).encode()
+    }
+    if batch.skip is not None:
+        raw["skip"] = list(batch.skip)
+    return json.dumps(raw, separators=(",", ":")).encode()
 
 
 def decode_batch(body: bytes) -> Batch:
@@ -63,7 +69,10 @@ def decode_batch(body: bytes) -> Batch:
         origin = raw["origin"]
         messages = tuple(_message(origin, row) for row in raw["messages"])
         ops = tuple(tuple(op) for op in raw.get("ops", ()))
-        return Batch(origin, bool(raw.get("first")), messages, ops)
+        skip = raw.get("skip")
+        if skip is not None:
+            skip = (int(skip[0]), int(skip[1]))
+        return Batch(origin, bool(raw.get("first")), messages, ops, skip)
     except (ValueError, KeyError, TypeError) as e:
         raise BadJSON(f"malformed peer batch: {e}") from None
 

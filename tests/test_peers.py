@@ -29,3 +29,58 @@ def test_queued_counts_our_messages_the_peer_has_not_confirmed():
     assert peer.queued == 2 and peer.stats()["state"] == "connecting"
     peer.after = 1
     assert peer.queued == 1 and peer.url == "http://127.0.0.1:1"
+
+
+class _Response:
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self._body = code, body
+
+    def content(self):  # treq's Response.content
+        from twisted.internet.defer import succeed
+
+        return succeed(self._body)
+
+
+class _Wire:
+    """Stands in for the HTTP client: hands each batch to another node's Cluster."""
+
+    def __init__(self, receiver) -> None:
+        self.receiver = receiver
+        self.posts = 0
+
+    def request(self, method, url, data=None, headers=None, timeout=None):
+        from twisted.internet.defer import succeed
+
+        from pushup.replica import decode_batch
+
+        self.posts += 1
+        status, body = self.receiver.receive(decode_batch(data))
+        return succeed(_Response(status, body))
+
+
+def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap():
+    from pushup.cluster import Cluster
+    from pushup.config import Config
+    from pushup.cursor import Cursor
+    from pushup.model import Query
+    from pushup.service import Service
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    now = 1_700_000_000 * S
+    sender = Store(Retention(10 * S, 3600 * S, 100, 10**9), Origin("a", 0))
+    sender.publish([Draft(("x",), b"%d" % i) for i in range(5)], now)
+    sender.expire(now + 11 * S, busy=lambda name: True)  # all five evicted here
+    assert sender.message_count == 0 and sender.origin.seq == 5
+
+    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
+    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+                       clock, http=None)
+    wire = _Wire(receiver)
+    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
+    peer.start()
+    clock.advance(0)
+    assert receiver_store.horizon[sender.origin.name] == 5 and peer.after == 5
+    assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
+    behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
+    assert behind.gap and behind.messages == ()
