@@ -148,9 +148,7 @@ class Harness:
     def __post_init__(self) -> None:
         self.clock.advance(START)
         self.node = Node(self.config, reactor=self.clock)
-        # PushUpSite takes no reactor, so twisted.web would arm connection
-        # idle timeouts on the global reactor; keep every timer on our clock.
-        self.node.site.reactor = self.clock
+        assert self.node.site.reactor is self.clock  # idle timeouts run on our clock too
 
     @property
     def service(self) -> Any:
