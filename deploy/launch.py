@@ -46,6 +46,27 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
                                        web_backend=web, default_backend=default)
 
 
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on (Linux /proc; empty elsewhere)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+                  for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -125,11 +146,20 @@ class LocalCluster:
                     self.haproxies.append(subprocess.Popen(
                         ["haproxy", "-db", "-f", str(cfg)], stdout=log, stderr=log))
                 wait_healthy(self.front_url, time.monotonic() + timeout, self.haproxies[0])
+                self.wait_haproxies_listening(timeout)
                 self.wait_backends_up(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_haproxies_listening(self, timeout: float = 30.0) -> None:
+        """Until every HAProxy process holds a listening socket on the front port."""
+        deadline = time.monotonic() + timeout
+        while not all(self.front_port in listening_ports(p.pid) for p in self.haproxies):
+            if time.monotonic() > deadline:
+                raise TimeoutError("not every HAProxy process listens on the front port")
+            time.sleep(0.05)
 
     def wait_backends_up(self, timeout: float = 30.0) -> None:
         """Until HAProxy's health checks see every running node (round-robin hits all)."""
