@@ -29,11 +29,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from pushup import errors
 from pushup.config import Config
 from pushup.errors import PushUpError
+from pushup.exchange import error_body
 from pushup.model import (
     Draft,
     Origin,
@@ -44,9 +45,9 @@ from pushup.model import (
     format_time,
     loads,
 )
+from pushup.params import query_args, subscribe_query
 from pushup.service import render
 from pushup.store import Retention, Store
-from pushup.web import error_body, subscribe_query
 
 JSON = "application/json; charset=utf-8"
 
@@ -147,8 +148,8 @@ def _rss() -> int:
 
 
 def parse_subscribe(raw_query: str, config: Config) -> tuple[Query, float]:
-    """The query string of ``GET /subscribe`` → (Query, timeout), by pushup.web's own parser."""
-    return subscribe_query(parse_qs(raw_query.encode("latin-1"), keep_blank_values=True), config)
+    """The query string of ``GET /subscribe`` → (Query, timeout), by pushup.params' own parser."""
+    return subscribe_query(query_args(raw_query.encode("latin-1")), config)
 
 
 def parse_publish(body: bytes, config: Config) -> tuple[list[Draft], bool]:

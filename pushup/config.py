@@ -47,6 +47,10 @@ class Config:
     max_messages_per_channel: int = 1000
     max_cached_bytes: int = 256 * 1024 * 1024
     max_connections: int = 16000
+    max_response_bytes: int = 1024 * 1024
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 60.0
+    send_timeout: float = 30.0
     peer_queue: int = 10_000
     log_level: str = "info"
 
@@ -75,6 +79,13 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "max_messages_per_channel": ("messages cached per channel (oldest evicted)", "N"),
     "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "BYTES"),
     "max_connections": ("open connections before answering 503 overloaded", "N"),
+    "max_response_bytes": ("message bytes in one subscribe answer (more: cut, like limit)",
+                           "BYTES"),
+    "header_timeout": ("seconds a request's line and headers may take to arrive",
+                       "SECONDS"),
+    "keepalive_timeout": ("seconds an idle keep-alive connection is kept", "SECONDS"),
+    "send_timeout": ("seconds a client may leave its answers unread before we hang up",
+                     "SECONDS"),
     "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
 }
@@ -197,11 +208,12 @@ def validate(c: Config) -> Config:
     need(c.reactor in REACTORS, f"--reactor must be one of {', '.join(REACTORS)}")
     need(c.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     need(1 <= c.workers <= 64, "--workers must be 1-64 or auto")
-    for name in ("message_ttl", "channel_ttl", "max_timeout"):
+    for name in ("message_ttl", "channel_ttl", "max_timeout", "header_timeout",
+                 "keepalive_timeout", "send_timeout"):
         need(getattr(c, name) > 0, f"--{name.replace('_', '-')} must be more than 0")
     for name in ("max_body_bytes", "max_message_bytes", "max_channels", "max_limit",
                  "max_messages_per_channel", "max_cached_bytes", "max_connections",
-                 "peer_queue"):
+                 "max_response_bytes", "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     need(c.max_message_bytes <= c.max_cached_bytes,
          "--max-message-bytes must not exceed --max-cached-bytes")

@@ -1,6 +1,6 @@
 """Every error PushUp answers a client with, and nothing else.
 
-The core raises these; exactly one function in :mod:`pushup.web` turns them
+The core raises these; exactly one function in :mod:`pushup.exchange` turns them
 into the JSON error body. Each class carries the HTTP status and the
 machine-readable code of API.md, so a raise site only writes the sentence.
 """
@@ -45,6 +45,13 @@ class Unauthorized(PushUpError):
     code = "unauthorized"
 
 
+class Forbidden(PushUpError):
+    """403: a token or origin that does not grant this."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(PushUpError):
     status = 404
     code = "not_found"
@@ -63,6 +70,13 @@ class MethodNotAllowed(PushUpError):
         self.allowed = allowed
 
 
+class RequestTimeout(PushUpError):
+    """408: a request that did not arrive in time (the connection closes)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class ChannelExists(PushUpError):
     status = 409
     code = "channel_exists"
@@ -71,6 +85,14 @@ class ChannelExists(PushUpError):
 class TooLarge(PushUpError):
     status = 413
     code = "too_large"
+
+
+class TargetTooLong(TooLarge):
+    status = 414
+
+
+class HeadersTooLarge(TooLarge):
+    status = 431
 
 
 class Unavailable(PushUpError):

@@ -16,6 +16,7 @@ from pushup.cursor import Cursor
 from pushup.errors import BadChannelName, BadJSON, BadRequest, TooLarge, TooManyChannels
 
 MAX_CHANNEL_NAME = 200
+MAX_TIME_S = 1e11  # year 5138: any time past this is a client's mistake, not a date
 # No whitespace (str.isspace covers Unicode spaces), no control characters, no comma.
 _BAD_NAME_CHAR = re.compile(r"[\s,\x00-\x1f\x7f-\x9f]")
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -67,6 +68,8 @@ def parse_time(value: str, name: str) -> int:
         raise BadRequest(f"{name} must be a number of seconds") from None
     if not math.isfinite(seconds):
         raise BadRequest(f"{name} must be a finite number")
+    if abs(seconds) > MAX_TIME_S:
+        raise BadRequest(f"{name} is out of range (at most {MAX_TIME_S:.0f} seconds)")
     return round(seconds * 1_000_000)
 
 
@@ -211,6 +214,7 @@ class Query:
     since: Cursor | int
     until: int | None
     limit: int
+    max_bytes: int | None = None  # of message JSON in one answer (a cut like ``limit``)
 
     def wants(self, message: Message) -> bool:
         """Whether ``message`` (on one of our channels) belongs in an answer."""

@@ -128,7 +128,8 @@ class Store:
         return channel
 
     def query(self, q: Query) -> Result:
-        """Messages after ``q.since`` on ``q.channels``, at most ``q.limit``.
+        """Messages after ``q.since`` on ``q.channels``, at most ``q.limit`` (and
+        at most ``q.max_bytes`` of message JSON, but always one if any).
 
         The cursor returned claims, per origin, everything up to the first
         matching message not returned (cut by ``limit`` or ``until``), or the
@@ -155,11 +156,16 @@ class Store:
 
         out: list[Message] = []
         last_id = ""
+        room = q.max_bytes
         while heap and len(out) < q.limit:
             ts, ident, k, m, stream = heap[0]
             if q.until is not None and ts > q.until:
                 break
             if ident != last_id:  # the same message on another channel: once
+                if room is not None:
+                    room -= m.size
+                    if room < 0 and out:  # at least one message, however large
+                        break
                 out.append(m)
                 last_id = ident
             _advance(heap, k, stream)

@@ -1,12 +1,9 @@
 """In-memory nodes for the unit tests: a real ``Node`` on a ``task.Clock``, no sockets.
 
-``treq.testing.StubTreq`` cannot drive PushUp: its agent builds its own
-``Site`` around a resource, so ``PushUpRequest`` (which routes in
-``process``, caps bodies in ``gotLength``/``handleContentChunk`` and forgets
-waiters in ``connectionLost``) would never run. Instead each ``Conn`` is one
-connection through the node's real ``Gate`` (so ``/stats`` counts it) into
-the real ``HTTPChannel``, over a ``StringTransport``: we write raw HTTP bytes
-in and parse the raw response bytes out. Time only moves with ``clock.advance``.
+Each ``Conn`` is one connection through the node's real ``Front`` (so
+``/stats`` counts it) into the real ``HTTPProtocol``, over a
+``StringTransport``: we write raw HTTP bytes in and parse the raw response
+bytes out. Time only moves with ``clock.advance``.
 """
 
 from __future__ import annotations
@@ -78,13 +75,20 @@ def parse_responses(raw: bytes, head_only: Callable[[int], bool] = lambda i: Fal
     return out, raw
 
 
+class _Transport(StringTransport):
+    """A StringTransport that can half-close, as a TCP transport can."""
+
+    def loseWriteConnection(self) -> None:
+        self.loseConnection()
+
+
 class Conn:
     """One client connection to a node: write bytes, read responses."""
 
     def __init__(self, harness: Harness) -> None:
         self.harness = harness
-        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
-        self.protocol = harness.node.gate.buildProtocol(self.transport.getPeer())
+        self.transport = _Transport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        self.protocol = harness.node.front.buildProtocol(self.transport.getPeer())
         self.protocol.makeConnection(self.transport)
         self.lost = False
         self.sent: list[bytes] = []  # every chunk the client wrote
@@ -148,7 +152,7 @@ class Harness:
     def __post_init__(self) -> None:
         self.clock.advance(START)
         self.node = Node(self.config, reactor=self.clock)
-        assert self.node.site.reactor is self.clock  # idle timeouts run on our clock too
+        assert self.node.front.clock is self.clock  # idle timeouts run on our clock too
 
     @property
     def service(self) -> Any:

@@ -1,0 +1,34 @@
+"""The one place PushUp reads Twisted's private state (tests/test_twisted_reach.py
+fails when an upgrade changes what we rely on).
+
+Twisted queues every ``transport.write`` until the reactor's next turn (ask
+for writability, wait, send, stop asking): three system calls and a turn
+per response. ``write_now`` sends at once when nothing is queued before the
+data, as asyncio does, and hands Twisted only what the socket did not take.
+Twisted offers no public way to ask "is your write buffer empty?".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def write_now(transport: Any, data: bytes) -> None:
+    """Write ``data``: straight to the socket when nothing is queued before it."""
+    sock = getattr(transport, "socket", None)
+    if (sock is not None and transport.connected and not transport.disconnecting
+            and not transport._tempDataBuffer
+            and len(transport.dataBuffer) == transport.offset):
+        try:
+            data = data[sock.send(data):]
+        except OSError:
+            pass  # would block, or broken: Twisted's own write path copes
+    if data:
+        transport.write(data)
+
+
+def pending_output(transport: Any) -> int:
+    """Bytes the transport still has to send (0 for transports without a buffer)."""
+    queued = getattr(transport, "_tempDataLen", 0)
+    buffer = getattr(transport, "dataBuffer", b"")
+    return queued + len(buffer) - getattr(transport, "offset", 0)

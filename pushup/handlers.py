@@ -1,0 +1,284 @@
+"""The endpoints: request values in, response values out.
+
+Routing is a table over the raw path (no resource traversal). Each handler
+takes a ``Request`` and returns a ``Response``, or ``Held`` when a subscribe
+waits; behaviour lives in :mod:`pushup.service`, parameters are checked in
+:mod:`pushup.params`. Nothing here reads a socket, a clock or HTTP framing,
+so every endpoint is tested with plain values.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pushup import errors
+from pushup.config import Config
+from pushup.errors import PushUpError
+from pushup.exchange import Held, Request, Response, error_response
+from pushup.model import Draft, check_channel_list, dumps, encode_data, format_time
+from pushup.params import json_object, path_name, query_args, subscribe_query, ttl_of
+from pushup.replica import Batch, decode_batch, verify
+from pushup.service import Service, Subscriber
+from pushup.store import Channel
+
+PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see peers.BATCH_BYTES)
+
+
+class ClusterPort(Protocol):
+    """What the endpoints need of the cluster (see :mod:`pushup.cluster`)."""
+
+    secret: str
+    refused: int
+
+    def check_ready(self) -> None: ...
+
+    def receive(self, batch: Batch) -> tuple[int, bytes]: ...
+
+    def snapshot(self) -> bytes: ...
+
+
+Handler = Callable[[Request, tuple[str, ...], Subscriber], "Response | Held"]
+
+
+class Handlers:
+    """Routes requests to endpoints; answers errors with the JSON body."""
+
+    def __init__(self, service: Service, config: Config,
+                 stats: Callable[[], dict[str, Any]],
+                 metrics: Callable[[], tuple[bytes, bytes]],
+                 cluster: ClusterPort | None = None) -> None:
+        self.service = service
+        self.config = config
+        self.cluster = cluster
+        self._stats = stats
+        self._metrics = metrics
+        self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
+            (b"publish",): {b"POST": self.publish},
+            (b"subscribe",): {b"GET": self.subscribe},
+            (b"channels",): {b"POST": self.create_channel},
+            (b"channels", b"*"): {b"GET": self.channel_info, b"HEAD": self.channel_info,
+                                  b"DELETE": self.delete_channel},
+            (b"channels", b"*", b"renew"): {b"POST": self.renew_channel},
+            (b"health",): {b"GET": self.health, b"HEAD": self.health},
+            (b"stats",): {b"GET": self.stats, b"HEAD": self.stats},
+            (b"metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
+            (b"peer", b"messages"): {b"POST": self.peer_messages},
+            (b"peer", b"snapshot"): {b"GET": self.peer_snapshot},
+        }
+
+    # -- what the HTTP front calls ------------------------------------------
+
+    def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
+        """Before the body: the most body bytes this request may bring, or the
+        answer that refuses it unread (a peer request nobody signed)."""
+        if path.startswith(b"/peer/"):
+            if self.cluster is None or not self.cluster.secret \
+                    or b"x-pushup-signature" not in headers:
+                if self.cluster is not None:
+                    self.cluster.refused += 1
+                return error_response(_unsigned(), close=True)
+            return PEER_BODY_LIMIT
+        return self.config.max_body_bytes
+
+    def too_large(self, path: bytes) -> PushUpError:
+        limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes
+        return errors.TooLarge(f"the request body is over {limit} bytes")
+
+    def handle(self, request: Request, client: Subscriber) -> Response | Held:
+        """The answer to ``request`` (``client`` is who a held subscribe answers).
+
+        A ``PushUpError`` becomes its JSON answer here; anything else is a bug
+        the caller logs and answers 500.
+        """
+        try:
+            if request.method == b"OPTIONS" and self.config.cors_origin:
+                return _PREFLIGHT
+            handlers, params = self._route(request.path)
+            handler = handlers.get(request.method)
+            if handler is None:
+                allowed = tuple(m.decode() for m in handlers)
+                raise errors.MethodNotAllowed(
+                    f"{request.method.decode('latin-1')} is not allowed here", allowed)
+            return handler(request, params, client)
+        except PushUpError as e:
+            return error_response(e)
+
+    def gone(self, token: Any) -> None:
+        """The client of a held subscribe went away."""
+        self.service.forget(token)
+
+    def _route(self, raw_path: bytes) -> tuple[dict[bytes, Handler], tuple[str, ...]]:
+        segments = raw_path.split(b"/")[1:]
+        params: tuple[str, ...] = ()
+        key = tuple(segments)
+        if len(segments) in (2, 3) and segments[0] == b"channels":
+            key = (b"channels", b"*", *segments[2:])
+            if key in self._routes:
+                params = (path_name(segments[1]),)
+        handlers = self._routes.get(key)
+        if handlers is None:
+            raise errors.NotFound(f"no such path: {raw_path.decode('latin-1')[:100]}")
+        return handlers, params
+
+    # -- guards --------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        """Publishing and managing channels: the token when one is set; a
+        browser page of a foreign origin is refused unless allowed by
+        ``--cors-origin`` or it carries the token."""
+        token = self.config.publish_token
+        given = request.header(b"authorization")
+        if token:
+            if not (given.startswith("Bearer ")
+                    and hmac.compare_digest(given[7:].encode(), token.encode())):
+                raise errors.Unauthorized("this endpoint needs Authorization: Bearer <token>")
+            return
+        origin = request.headers.get(b"origin")
+        if origin is not None and not self._origin_allowed(origin, request):
+            raise errors.Forbidden(
+                f"a page of origin {origin.decode('latin-1')[:100]} may not publish or "
+                "manage channels here (see --cors-origin and --publish-token)")
+
+    def _origin_allowed(self, origin: bytes, request: Request) -> bool:
+        allowed = self.config.cors_origin
+        if allowed == "*" or origin.decode("latin-1") == allowed:
+            return True
+        host = request.headers.get(b"host", b"")
+        return bool(host) and origin in (b"http://" + host, b"https://" + host)
+
+    def _ready(self) -> None:
+        if self.cluster is not None:
+            self.cluster.check_ready()
+
+    # -- endpoints -----------------------------------------------------------
+
+    def publish(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        self._authorize(request)
+        self._ready()
+        body = json_object(request.body)
+        if "messages" in body:
+            items = body["messages"]
+            if "channels" in body or "data" in body:
+                raise errors.BadRequest("give either messages or channels and data, not both")
+            if not isinstance(items, list) or not items:
+                raise errors.BadRequest("messages must be a non-empty list")
+            drafts = [self._draft(item, f"messages[{i}]") for i, item in enumerate(items)]
+        else:
+            drafts = [self._draft(body, "")]
+        published = self.service.publish(drafts)
+        receipts = [b'{"id":"%s","timestamp":%s,"channels":%s}'
+                    % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
+                    for m in published]
+        if "messages" in body:
+            return Response(201, b'{"messages":[' + b",".join(receipts) + b"]}")
+        return Response(201, receipts[0])
+
+    def _draft(self, item: object, where: str) -> Draft:
+        prefix = f"{where}: " if where else ""
+        if not isinstance(item, dict):
+            raise errors.BadRequest(f"{prefix}a message is an object with channels and data")
+        if "data" not in item:
+            raise errors.BadRequest(f"{prefix}data is required")
+        try:
+            channels = check_channel_list(item.get("channels"), self.config.max_channels)
+            data = encode_data(item["data"], self.config.max_message_bytes)
+        except PushUpError as e:
+            e.message = prefix + e.message
+            raise
+        return Draft(channels, data)
+
+    def subscribe(self, request: Request, _: tuple[str, ...], client: Subscriber,
+                  ) -> Response | Held:
+        self._ready()
+        query, timeout = subscribe_query(query_args(request.query), self.config)
+        outcome = self.service.subscribe(query, timeout, client)
+        if isinstance(outcome, bytes):
+            return Response(200, outcome)
+        return Held(outcome)
+
+    def create_channel(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        self._authorize(request)
+        self._ready()
+        body = json_object(request.body, empty_ok=True)
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise errors.BadChannelName("name must be a string")
+        channel = self.service.create_channel(name, ttl_of(body))
+        return Response(201, _channel_json(channel))
+
+    def renew_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
+                      ) -> Response:
+        self._authorize(request)
+        self._ready()
+        body = json_object(request.body, empty_ok=True)
+        channel = self.service.renew_channel(params[0], ttl_of(body))
+        return Response(200, _channel_json(channel))
+
+    def delete_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
+                       ) -> Response:
+        self._authorize(request)
+        self._ready()
+        self.service.delete_channel(params[0])
+        return _NO_CONTENT
+
+    def channel_info(self, request: Request, params: tuple[str, ...], _: Subscriber,
+                     ) -> Response:
+        self._authorize(request)
+        self._ready()
+        channel = self.service.store.get(params[0])
+        info = {"channel": channel.name, "messages": channel.count,
+                "subscribers": self.service.hub.waiting_on(channel.name)}
+        return Response(200, _channel_json(channel, info))
+
+    def health(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        if self.service.draining:
+            raise errors.ShuttingDown("the node is draining for shutdown")
+        self._ready()
+        return Response(200, dumps({"status": "ok", "node_id": self.service.store.origin.node_id}))
+
+    def stats(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        return Response(200, dumps(self._stats()))
+
+    def metrics(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        content_type, text = self._metrics()
+        return Response(200, text, content_type)
+
+    def _peer(self, request: Request) -> ClusterPort:
+        """The cluster, if this request is signed with its secret; else 401."""
+        cluster = self.cluster
+        ok = cluster is not None and bool(cluster.secret) and verify(
+            cluster.secret, request.method.decode(), request.path.decode("latin-1"),
+            request.header(b"x-pushup-time"), request.body,
+            request.header(b"x-pushup-signature"), time.time())
+        if cluster is None or not ok:
+            if cluster is not None:
+                cluster.refused += 1
+            raise _unsigned()
+        return cluster
+
+    def peer_messages(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        status, body = self._peer(request).receive(decode_batch(request.body))
+        return Response(status, body)
+
+    def peer_snapshot(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        return Response(200, self._peer(request).snapshot())
+
+
+_PREFLIGHT = Response(204, headers=(
+    (b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type"),
+    (b"Access-Control-Max-Age", b"86400")))
+_NO_CONTENT = Response(204)
+
+
+def _unsigned() -> PushUpError:
+    return errors.Unauthorized("peer requests must be signed with the cluster secret")
+
+
+def _channel_json(channel: Channel, extra: dict[str, Any] | None = None) -> bytes:
+    fields = {"channel": channel.name, **(extra or {})}
+    text = dumps(fields)[:-1] + b',"expires_at":' + format_time(channel.expires_at).encode()
+    return text + b"}"
