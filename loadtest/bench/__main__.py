@@ -172,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                                   "targets": report.compare_targets(side)}
     path = OUT / f"bench-{stamp}.json"
     path.write_text(json.dumps(record, indent=2, default=str))
-    print()
-    if args.quick:
-        print("(--quick: small numbers, targets not applied)")
-    print(report.table(rows))
+    if rows:  # (none when only the side-by-side comparison ran)
+        print()
+        if args.quick:
+            print("(--quick: small numbers, targets not applied)")
+        print(report.table(rows))
     if "side_by_side" in record:
         print()
         print(report.compare_table(side, quick=args.quick))

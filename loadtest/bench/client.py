@@ -68,7 +68,7 @@ class ProtocolError(Exception):
 
 def parse_responses(buf: bytes) -> tuple[list[tuple[int, bytes, bytes]], bytes]:
     """Split complete HTTP responses off `buf`: ([(status, head, body)], rest)."""
-    out = []
+    out: list[tuple[int, bytes, bytes]] = []
     while True:
         end = buf.find(b"\r\n\r\n")
         if end < 0:

@@ -221,13 +221,12 @@ def compare_rows(res: dict[str, Any]) -> list[Row]:
                                 for name, a, b in COMPARE_RATIOS}})
     # Who used the CPU meanwhile: a generator near the machine's spare capacity means
     # the client, not the server, set that figure; "others" is the shared machine's noise.
-    for scenario, usage_of in (("fanout", lambda r: r["usage_all_publishes"]),
-                               ("publish", lambda r: r["samples"][0]["usage"])):
+    for scenario in ("fanout", "publish"):
         for key in COMPARE_COLUMNS:
             r = res.get(scenario, {}).get(key)
             if not isinstance(r, dict) or "error" in r:
                 continue
-            u = usage_of(r)
+            u = r["usage_all_publishes"] if scenario == "fanout" else r["samples"][0]["usage"]
             rows.append({"figure": f"  {scenario} CPU, {res['labels'][key]}", "unit": "note",
                          "values": {}, "ratios": {},
                          "note": f"server {u['server_cpu_pct']:.0f}%, generator "
@@ -259,7 +258,9 @@ def compare_targets(res: dict[str, Any]) -> list[Row]:
 
 
 def _verdict(name: str, value: float | None, limit: float, better: str, unit: str) -> Row:
-    shown = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: _fmt(v, unit))
+    def shown(v: float) -> str:
+        return f"{v:.2f}x" if unit == "x" else _fmt(v, unit)
+
     op = {"lower": "<=", "higher": ">=", "above": ">"}[better]
     if value is None:
         verdict = "no figure"
