@@ -8,7 +8,8 @@ shared machine allows. The figures that matter are the ratios.
 
 Scenarios (scenarios.py does the measuring):
 
-* fan-out: N subscribers on one channel, one publish at a time, subscribers
+* fan-out: N subscribers on one channel, one publish a second (the next waits
+  for the round to end and every re-poll to be held again), subscribers
   re-polling at once from their position; PushUp (1 process), PushUp
   `--workers 2`, nchan (1 worker);
 * publish rate: 8 keep-alive publishers, no subscribers; the same three;
@@ -30,6 +31,7 @@ PUSHUP_2 = Target("pushup-2", "PushUp --workers 2", workers=2)
 NCHAN = Target("nchan", "nginx + nchan (1 worker)", kind="nchan")
 TARGETS = [PUSHUP_1, PUSHUP_2, NCHAN]
 MEMORY_TARGETS = [PUSHUP_1, NCHAN]
+PACE_S = 1.0  # fan-out: one publish a second (later when a round takes longer)
 
 
 def bench_compare(ctx: Context, n: int, publishes: int, round_timeout: float,
@@ -40,7 +42,7 @@ def bench_compare(ctx: Context, n: int, publishes: int, round_timeout: float,
     nginx_binary()  # no nginx or no nchan: say so now, not after PushUp's runs
     plan: list[tuple[str, list[Target], Callable[[Target], dict[str, Any]]]] = [
         ("fanout", TARGETS, lambda t: scenarios.bench_fanout(
-            ctx, "fanout", n, publishes, round_timeout, True, t)),
+            ctx, "fanout", n, publishes, round_timeout, True, t, pace_s=PACE_S)),
         ("publish", TARGETS, lambda t: scenarios.bench_publish(
             ctx, publishers, publish_seconds, publish_reps, t)),
         ("memory", MEMORY_TARGETS, lambda t: scenarios.bench_memory(

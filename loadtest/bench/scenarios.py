@@ -182,12 +182,14 @@ def bench_memory(ctx: Context, sizes: list[int], reps: int,
 
 def bench_fanout(
     ctx: Context, name: str, n: int, publishes: int, round_timeout: float,
-    repoll_immediately: bool = True, target: Target = PUSHUP,
+    repoll_immediately: bool = True, target: Target = PUSHUP, pace_s: float = 0.0,
 ) -> dict[str, Any]:
     """n subscribers on one channel; `publishes` publishes, each waited for until every
     subscriber has it (or `round_timeout`), subscribers re-polling with their cursor:
     at once on receipt (the realistic client), or, with `repoll_immediately=False`,
-    only after the round is over (isolates the server's fan-out from re-poll work)."""
+    only after the round is over (isolates the server's fan-out from re-poll work).
+    With `pace_s`, publish r is also sent no earlier than `pace_s` x r after the first
+    (a schedule, e.g. one a second; a slower round delays the next, never overlaps)."""
     channel = f"bench-{name}"
     rounds = []
     all_lat: array[float] = array("d")  # every delivery's trip time, all publishes
@@ -198,7 +200,9 @@ def bench_fanout(
         rss_held = srv.rss()
         stats0 = srv.stats()
         start = ctx.snapshot(srv)
+        first_publish = time.monotonic()
         for r in range(publishes):
+            time.sleep(max(0.0, first_publish + pace_s * r - time.monotonic()))
             alive, counters = ctx.pool.counters()
             expected = sum(alive)
             srv.wait_for(
@@ -247,6 +251,7 @@ def bench_fanout(
             "subscribers": n,
             "repoll": "immediate" if repoll_immediately else "after-round",
             "publishes": publishes,
+            "pace_s": pace_s,
             "rss_before": rss_before,
             "rss_held": rss_held,
             "bytes_per_poll": (rss_held - rss_before) / n,
