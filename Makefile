@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench cluster loadtest lint setup system-packages clean
+.PHONY: run test bench bench-packages cluster loadtest lint setup system-packages clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,21 @@ system-packages:
 
 setup: $(STAMP) system-packages
 
+# nginx with the nchan module, which `make bench` measures PushUp against (only the
+# benchmark needs it). Installed only when missing. The package must not start
+# Debian's nginx service on port 80: without a policy-rc.d already in place, one
+# that refuses service starts is put there for the install and removed after it.
+# The benchmark never uses or stops a system nginx; it runs its own by PID.
+NCHAN_MODULE := /usr/lib/nginx/modules/ngx_nchan_module.so
+bench-packages:
+	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null && test -f $(NCHAN_MODULE) || { \
+	  policy=/usr/sbin/policy-rc.d; added=; \
+	  if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy; \
+	    chmod +x $$policy; added=1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null; rc=$$?; \
+	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
+
 run: $(STAMP)
 	$(VENV)/bin/pushup serve
 
@@ -30,7 +45,7 @@ cluster: setup
 test: setup
 	$(PY) -m pytest
 
-bench: setup
+bench: setup bench-packages
 	$(PY) -m loadtest.bench
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,

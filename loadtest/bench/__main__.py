@@ -1,8 +1,12 @@
-"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation] [--quick]`.
+"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,nchan]
+[--quick]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
 CPU use, client counters, machine load) to loadtest/out/bench-<timestamp>.json.
+`nchan` runs fan-out, publish rate and memory side by side against PushUp (1
+process), PushUp `--workers 2` and nginx + nchan (compare.py) and prints the
+figures with their ratios; it needs `make bench-packages` (nginx, nchan).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -21,13 +25,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, report, scenarios
+from . import cluster, compare, report, scenarios
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
-CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation"]
+CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "nchan"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -140,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         if "propagation" in args.only:
             plan.append(("propagation", lambda: cluster.bench_propagation(
                 ctx, args.publishers, cfg["publish_seconds"], cfg["lag_samples"])))
+        if "nchan" in args.only:
+            plan.append(("nchan", lambda: compare.bench_compare(
+                ctx, cfg["fanout_n"], cfg["fanout_publishes"], cfg["round_timeout"],
+                args.publishers, cfg["publish_seconds"], cfg["publish_reps"],
+                cfg["memory_reps"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -157,12 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     record["machine"]["loadavg_at_end"] = os.getloadavg()
     rows = report.rows(results, targets_apply=not args.quick)
     record["table"] = rows
+    side = results.get("nchan")
+    if isinstance(side, dict) and "labels" in side:
+        record["side_by_side"] = {"figures": report.compare_rows(side),
+                                  "targets": report.compare_targets(side)}
     path = OUT / f"bench-{stamp}.json"
     path.write_text(json.dumps(record, indent=2, default=str))
-    print()
-    if args.quick:
-        print("(--quick: small numbers, targets not applied)")
-    print(report.table(rows))
+    if rows:  # (none when only the side-by-side comparison ran)
+        print()
+        if args.quick:
+            print("(--quick: small numbers, targets not applied)")
+        print(report.table(rows))
+    if "side_by_side" in record:
+        print()
+        print(report.compare_table(side, quick=args.quick))
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

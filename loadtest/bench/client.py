@@ -9,21 +9,21 @@ the ephemeral-port range is never the limit.
 
 Two kinds of connection:
 
-* subscriber: `GET /subscribe?channels=C&timeout=T[&since=CURSOR]`, held by the
-  server; on each response it records the receipt time (`time.time()`, the
-  same clock in every process) of every benchmark round it contains and, if
-  re-polling is on, immediately sends the next poll with the new cursor (else
-  it waits for a `repoll_all` command).
-* publisher: `POST /publish` one after another until a deadline.
+* subscriber: a long poll held by the server; on each response it records the
+  receipt time (`time.time()`, the same clock in every process) of every
+  benchmark round it contains and, if re-polling is on, immediately sends the
+  next poll from its new position (else it waits for a `repoll_all` command).
+* publisher: a publish one after another until a deadline.
 
-Responses must carry Content-Length (the API promises no chunked responses);
+What the requests and answers look like is the server's `dialect` (PushUp's API
+or nchan's), named in each command; everything else here is the same for both.
+Responses must carry Content-Length (neither server sends chunked answers);
 anything else is counted as a protocol error and the connection dropped.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import select
 import socket
 import time
@@ -31,8 +31,8 @@ from array import array
 from collections import Counter, defaultdict
 from multiprocessing.connection import Connection
 from typing import Any
-from urllib.parse import quote
 
+from .dialect import Dialect, dialect
 from .server import raise_nofile
 
 SOURCE_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 10)]
@@ -47,7 +47,8 @@ CONNECTING, SUBSCRIBER, PUBLISHER = 0, 1, 2
 
 
 class Conn:
-    __slots__ = ("sock", "fd", "kind", "role", "buf", "cursor", "last_round", "sent_at", "idle")
+    __slots__ = ("sock", "fd", "kind", "role", "buf", "position", "last_round", "sent_at",
+                 "idle")
 
     def __init__(self, sock: socket.socket, role: int) -> None:
         self.sock = sock
@@ -55,7 +56,7 @@ class Conn:
         self.kind = CONNECTING
         self.role = role
         self.buf = b""
-        self.cursor: str | None = None
+        self.position = b""  # the dialect's "where I am" for the next poll
         self.last_round = -1
         self.sent_at = 0.0
         self.idle = False  # a subscriber holding its next poll back (re-poll deferred)
@@ -65,9 +66,9 @@ class ProtocolError(Exception):
     pass
 
 
-def parse_responses(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """Split complete HTTP responses off `buf`: ([(status, body)], rest)."""
-    out = []
+def parse_responses(buf: bytes) -> tuple[list[tuple[int, bytes, bytes]], bytes]:
+    """Split complete HTTP responses off `buf`: ([(status, head, body)], rest)."""
+    out: list[tuple[int, bytes, bytes]] = []
     while True:
         end = buf.find(b"\r\n\r\n")
         if end < 0:
@@ -81,7 +82,7 @@ def parse_responses(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
         total = end + 4 + length
         if len(buf) < total:
             return out, buf
-        out.append((int(head[9:12]), buf[end + 4 : total]))
+        out.append((int(head[9:12]), head, buf[end + 4 : total]))
         buf = buf[total:]
 
 
@@ -101,13 +102,13 @@ class Worker:
         self.pending_connects = 0
         self.open_reply_due = False
         # subscribers
-        self.sub_prefix = b""
-        self.sub_suffix = b""
+        self.sub: Dialect | None = None
         self.repoll = True
         self.received: defaultdict[int, array[float]] = defaultdict(lambda: array("d"))
         self.round_wait: tuple[int, int, float] | None = None
         # publishers
         self.pub_request = b""
+        self.pub_ok: frozenset[int] = frozenset()
         self.pub_end = 0.0
         self.pub_active = 0
         self.pub_latencies = array("d")
@@ -164,11 +165,8 @@ class Worker:
     def command(self, msg: tuple[Any, ...]) -> None:
         op = msg[0]
         if op == "subscribe":
-            _, self.port, n, channel, timeout, self.repoll = msg
-            self.sub_prefix = (
-                f"GET /subscribe?channels={quote(channel, safe='')}&timeout={timeout}".encode()
-            )
-            self.sub_suffix = f" HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n".encode()
+            _, self.port, n, channel, timeout, self.repoll, name = msg
+            self.sub = dialect(name, self.port, channel, timeout)
             self.to_open, self.to_open_role, self.open_reply_due = n, SUBSCRIBER, True
         elif op == "await_round":
             _, r, expected, deadline = msg
@@ -184,13 +182,10 @@ class Worker:
         elif op == "counters":
             self.reply("counters", self.count(SUBSCRIBER), dict(self.counters))
         elif op == "publish":
-            _, self.port, n, duration, channel = msg
-            data = {"bench": "publish", "w": self.index}
-            body = json.dumps({"channels": [channel], "data": data})
-            self.pub_request = (
-                f"POST /publish HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-            ).encode()
+            _, self.port, n, duration, channel, name = msg
+            pub = dialect(name, self.port, channel, 0)
+            self.pub_request = pub.publish_request({"bench": "publish", "w": self.index})
+            self.pub_ok = pub.publish_ok
             self.counters.clear()  # the reply's counters are this run's alone
             self.pub_end = time.time() + duration
             self.pub_active = n
@@ -267,8 +262,8 @@ class Worker:
             self.drop(c, "short_send")
 
     def send_poll(self, c: Conn) -> None:
-        since = b"" if c.cursor is None else b"&since=" + quote(c.cursor, safe="").encode()
-        self.send(c, self.sub_prefix + since + self.sub_suffix)
+        assert self.sub is not None
+        self.send(c, self.sub.poll_request(c.position))
 
     def send_publish(self, c: Conn) -> None:
         c.sent_at = time.time()
@@ -294,32 +289,31 @@ class Worker:
             return
         now = time.time()
         if c.role == SUBSCRIBER:
-            for status, body in responses:
-                self.on_poll_response(c, status, body, now)
+            for status, head, body in responses:
+                self.on_poll_response(c, status, head, body, now)
         else:
-            for status, _body in responses:
+            for status, _head, _body in responses:
                 self.on_publish_response(c, status, now)
 
-    def on_poll_response(self, c: Conn, status: int, body: bytes, now: float) -> None:
+    def on_poll_response(self, c: Conn, status: int, head: bytes, body: bytes,
+                         now: float) -> None:
         counters = self.counters
         if status != 200:
             counters[f"poll_status_{status}"] += 1
             # Do not re-poll into an error (that would spin); the subscriber is lost.
             self.drop(c, None)
             return
+        assert self.sub is not None
         try:
-            doc = json.loads(body)
-            c.cursor = doc["cursor"]
-            messages = doc["messages"]
+            c.position, datas, gap = self.sub.read_poll(head, body)
         except (ValueError, KeyError, TypeError):
             self.drop(c, "bad_poll_body")
             return
-        if doc.get("gap"):
+        if gap:
             counters["gap"] += 1
-        if not messages:
+        if not datas:
             counters["empty_poll"] += 1
-        for m in messages:
-            data = m.get("data") if isinstance(m, dict) else None
+        for data in datas:
             r = data.get("bench_round") if isinstance(data, dict) else None
             if r is None:
                 counters["other_message"] += 1
@@ -336,7 +330,7 @@ class Worker:
             c.idle = True
 
     def on_publish_response(self, c: Conn, status: int, now: float) -> None:
-        if status == 201:
+        if status in self.pub_ok:
             self.counters["publish_ok"] += 1
             self.pub_latencies.append(now - c.sent_at)
         else:

@@ -77,12 +77,12 @@ class WorkerPool:
 
     def subscribe(
         self, port: int, n: int, channel: str, timeout: int, repoll: bool = True,
-        wait: float = 300.0,
+        wait: float = 300.0, dialect: str = "pushup",
     ) -> tuple[list[int], dict[str, int]]:
-        """Open `n` subscribers (spread over the workers); returns (connected per worker,
-        counters)."""
+        """Open `n` subscribers (spread over the workers) speaking `dialect`; returns
+        (connected per worker, counters)."""
         for pipe, k in zip(self.pipes, split(n, len(self.pipes)), strict=False):
-            pipe.send(("subscribe", port, k, channel, timeout, repoll))
+            pipe.send(("subscribe", port, k, channel, timeout, repoll, dialect))
         replies = self._gather("opened", wait)
         return [r[1] for r in replies], merge(r[2] for r in replies)
 
@@ -106,13 +106,14 @@ class WorkerPool:
         return [r[1] for r in replies], merge(r[2] for r in replies)
 
     def publish(
-        self, port: int, publishers: int, duration: float, channel_prefix: str
+        self, port: int, publishers: int, duration: float, channel_prefix: str,
+        dialect: str = "pushup",
     ) -> tuple[array[float], dict[str, int]]:
-        """Run `publishers` keep-alive publisher connections for `duration` seconds;
-        returns (per-request latencies, counters)."""
+        """Run `publishers` keep-alive publisher connections speaking `dialect` for
+        `duration` seconds; returns (per-request latencies, counters)."""
         shares = split(publishers, len(self.pipes))
         for i, (pipe, k) in enumerate(zip(self.pipes, shares, strict=True)):
-            pipe.send(("publish", port, k, duration, f"{channel_prefix}-{i}"))
+            pipe.send(("publish", port, k, duration, f"{channel_prefix}-{i}", dialect))
         replies = self._gather("published", duration + 60)
         lat: array[float] = array("d")
         for rep in replies:

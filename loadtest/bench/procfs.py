@@ -22,6 +22,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None if it is gone: with the pid,
+    an identity that survives pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every live process below it (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                data = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(data[data.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
 def rss_bytes(pid: int) -> int:
     """VmRSS of `pid` in bytes."""
     with open(f"/proc/{pid}/status") as f:
@@ -50,17 +83,17 @@ class Snapshot:
     """CPU counters at one instant: the server, the load generator, the machine."""
 
     wall: float
-    server: float
+    server: float  # all of the server's processes
     generator: float
     machine_busy: float
     machine_total: float
 
 
-def snapshot(server_pid: int, generator_pids: list[int]) -> Snapshot:
+def snapshot(server_pids: list[int], generator_pids: list[int]) -> Snapshot:
     busy, total = machine_cpu()
     return Snapshot(
         wall=time.monotonic(),
-        server=cpu_seconds(server_pid),
+        server=sum(cpu_seconds(p) for p in server_pids),
         generator=sum(cpu_seconds(p) for p in generator_pids),
         machine_busy=busy,
         machine_total=total,

@@ -177,3 +177,131 @@ def table(rs: list[Row]) -> str:
         if r["note"]:
             lines.append("    " + r["note"])
     return "\n".join(lines)
+
+
+# -- side by side with nginx + nchan (compare.py) ------------------------------------------
+
+COMPARE_COLUMNS = ["pushup-1", "pushup-2", "nchan"]
+# (ratio name, numerator, denominator) printed after the figures
+COMPARE_RATIOS = [("PushUp / nchan", "pushup-1", "nchan"),
+                  ("--workers 2 / nchan", "pushup-2", "nchan")]
+
+
+def _get(res: dict[str, Any], scenario: str, key: str, field: str,
+         scale: float = 1.0) -> float | None:
+    r = res.get(scenario, {}).get(key)
+    if not isinstance(r, dict) or "error" in r or r.get(field) is None:
+        return None
+    return float(r[field]) * scale
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def compare_rows(res: dict[str, Any]) -> list[Row]:
+    """One row per figure: the value for each server and the ratios to nchan."""
+    specs = [  # (figure, scenario, field, scale, unit)
+        ("fan-out: last subscriber p50", "fanout", "last_p50_s", 1000, "ms"),
+        ("fan-out: last subscriber p99", "fanout", "last_p99_s", 1000, "ms"),
+        ("fan-out: all deliveries p50", "fanout", "all_p50_s", 1000, "ms"),
+        ("fan-out: all deliveries p99", "fanout", "all_p99_s", 1000, "ms"),
+        ("fan-out: delivered", "fanout", "delivered_pct", 1, "%"),
+        ("server CPU per 10k deliveries (incl. re-polls)", "fanout",
+         "server_cpu_s_per_10k_deliveries", 1, "s"),
+        ("publishes/s", "publish", "median_per_second", 1, "/s"),
+        ("publishes per server CPU-second", "publish", "median_per_server_cpu_second", 1, "/s"),
+        ("RSS per held poll", "memory", "median_bytes_per_poll", 1 / 1024, "KB"),
+    ]
+    rows = []
+    for figure, scenario, field, scale, unit in specs:
+        values = {k: _get(res, scenario, k, field, scale) for k in COMPARE_COLUMNS}
+        rows.append({"figure": figure, "unit": unit, "values": values,
+                     "ratios": {name: _ratio(values[a], values[b])
+                                for name, a, b in COMPARE_RATIOS}})
+    # Who used the CPU meanwhile: a generator near the machine's spare capacity means
+    # the client, not the server, set that figure; "others" is the shared machine's noise.
+    for scenario in ("fanout", "publish"):
+        for key in COMPARE_COLUMNS:
+            r = res.get(scenario, {}).get(key)
+            if not isinstance(r, dict) or "error" in r:
+                continue
+            u = r["usage_all_publishes"] if scenario == "fanout" else r["samples"][0]["usage"]
+            rows.append({"figure": f"  {scenario} CPU, {res['labels'][key]}", "unit": "note",
+                         "values": {}, "ratios": {},
+                         "note": f"server {u['server_cpu_pct']:.0f}%, generator "
+                         f"{u['generator_cpu_pct']:.0f}%, others {u['others_cpu_pct']:.0f}% "
+                         "of a core"})
+    return rows
+
+
+def compare_targets(res: dict[str, Any]) -> list[Row]:
+    """Issue 7's targets, as ratios from this one run."""
+    cpu = {k: _get(res, "fanout", k, "server_cpu_s_per_10k_deliveries") for k in COMPARE_COLUMNS}
+    pub = {k: _get(res, "publish", k, "median_per_second") for k in COMPARE_COLUMNS}
+    p50 = {k: _get(res, "fanout", k, "last_p50_s") for k in COMPARE_COLUMNS}
+    delivered = _get(res, "fanout", "pushup-2", "delivered_pct")
+    rss = _get(res, "memory", "pushup-1", "median_bytes_per_poll", 1 / 1024)
+    specs = [  # (target, value, limit, better, unit)
+        ("server CPU per 10k deliveries, PushUp / nchan", _ratio(cpu["pushup-1"], cpu["nchan"]),
+         2.0, "lower", "x"),
+        ("publishes/s, one PushUp process / nchan", _ratio(pub["pushup-1"], pub["nchan"]),
+         0.3, "higher", "x"),
+        ("fan-out last subscriber p50, --workers 2 / nchan",
+         _ratio(p50["pushup-2"], p50["nchan"]), 1.0, "lower", "x"),
+        ("fan-out delivered, --workers 2", delivered, 100.0, "higher", "%"),
+        ("publishes/s, --workers 2 / --workers 1", _ratio(pub["pushup-2"], pub["pushup-1"]),
+         1.0, "above", "x"),
+        ("RSS per held poll, PushUp", rss, 6.0, "lower", "KB"),
+    ]
+    return [_verdict(*s) for s in specs]
+
+
+def _verdict(name: str, value: float | None, limit: float, better: str, unit: str) -> Row:
+    def shown(v: float) -> str:
+        return f"{v:.2f}x" if unit == "x" else _fmt(v, unit)
+
+    op = {"lower": "<=", "higher": ">=", "above": ">"}[better]
+    if value is None:
+        verdict = "no figure"
+    elif (value <= limit if better == "lower" else value >= limit if better == "higher"
+          else value > limit):
+        verdict = "met"
+    else:
+        factor = value / limit if better == "lower" else limit / value if value else float("inf")
+        verdict = f"MISSED by {factor:.2f}x"
+    return {"target": name, "value": value, "text": "-" if value is None else shown(value),
+            "limit": f"{op} {shown(limit)}", "verdict": verdict}
+
+
+def compare_table(res: dict[str, Any], quick: bool = False) -> str:
+    labels = res["labels"]
+    head = ["figure"] + [labels[k] for k in COMPARE_COLUMNS] + [n for n, _, _ in COMPARE_RATIOS]
+    body = []
+    for r in compare_rows(res):
+        if r["unit"] == "note":
+            body.append([r["figure"] + ": " + r["note"]])
+            continue
+        body.append([r["figure"]] + [_fmt(r["values"][k], r["unit"]) for k in COMPARE_COLUMNS]
+                    + ["-" if r["ratios"][n] is None else f"{r['ratios'][n]:.2f}x"
+                       for n, _, _ in COMPARE_RATIOS])
+    lines = [f"Side by side: {res['subscribers']:,} subscribers, {res['publishes']} publishes; "
+             f"{res['publishers']} publishers; RSS at {res['subscribers']:,} held polls", ""]
+    lines += _grid(head, body)
+    lines += ["", "Targets (ratios from this run" + (
+        "; --quick: tiny scale, indicative only):" if quick else "):")]
+    t_rows = [[t["target"], t["text"], t["limit"], t["verdict"]] for t in compare_targets(res)]
+    lines += _grid(["target", "this run", "target", "verdict"], t_rows)
+    return "\n".join(lines)
+
+
+def _grid(head: list[str], body: list[list[str]]) -> list[str]:
+    """Left-aligned columns; a one-cell row is a note spanning the line."""
+    full = [b for b in body if len(b) == len(head)]
+    widths = [max(len(x) for x in col) for col in zip(head, *full, strict=True)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    for b in body:
+        out.append(b[0] if len(b) == 1 else
+                   "  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip())
+    return out

@@ -4,6 +4,8 @@ Every figure is stored with the CPU used meanwhile by the server, the load
 generator and the rest of the machine (`procfs.usage`), so a saturated
 generator or a noisy neighbour is visible next to the number it distorted.
 Waits are on events (the server's /stats, the workers' replies), each bounded.
+Each benchmark takes a `Target` (default: one `pushup serve` process), so the
+same code measures `pushup serve --workers N` and nginx + nchan (compare.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,19 @@ class BenchError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Target:
+    """A server to measure: `pushup serve` with `workers` processes, or nginx + nchan."""
+
+    key: str  # short, for file names and the JSON record
+    label: str  # for tables
+    kind: str = "pushup"  # "pushup" or "nchan"
+    workers: int = 1
+
+
+PUSHUP = Target("pushup", "PushUp (1 process)")
+
+
 @dataclass
 class Context:
     pool: WorkerPool
@@ -36,17 +52,26 @@ class Context:
     log: Any = print
     servers_started: list[str] = field(default_factory=list)
 
-    def server(self, name: str) -> Server:
+    def server(self, name: str, target: Target = PUSHUP) -> Server:
+        if target != PUSHUP:
+            name = f"{target.key}-{name}"
+        log_path = self.out_dir / f"server-{self.stamp}-{name}.log"
+        self.servers_started.append(name)
+        if target.kind == "nchan":
+            from .nchan import NchanServer  # nginx is only needed when nchan is measured
+
+            return NchanServer(log_path, self.out_dir, hold_timeout=HOLD_TIMEOUT)
         command = self.server_command + [
             "serve", "--port", "0",
             "--max-connections", "20000",
             "--max-timeout", str(HOLD_TIMEOUT),
         ]
-        self.servers_started.append(name)
-        return Server(command, self.out_dir / f"server-{self.stamp}-{name}.log", self.repo)
+        if target.workers > 1:
+            command += ["--workers", str(target.workers)]
+        return Server(command, log_path, self.repo, workers=target.workers)
 
     def snapshot(self, srv: Server) -> procfs.Snapshot:
-        return procfs.snapshot(srv.pid, self.pool.pids + [_self_pid()])
+        return procfs.snapshot(srv.pids, self.pool.pids + [_self_pid()])
 
 
 def _self_pid() -> int:
@@ -64,24 +89,13 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def warm_up(srv: Server) -> None:
-    """A few requests of every kind, so lazy imports and first-use caches are not
-    counted as per-subscription memory."""
-    srv.stats()
-    for _ in range(3):
-        srv.request("GET", "/subscribe?channels=bench-warm&timeout=0")
-        status, doc = srv.request("POST", "/publish", {"channels": ["bench-warm"], "data": {}})
-        if status != 201:
-            raise BenchError(f"warm-up publish answered {status}: {doc!r}")
-    srv.request("GET", "/health")
-
-
 def hold(
     ctx: Context, srv: Server, n: int, channel: str, repoll: bool = True
 ) -> tuple[list[int], dict[str, Any]]:
     """Open `n` held subscriptions on `channel` and wait until the server holds them."""
     t0 = time.monotonic()
-    per_worker, counters = ctx.pool.subscribe(srv.port, n, channel, HOLD_TIMEOUT, repoll)
+    per_worker, counters = ctx.pool.subscribe(srv.port, n, channel, HOLD_TIMEOUT, repoll,
+                                              dialect=srv.dialect)
     opened = sum(per_worker)
     if opened < n:
         ctx.log(f"    only {opened}/{n} subscribers connected: {counters}")
@@ -115,13 +129,14 @@ def stop(srv: Server) -> dict[str, Any]:
 # -- 1. memory per held poll -------------------------------------------------------------
 
 
-def bench_memory(ctx: Context, sizes: list[int], reps: int) -> dict[str, Any]:
+def bench_memory(ctx: Context, sizes: list[int], reps: int,
+                 target: Target = PUSHUP) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sizes:
         samples = []
         for rep in range(reps):
-            with ctx.server(f"memory-{n}-{rep}") as srv:
-                warm_up(srv)
+            with ctx.server(f"memory-{n}-{rep}", target) as srv:
+                srv.warm_up()
                 before = srv.rss()
                 before_stats = srv.stats().get("rss_bytes")
                 a = ctx.snapshot(srv)
@@ -167,22 +182,27 @@ def bench_memory(ctx: Context, sizes: list[int], reps: int) -> dict[str, Any]:
 
 def bench_fanout(
     ctx: Context, name: str, n: int, publishes: int, round_timeout: float,
-    repoll_immediately: bool = True,
+    repoll_immediately: bool = True, target: Target = PUSHUP, pace_s: float = 0.0,
 ) -> dict[str, Any]:
     """n subscribers on one channel; `publishes` publishes, each waited for until every
     subscriber has it (or `round_timeout`), subscribers re-polling with their cursor:
     at once on receipt (the realistic client), or, with `repoll_immediately=False`,
-    only after the round is over (isolates the server's fan-out from re-poll work)."""
+    only after the round is over (isolates the server's fan-out from re-poll work).
+    With `pace_s`, publish r is also sent no earlier than `pace_s` x r after the first
+    (a schedule, e.g. one a second; a slower round delays the next, never overlaps)."""
     channel = f"bench-{name}"
     rounds = []
-    with ctx.server(name) as srv:
-        warm_up(srv)
+    all_lat: array[float] = array("d")  # every delivery's trip time, all publishes
+    with ctx.server(name, target) as srv:
+        srv.warm_up()
         rss_before = srv.rss()
         per_worker, held = hold(ctx, srv, n, channel, repoll_immediately)
         rss_held = srv.rss()
         stats0 = srv.stats()
         start = ctx.snapshot(srv)
+        first_publish = time.monotonic()
         for r in range(publishes):
+            time.sleep(max(0.0, first_publish + pace_s * r - time.monotonic()))
             alive, counters = ctx.pool.counters()
             expected = sum(alive)
             srv.wait_for(
@@ -190,17 +210,18 @@ def bench_fanout(
                 lambda s, expected=expected: s["waiting"] >= expected, 120,
             )
             a = ctx.snapshot(srv)
-            body = {"channels": [channel], "data": {"bench_round": r, "pad": "x" * 64}}
+            body = {"bench_round": r, "pad": "x" * 64}
             t0 = time.time()
-            status, doc = srv.request("POST", "/publish", body)
+            ok, doc = srv.publish(channel, body)
             t_ack = time.time()
-            if status != 201:
-                raise BenchError(f"publish {r} answered {status}: {doc!r}")
+            if not ok:
+                raise BenchError(f"publish {r} refused: {doc!r}")
             times, alive_after, counters = ctx.pool.await_round(r, alive, t0 + round_timeout)
             b = ctx.snapshot(srv)
             if not repoll_immediately:
                 ctx.pool.repoll_all()
             lat = sorted(t - t0 for t in times)
+            all_lat.extend(lat)
             rnd = {
                 "round": r,
                 "subscribers": sum(alive),
@@ -230,6 +251,7 @@ def bench_fanout(
             "subscribers": n,
             "repoll": "immediate" if repoll_immediately else "after-round",
             "publishes": publishes,
+            "pace_s": pace_s,
             "rss_before": rss_before,
             "rss_held": rss_held,
             "bytes_per_poll": (rss_held - rss_before) / n,
@@ -248,10 +270,13 @@ def bench_fanout(
         "last_max_s": max(last) if last else None,
         "median_subscriber_p50_s": percentile(
             [r["median_s"] for r in rounds if r["median_s"] is not None], 50),
+        "all_p50_s": percentile(list(all_lat), 50),
+        "all_p99_s": percentile(list(all_lat), 99),
         "delivered_pct": 100.0 * delivered / (n * publishes),
         "min_round_delivered_pct": min(r["delivered_pct"] for r in rounds),
         "deliveries": delivered,
-        "stats_delivered_delta": stats1.get("delivered", 0) - stats0.get("delivered", 0),
+        "stats_delivered_delta": stats1["delivered"] - stats0["delivered"]
+        if "delivered" in stats1 else None,
         "client_counters_end": counters,
         "usage_all_publishes": total,
         # Whole loop: publish, fan-out and the 20 rounds of re-polls (the real cost of
@@ -273,14 +298,16 @@ def bench_fanout(
 # -- 4. publish rate ---------------------------------------------------------------------------
 
 
-def bench_publish(ctx: Context, publishers: int, duration: float, reps: int) -> dict[str, Any]:
+def bench_publish(ctx: Context, publishers: int, duration: float, reps: int,
+                  target: Target = PUSHUP) -> dict[str, Any]:
     samples = []
     for rep in range(reps):
-        with ctx.server(f"publish-{rep}") as srv:
-            warm_up(srv)
+        with ctx.server(f"publish-{rep}", target) as srv:
+            srv.warm_up()
             stats0 = srv.stats()
             a = ctx.snapshot(srv)
-            lat_arr, counters = ctx.pool.publish(srv.port, publishers, duration, f"bench-pub{rep}")
+            lat_arr, counters = ctx.pool.publish(srv.port, publishers, duration, f"bench-pub{rep}",
+                                                 dialect=srv.dialect)
             b = ctx.snapshot(srv)
             usage = procfs.usage(a, b)
             stats1 = srv.stats()

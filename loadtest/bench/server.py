@@ -1,10 +1,19 @@
-"""One `pushup serve` process: start it, talk to it, stop it (always).
+"""One server under test: start it, talk to it, account for it, stop it (always).
 
 A `Server` is a context manager. Leaving it, normally or by an exception, sends
-SIGTERM and then SIGKILL after a grace period; the child also gets
+SIGTERM to the process it started and then SIGKILL after a grace period; any of
+its descendants still alive after that are killed by PID. The child also gets
 PR_SET_PDEATHSIG so it dies with the harness even if the harness is killed -9.
 The server's stderr goes to a log file in loadtest/out; its stdout is drained
 by a thread so it can never block on a full pipe.
+
+A server is all of its processes: CPU and RSS are summed over the process the
+harness started and its descendants as they are once it serves (`pushup serve
+--workers N`: the supervisor and its N workers; nginx: master and worker).
+
+This class is `pushup serve` (`--workers N` included: `/stats` is then summed
+over the workers, found through each worker's `peers`); `nchan.NchanServer`
+adapts it to nginx + nchan. The load client speaks the server's `dialect`.
 """
 
 from __future__ import annotations
@@ -49,16 +58,27 @@ class ServerError(RuntimeError):
     pass
 
 
-class Server:
-    """A fresh server process on 127.0.0.1 with a free port."""
+# /stats keys that add up over the workers of `pushup serve --workers N`.
+SUMMED_STATS = ("connections", "waiting", "channels", "published", "delivered",
+                "bytes_in", "bytes_out", "rss_bytes")
 
-    def __init__(self, command: list[str], log_path: Path, cwd: Path) -> None:
+
+class Server:
+    """A fresh `pushup serve` on 127.0.0.1 with a free port (its first stdout line)."""
+
+    dialect = "pushup"  # how the load client talks to it (see dialect.py)
+
+    def __init__(self, command: list[str], log_path: Path, cwd: Path, workers: int = 1) -> None:
         self.command = command
         self.log_path = log_path
         self.cwd = cwd
+        self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self._control: http.client.HTTPConnection | None = None
+        self.pids: list[int] = []  # every process of the server, once it serves
+        self._identity: list[tuple[int, int | None]] = []
+        self._control: dict[int, http.client.HTTPConnection] = {}
+        self._worker_ports: list[int] = []
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -69,19 +89,27 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 30.0) -> None:
+    def spawn(self, stdout: int) -> subprocess.Popen[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            self.command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            cwd=self.cwd,
-            preexec_fn=_child_setup,
-        )
-        log.close()
-        assert self.proc.stdout is not None
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=log,
+                cwd=self.cwd,
+                preexec_fn=_child_setup,
+            )
+        return self.proc
+
+    def serving(self) -> None:
+        """Note the server's processes (call once it answers requests)."""
+        self.pids = procfs.descendants(self.pid)
+        self._identity = [(p, procfs.start_ticks(p)) for p in self.pids]
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.spawn(subprocess.PIPE)
+        assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         line = b""
@@ -106,6 +134,7 @@ class Server:
             raise ServerError(f"unexpected first stdout line: {text!r}")
         self.port = int(text.rsplit(":", 1)[1].rstrip("/"))
         threading.Thread(target=self._drain, args=(fd,), daemon=True).start()
+        self.serving()  # with --workers, every worker is up before the line is printed
 
     def _drain(self, fd: int) -> None:
         try:
@@ -115,10 +144,11 @@ class Server:
             pass
 
     def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after `grace` seconds; returns the exit code."""
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        """SIGTERM, then SIGKILL after `grace` seconds; then SIGKILL to any of the
+        server's processes still alive (same pid and start time); returns the exit code."""
+        for conn in self._control.values():
+            conn.close()
+        self._control.clear()
         proc = self.proc
         if proc is None:
             return None
@@ -129,6 +159,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for pid, started in self._identity:
+            if started is not None and procfs.start_ticks(pid) == started:
+                os.kill(pid, signal.SIGKILL)
         return proc.returncode
 
     @property
@@ -145,25 +178,30 @@ class Server:
         except OSError:
             return ""
 
-    # -- control requests (one keep-alive connection from the controller) ---------
+    # -- control requests (one keep-alive connection per port from the controller) -----
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float = 30.0
+        self, method: str, path: str, body: Any = None, timeout: float = 30.0,
+        port: int | None = None,
     ) -> tuple[int, Any]:
-        """One request on the control connection; returns (status, decoded JSON or None)."""
+        """One request on a control connection to `port` (default: the server's);
+        returns (status, decoded JSON, else the text, or None when empty)."""
+        port = port or self.port
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         for attempt in (1, 2):
-            if self._control is None:
-                self._control = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+            conn = self._control.get(port)
+            if conn is None:
+                conn = self._control[port] = http.client.HTTPConnection(
+                    "127.0.0.1", port, timeout=timeout)
             try:
-                self._control.request(method, path, body=payload, headers=headers)
-                resp = self._control.getresponse()
+                conn.request(method, path, body=payload, headers=headers)
+                resp = conn.getresponse()
                 raw = resp.read()
                 break
             except (http.client.HTTPException, OSError):
-                self._control.close()
-                self._control = None
+                conn.close()
+                del self._control[port]
                 if attempt == 2 or not self.alive():
                     raise
         try:
@@ -173,10 +211,53 @@ class Server:
         return resp.status, data
 
     def stats(self) -> dict[str, Any]:
-        status, data = self.request("GET", "/stats")
+        """The node's /stats; with --workers N, the SUMMED_STATS keys summed over the
+        workers (each asked on its private address) and the per-worker figures."""
+        first = self._stats(self.port)
+        if self.workers == 1:
+            return first
+        if not self._worker_ports:
+            self._worker_ports = self._find_workers(first)
+        per = [self._stats(p) for p in self._worker_ports]
+        total = {k: sum(s.get(k, 0) for s in per) for k in SUMMED_STATS}
+        return {**total, "workers": per}
+
+    def _stats(self, port: int) -> dict[str, Any]:
+        status, data = self.request("GET", "/stats", port=port)
         if status != 200 or not isinstance(data, dict):
-            raise ServerError(f"/stats answered {status}: {data!r}")
+            raise ServerError(f"/stats on port {port} answered {status}: {data!r}")
         return data
+
+    def _find_workers(self, first: dict[str, Any]) -> list[int]:
+        """The private ports of all workers: the closure of their `peers` lists."""
+        ports: list[int] = []
+        todo = [first]
+        while todo:
+            for peer in todo.pop()["peers"]:
+                port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
+                if port not in ports:
+                    ports.append(port)
+                    todo.append(self._stats(port))
+        if len(ports) != self.workers:
+            raise ServerError(f"found {len(ports)} workers through /stats peers, "
+                              f"expected {self.workers}")
+        return ports
+
+    def publish(self, channel: str, data: Any) -> tuple[bool, Any]:
+        """One publish on the control connection: (accepted, answer)."""
+        status, doc = self.request("POST", "/publish", {"channels": [channel], "data": data})
+        return status == 201, doc
+
+    def warm_up(self) -> None:
+        """A few requests of every kind, so lazy imports and first-use caches are not
+        counted as per-subscription memory."""
+        self.stats()
+        for _ in range(3):
+            self.request("GET", "/subscribe?channels=bench-warm&timeout=0")
+            ok, doc = self.publish("bench-warm", {})
+            if not ok:
+                raise ServerError(f"warm-up publish refused: {doc!r}")
+        self.request("GET", "/health")
 
     def wait_for(
         self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float
@@ -200,7 +281,8 @@ class Server:
             time.sleep(0.02)
 
     def rss(self) -> int:
-        return procfs.rss_bytes(self.pid)
+        """VmRSS summed over the server's processes."""
+        return sum(procfs.rss_bytes(p) for p in self.pids)
 
     def cpu(self) -> float:
-        return procfs.cpu_seconds(self.pid)
+        return sum(procfs.cpu_seconds(p) for p in self.pids)
