@@ -84,7 +84,7 @@ def subscribe_query(raw: dict[bytes, list[bytes]], config: Config) -> tuple[Quer
     until = None if until_text is None else parse_time(until_text, "until")
     timeout = min(args.number("timeout", DEFAULT_TIMEOUT), config.max_timeout)
     limit = min(args.integer("limit", DEFAULT_LIMIT), config.max_limit)
-    return Query(channels, since, until, limit), timeout
+    return Query(channels, since, until, limit, config.max_response_bytes), timeout
 
 
 def path_name(segment: bytes) -> str:

@@ -1,0 +1,395 @@
+"""pushup/protocol.py: HTTP/1.1 framing, limits and timeouts, byte by byte.
+
+Raw bytes in through the node's real ``Front`` over a ``StringTransport``
+(see conftest.py); time is a ``task.Clock``, so every timeout is driven, not
+slept.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import parse_responses
+from pushup.config import Config
+from pushup.exchange import Held, Request, Response, Writer
+from pushup.metrics import Counters
+from pushup.model import MAX_CHANNEL_NAME
+from pushup.protocol import DISCARD_CAP, MAX_HEADER_BYTES, Front
+
+
+def raw_get(path: str, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def raw_publish(channel: str, data: object) -> bytes:
+    body = json.dumps({"channels": [channel], "data": data}).encode()
+    return (b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body)
+
+
+# -- keep-alive, versions, methods ---------------------------------------------
+
+
+def test_fifty_pipelined_publishes_are_answered_in_order(node):
+    conn = node.connect()
+    conn.send(b"".join(raw_publish("p", i) for i in range(50)))
+    responses = conn.responses()
+    assert [r.status for r in responses] == [201] * 50
+    answer = node.subscribe("p", timeout=0, limit=100).response
+    assert [m["data"] for m in answer.json["messages"]] == list(range(50))
+
+
+def test_a_request_pipelined_behind_a_held_poll_is_answered_after_it(node):
+    conn = node.connect()
+    conn.send(raw_get("/subscribe?channels=held&timeout=30")
+              + raw_get("/subscribe?channels=other&timeout=0"))
+    assert conn.responses() == []  # the pull waits for the held poll before it
+    node.publish("held", "first")
+    node.turn()
+    first, second = conn.responses()
+    assert [m["data"] for m in first.json["messages"]] == ["first"]
+    assert second.json["messages"] == []
+
+
+def test_disconnect_behind_pipelined_requests_is_seen_while_held(node):
+    conn = node.connect()
+    conn.send(raw_get("/subscribe?channels=held&timeout=30")
+              + raw_get("/subscribe?channels=other&timeout=0"))
+    assert node.stats()["waiting"] == 1
+    assert not conn.transport.producerState == "paused"  # still reading: a FIN is seen
+    conn.close()
+    assert node.stats()["waiting"] == 0
+
+
+def test_connection_close_is_honoured(node):
+    conn = node.connect()
+    conn.send(raw_get("/health", "Connection: close\r\n"))
+    assert conn.response.header("connection") == "close"
+    assert conn.lost
+
+
+def test_http_10_closes_after_the_answer(node):
+    conn = node.connect()
+    conn.send(b"GET /health HTTP/1.0\r\n\r\n")
+    assert conn.response.status == 200
+    assert conn.response.header("connection") == "close"
+    assert conn.lost
+
+
+def test_http_10_keep_alive_is_kept(node):
+    conn = node.connect()
+    conn.send(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert conn.response.header("connection") == "keep-alive"
+    assert not conn.lost
+    conn.send(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert len(conn.responses()) == 2
+
+
+def test_held_poll_of_an_http_10_client_is_answered_and_closed(node):
+    conn = node.connect()
+    conn.send(b"GET /subscribe?channels=a&timeout=30 HTTP/1.0\r\n\r\n")
+    node.publish("a", 1)
+    node.turn()
+    assert [m["data"] for m in conn.response.json["messages"]] == [1]
+    assert conn.transport.disconnecting
+
+
+def test_head_has_the_length_and_no_body(node):
+    conn = node.connect()
+    conn.send(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n" + raw_get("/health"))
+    raw = conn.transport.value()
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    assert b"Content-Length: " in head
+    assert rest.startswith(b"HTTP/1.1 200 OK")  # no body between the two answers
+
+
+def test_absolute_form_target_is_served(node):
+    node.publish("a", 1)
+    response = node.get("http://pushup.test:8080/subscribe?channels=a&timeout=0")
+    assert [m["data"] for m in response.json["messages"]] == [1]
+
+
+def test_date_header_follows_the_clock(node):
+    first = node.get("/health").header("date")
+    node.clock.advance(2)
+    second = node.get("/health").header("date")
+    assert first.endswith(" GMT") and second.endswith(" GMT") and first != second
+
+
+def test_expect_continue_under_the_limit_gets_100_then_the_answer(node):
+    conn = node.connect()
+    body = json.dumps({"channels": ["a"], "data": 1}).encode()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body))
+    assert conn.transport.value() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.send(body)
+    assert conn.response.status == 201
+
+
+# -- hostile input ---------------------------------------------------------------
+
+
+SMUGGLING = {
+    "cl-and-te": b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "two-cl": b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+              b"Content-Length: 5\r\n\r\nabcde",
+    "bare-lf-chunk": b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\nabc\r\n0\r\n\r\n",
+    "obs-fold": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+    "bad-chunk-size": b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"zz\r\nabc\r\n0\r\n\r\n",
+    "chunk-size-overflow": b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+                           b"\r\n\r\nffffffffffffffffff\r\nabc\r\n0\r\n\r\n",
+    "te-not-chunked-last": b"POST /publish HTTP/1.1\r\nHost: x\r\n"
+                           b"Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+}
+
+
+def test_each_smuggling_variant_is_400_and_closed(node, check_error):
+    for name, raw in SMUGGLING.items():
+        conn = node.connect()
+        conn.send(raw + raw_get("/health"))
+        responses = conn.responses()
+        assert len(responses) == 1, (name, responses)  # nothing after it is served
+        check_error(responses[0], 400, "bad_request")
+        assert conn.lost, name
+    assert node.stats()["published"] == 0
+
+
+def test_target_longer_than_any_valid_request_is_414(node, check_error):
+    conn = node.connect()
+    conn.send(raw_get("/subscribe?channels=" + "a" * 400_000))
+    check_error(conn.response, 414, "too_large")
+    assert conn.lost
+
+
+def test_the_longest_valid_subscribe_is_served(node):
+    # 64 channels of 200 four-byte characters, each percent-encoded: ~150 KB of target
+    names = [f"{i:02d}" + "\U0001F600" * (MAX_CHANNEL_NAME - 2) for i in range(64)]
+    node.publish(names[63], "found")
+    path = "/subscribe?timeout=0&channels=" + ",".join(quote(n, safe="") for n in names)
+    assert len(path) > 150_000
+    conn = node.connect()
+    for i in range(0, len(path), 16384):  # as it would come off the network
+        conn.protocol.dataReceived(b"GET " + path[:16384].encode() if i == 0
+                                   else path[i:i + 16384].encode())
+    conn.send(b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert [m["data"] for m in conn.response.json["messages"]] == ["found"]
+
+
+def test_headers_past_the_cap_are_431(node, check_error):
+    for extra in ("X-Big: " + "a" * (MAX_HEADER_BYTES + 1) + "\r\n",
+                  "".join(f"X-H{i}: v\r\n" for i in range(101))):
+        conn = node.connect()
+        conn.send(raw_get("/health", extra))
+        check_error(conn.response, 431, "too_large")
+        assert conn.lost
+
+
+def test_a_header_trickling_past_the_cap_is_431_before_it_ends(node, check_error):
+    conn = node.connect()
+    conn.send(b"GET /health HTTP/1.1\r\nX-Big: ")
+    for _ in range(MAX_HEADER_BYTES // 4096 + 1):
+        conn.send(b"a" * 4096)
+    check_error(conn.response, 431, "too_large")
+    assert conn.lost
+
+
+def test_unsigned_peer_request_is_refused_before_its_body(make_node, check_error):
+    node = make_node(cluster_secret="s3cret")
+    conn = node.connect()
+    conn.send(b"POST /peer/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 15728640\r\n\r\n")
+    check_error(conn.response, 401, "unauthorized")
+    assert conn.lost
+
+
+def test_oversized_body_is_dropped_unread_past_the_discard_cap(make_node, check_error):
+    node = make_node(max_body_bytes=100)
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+              % (DISCARD_CAP * 2))
+    for _ in range(DISCARD_CAP // 65536 + 1):
+        if conn.lost:
+            break
+        conn.send(b"x" * 65536)
+    check_error(conn.response, 413, "too_large")
+    assert conn.lost
+
+
+def test_an_upgrade_request_is_answered_then_closed(node):
+    conn = node.connect()
+    conn.send(raw_get("/health", "Connection: Upgrade\r\nUpgrade: websocket\r\n") + b"\x81\x05")
+    assert conn.response.status == 200
+    assert conn.lost
+
+
+# -- timeouts --------------------------------------------------------------------
+
+
+def test_a_head_not_complete_in_time_is_408_and_closed(make_node, check_error):
+    node = make_node(header_timeout=5)
+    conn = node.connect()
+    conn.send(b"GET /health HTTP/1.1\r\n")
+    for _ in range(9):  # a byte a second does not keep it alive
+        node.clock.advance(1)
+        if conn.lost:
+            break
+        conn.send(b"X")
+    check_error(conn.response, 408, "request_timeout")
+    assert conn.lost
+
+
+def test_a_stalled_body_is_408_after_the_keepalive_time(make_node, check_error):
+    node = make_node(keepalive_timeout=20)
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    node.clock.advance(19)
+    assert conn.response is None and not conn.lost
+    node.clock.advance(1)
+    check_error(conn.response, 408, "request_timeout")
+    assert conn.transport.disconnecting
+
+
+def test_an_idle_keepalive_connection_is_closed(make_node):
+    node = make_node(keepalive_timeout=30)
+    conn = node.connect()
+    conn.send(raw_get("/health"))
+    node.clock.advance(29)
+    assert not conn.lost
+    conn.send(raw_get("/health"))  # activity restarts the wait
+    node.clock.advance(29)
+    assert not conn.lost
+    node.clock.advance(1)
+    conn._settle()
+    assert conn.lost
+    assert len(conn.responses()) == 2
+
+
+def test_a_held_poll_is_not_closed_as_idle(make_node):
+    node = make_node(keepalive_timeout=5)
+    conn = node.subscribe("a", timeout=60)
+    node.clock.advance(30)
+    assert not conn.lost
+    node.publish("a", 1)
+    node.turn()
+    assert conn.response.status == 200
+
+
+def test_a_client_that_reads_nothing_is_cut_off(make_node):
+    node = make_node(send_timeout=10)
+    conn = node.subscribe("a", timeout=60)
+    conn.protocol.pauseProducing()  # what the transport says when its buffer is full
+    node.clock.advance(9)
+    assert not conn.transport.disconnecting
+    node.clock.advance(1)
+    assert conn.transport.disconnecting  # aborted
+    conn.close()  # the abort completes
+    assert node.stats()["waiting"] == 0
+
+
+def test_no_request_is_answered_while_the_client_reads_nothing(node):
+    conn = node.connect()
+    conn.protocol.pauseProducing()
+    conn.send(raw_get("/health"))
+    assert conn.responses() == []
+    conn.protocol.resumeProducing()
+    assert len(conn.responses()) == 1
+
+
+def test_one_subscribe_answer_is_cut_at_max_response_bytes(make_node):
+    node = make_node(max_response_bytes=3000)
+    for i in range(10):
+        node.publish("big", "x" * 1000 + str(i))
+    first = node.subscribe("big", timeout=0).response.json
+    assert len(first["messages"]) == 2
+    second = node.subscribe("big", timeout=0, since=first["cursor"]).response.json
+    assert [m["data"][-1] for m in second["messages"]] == ["2", "3"]
+
+
+def test_a_message_larger_than_max_response_bytes_still_goes_out_alone(make_node):
+    node = make_node(max_response_bytes=100, max_message_bytes=5000)
+    node.publish("big", "y" * 4000)
+    node.publish("big", "z")
+    answer = node.subscribe("big", timeout=0).response.json
+    assert [len(m["data"]) for m in answer["messages"]] == [4000]
+
+
+# -- refusals past the limit -----------------------------------------------------
+
+
+def test_every_connection_past_the_limit_gets_503(make_node, check_error):
+    node = make_node(max_connections=2)
+    kept = [node.subscribe("a", timeout=60) for _ in range(2)]
+    refused = [node.connect() for _ in range(200)]
+    for conn in refused:
+        check_error(conn.response, 503, "overloaded")
+    assert all(c.transport.disconnecting for c in refused)
+    assert not any(c.transport.disconnecting for c in kept)
+
+
+# -- any split of the bytes parses the same ----------------------------------------
+
+
+class Recorder:
+    """An app that records each request and answers 200 at once."""
+
+    def __init__(self) -> None:
+        self.seen: list[Request] = []
+
+    def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int:
+        return 1 << 20
+
+    def too_large(self, path: bytes) -> Exception:
+        raise AssertionError("not expected")
+
+    def handle(self, request: Request, client: object) -> Response | Held:
+        self.seen.append(request)
+        return Response(200, b"{}")
+
+    def gone(self, token: object) -> None:
+        pass
+
+
+REQUESTS = [
+    raw_get("/subscribe?channels=a,b&since=c1.abc&timeout=50", "User-Agent: t\r\nAccept: */*\r\n"),
+    raw_publish("tag:c++", {"k": [1, 2, "é"]}),
+    b"POST /channels HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\n{\"ttl\r\n5\r\n\": 5}\r\n0\r\n\r\n",
+    b"DELETE /channels/a%20b HTTP/1.1\r\nHost: x\r\nX-Twice: 1\r\nX-Twice: 2\r\n\r\n",
+]
+
+
+def _parse_in_chunks(raw: bytes, cuts: list[int]) -> list[Request]:
+    from twisted.internet.task import Clock
+
+    from conftest import _Transport
+
+    app = Recorder()
+    clock = Clock()
+    front = Front(app, Writer(), Counters(), clock, limit=10, max_target=1 << 20,  # type: ignore
+                  header_timeout=10, keepalive_timeout=60, send_timeout=30)
+    protocol = front.buildProtocol(None)
+    protocol.makeConnection(_Transport())
+    start = 0
+    for cut in sorted(set(cuts)) + [len(raw)]:
+        if start < cut:
+            protocol.dataReceived(raw[start:cut])
+            start = cut
+    assert len(parse_responses(protocol.transport.value())[0]) == len(app.seen)
+    return app.seen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=sum(map(len, REQUESTS))), max_size=30))
+def test_any_split_of_the_bytes_parses_to_the_same_requests(cuts):
+    raw = b"".join(REQUESTS)
+    whole = _parse_in_chunks(raw, [])
+    assert len(whole) == len(REQUESTS)
+    assert _parse_in_chunks(raw, cuts) == whole
+    assert whole[2].body == b'{"ttl": 5}'
+    assert whole[3].headers[b"x-twice"] == b"1, 2"
