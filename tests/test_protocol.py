@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
+from conftest import parse_responses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import parse_responses
-from pushup.config import Config
 from pushup.exchange import Held, Request, Response, Writer
 from pushup.metrics import Counters
 from pushup.model import MAX_CHANNEL_NAME
@@ -365,9 +364,8 @@ REQUESTS = [
 
 
 def _parse_in_chunks(raw: bytes, cuts: list[int]) -> list[Request]:
-    from twisted.internet.task import Clock
-
     from conftest import _Transport
+    from twisted.internet.task import Clock
 
     app = Recorder()
     clock = Clock()
