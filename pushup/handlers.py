@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, Protocol
 
 from pushup import errors
@@ -55,6 +56,10 @@ class Handlers:
         self.cluster = cluster
         self._stats = stats
         self._metrics = metrics
+        # A fan-out's clients all re-poll with the same query string (same
+        # channels, same new cursor): parse each distinct one once.
+        self._subscribe_query = lru_cache(maxsize=4096)(
+            lambda raw: subscribe_query(query_args(raw), config))
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
             (b"subscribe",): {b"GET": self.subscribe},
@@ -193,7 +198,7 @@ class Handlers:
     def subscribe(self, request: Request, _: tuple[str, ...], client: Subscriber,
                   ) -> Response | Held:
         self._ready()
-        query, timeout = subscribe_query(query_args(request.query), self.config)
+        query, timeout = self._subscribe_query(request.query)
         outcome = self.service.subscribe(query, timeout, client)
         if isinstance(outcome, bytes):
             return Response(200, outcome)

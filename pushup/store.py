@@ -1,8 +1,8 @@
 """The message cache: channels, their messages in order, retention and gaps.
 
-Each channel keeps one sorted run per origin (``SortedKeyList`` keyed by
-sequence number; an origin's timestamps strictly increase with its sequence,
-so a run is also in timestamp order). A query merges the runs of its
+Each channel keeps one run per origin (a ``Run``, in sequence order; an
+origin's timestamps strictly increase with its sequence, so a run is also in
+timestamp order). A query merges the runs of its
 channels by ``(timestamp, id)``, returns each message once, and computes the
 cursor that comes after it. A global index ordered by ``(timestamp, id)``
 drives retention: message ttl and the total-bytes cap evict oldest first.
@@ -23,8 +23,8 @@ from sortedcontainers import SortedKeyList
 from pushup.cursor import Cursor
 from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
 from pushup.model import Draft, Message, Origin, Query, check_channel_name
+from pushup.run import Run
 
-_by_seq = attrgetter("seq")
 _by_time = attrgetter("sort_key")
 
 
@@ -66,7 +66,7 @@ class Channel:
         self.ttl = ttl
         self.expires_at = now + ttl
         self.queued_at = -1  # the deadline this channel has in the expiry heap
-        self.runs: dict[str, SortedKeyList] = {}
+        self.runs: dict[str, Run] = {}
         self.count = 0
         # Highest evicted sequence per origin, and highest evicted timestamp:
         # what a client must have read past to have no gap.
@@ -99,7 +99,7 @@ class Store:
         self.horizon: dict[str, int] = {origin.name: 0}
         self.bytes = 0
         self._by_time = SortedKeyList(key=_by_time)
-        self._by_origin: dict[str, SortedKeyList] = {}  # origin -> its cached messages
+        self._by_origin: dict[str, Run] = {}  # origin -> its cached messages
         # Per origin, the last (seq, ts) of history this node will never have:
         # evicted everywhere before it could be fetched. Any reader behind it
         # is told of a gap, whatever its channels (we do not know theirs).
@@ -245,7 +245,7 @@ class Store:
             channel = self._channel(name, now)
             run = channel.runs.get(m.origin)
             if run is None:
-                run = channel.runs[m.origin] = SortedKeyList(key=_by_seq)
+                run = channel.runs[m.origin] = Run()
             run.add(m)
             channel.count += 1
             if renew:
@@ -254,7 +254,7 @@ class Store:
         self._by_time.add(m)
         mine = self._by_origin.get(m.origin)
         if mine is None:
-            mine = self._by_origin[m.origin] = SortedKeyList(key=_by_seq)
+            mine = self._by_origin[m.origin] = Run()
         mine.add(m)
         self.bytes += m.size
         for name in m.channels:
@@ -351,7 +351,7 @@ class Store:
 
     def _drop_from(self, channel: Channel, m: Message) -> None:
         run = channel.runs[m.origin]
-        _remove(run, m)
+        run.remove(m)
         if not run:
             del channel.runs[m.origin]
         channel.count -= 1
@@ -370,7 +370,7 @@ class Store:
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
             _remove(self._by_time, m)
-            _remove(self._by_origin[m.origin], m)
+            self._by_origin[m.origin].remove(m)
             self.bytes -= m.size
 
 
@@ -401,7 +401,7 @@ def _advance(heap: list[_Head], k: int, stream: Iterator[Message]) -> None:
         heapq.heapreplace(heap, (nxt.ts, nxt.id, k, nxt, stream))
 
 
-def _first_after(run: SortedKeyList, ts: int) -> int:
+def _first_after(run: Run, ts: int) -> int:
     """Index of the first message in ``run`` with a timestamp after ``ts``."""
     lo, hi = 0, len(run)
     if hi and run[0].ts > ts:
