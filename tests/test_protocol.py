@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
-from conftest import parse_responses
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 
 from pushup.exchange import Held, Request, Response, Writer
 from pushup.metrics import Counters
@@ -364,21 +365,18 @@ REQUESTS = [
 
 
 def _parse_in_chunks(raw: bytes, cuts: list[int]) -> list[Request]:
-    from conftest import _Transport
-    from twisted.internet.task import Clock
-
     app = Recorder()
     clock = Clock()
     front = Front(app, Writer(), Counters(), clock, limit=10, max_target=1 << 20,  # type: ignore
                   header_timeout=10, keepalive_timeout=60, send_timeout=30)
     protocol = front.buildProtocol(None)
-    protocol.makeConnection(_Transport())
+    protocol.makeConnection(StringTransport())
     start = 0
     for cut in sorted(set(cuts)) + [len(raw)]:
         if start < cut:
             protocol.dataReceived(raw[start:cut])
             start = cut
-    assert len(parse_responses(protocol.transport.value())[0]) == len(app.seen)
+    assert protocol.transport.value().count(b"HTTP/1.1 200 OK\r\n") == len(app.seen)
     return app.seen
 
 
