@@ -71,7 +71,7 @@ def assert_error(resp: Response, status: int, code: str | tuple | None = None) -
     body = resp.json
     assert set(body) == {"error"}, body
     err = body["error"]
-    assert isinstance(err, dict) and set(err) >= {"code", "message"}, body
+    assert isinstance(err, dict) and set(err) == {"code", "message"}, body
     assert isinstance(err["code"], str) and re.fullmatch(r"[a-z][a-z0-9_]*", err["code"]), body
     assert isinstance(err["message"], str) and err["message"].strip(), body
     if code is not None:
