@@ -172,6 +172,20 @@ class Node:
         assert isinstance(body.get("closed"), list), body
         return body
 
+    def subscribe_guarded(self, channels, expect: str, timeout=60, guard: float = 30.0,
+                          **kw) -> dict:
+        """A subscribe that must be answered long before its `timeout` (cached messages, a
+        gap, a capped timeout). `guard` is only a hang guard, not a timing assertion: it
+        is far below `timeout`, so any answer at all shows the poll was not held to its
+        timeout; no answer fails with `expect` (what the node should have done)."""
+        held = 50.0 if timeout is None else float(timeout)  # None: the default timeout, 50 s
+        assert guard * 2 <= held, "the guard must be well below the poll's timeout"
+        try:
+            return self.subscribe(channels, timeout=timeout, http_timeout=guard, **kw)
+        except TimeoutError:
+            raise AssertionError(f"hang guard: no answer within {guard:g} s to a poll with "
+                                 f"timeout={timeout}; expected: {expect}") from None
+
     def subscribe_async(self, channels, **kw) -> Pending:
         return Pending(lambda: self.subscribe_raw(channels, **kw))
 
