@@ -40,22 +40,22 @@ def test_readme_curl_walkthrough_runs_as_pasted(start_node):
     assert len(cursors) == 1 and cursors[0].startswith("c1."), lines  # echo "$CURSOR"
     out = [json.loads(line) for line in lines if line.startswith("{")]
     assert not [o for o in out if "error" in o], out
-    receipts = [o for o in out if "id" in o]
-    answers = [o for o in out if "messages" in o]
-    assert len(receipts) == 2 and len(answers) == 3, out
-    first, new = sorted(receipts, key=lambda o: o["timestamp"])
-    assert first["channels"] == ["author:John", "tag:c++"] and new["channels"] == ["tag:c++"]
+    # in order: the publish's receipt, the subscribe to both, the held poll, the pull
+    assert len(out) == 4, out
+    receipt, both, held, pull = out
+    assert set(receipt) == {"id", "timestamp", "channels"}, receipt
+    assert receipt["channels"] == ["author:John", "tag:c++"]
 
     def data(answer):
         return [(m["id"], m["data"]) for m in answer["messages"]]
 
-    templates = (first["id"], {"title": "Templates"})
-    # the subscribe to both channels, the held poll, the pull (in output order, except
-    # that the held poll and the publish that answers it may print either way round)
-    both, held, pull = answers
+    templates = (receipt["id"], {"title": "Templates"})
     assert data(both) == [templates]
     assert both["messages"][0]["channels"] == ["author:John", "tag:c++"]
-    # the held poll, given the cursor after "Templates", returned the new message only
-    assert data(held) == [(new["id"], "new!")], held
+    # the pull sees both messages; the held poll, given the cursor after "Templates",
+    # returned the new message and nothing else
+    assert [d for _, d in data(pull)] == [{"title": "Templates"}, "new!"], pull
+    new = data(pull)[1]
+    assert new[0] != receipt["id"]
+    assert data(held) == [new] and held["messages"][0]["channels"] == ["tag:c++"], held
     assert held["cursor"] != cursors[0] and not held.get("gap", False)
-    assert data(pull) == [templates, (new["id"], "new!")], pull
