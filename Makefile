@@ -49,10 +49,13 @@ bench: setup bench-packages
 	$(PY) -m loadtest.bench
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,
-# report.md and figures in loadtest/results/$(PROFILE)/. Needs root for NT.
+# report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or
+# with RESULTS=1 in loadtest/results/$(PROFILE)/, the committed results. Needs
+# root for NT.
 PROFILE ?= quick
+RESULTS ?=
 loadtest: setup
-	$(PY) -m loadtest.run --profile $(PROFILE)
+	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest

@@ -1,6 +1,7 @@
 """Tables and figures from a results.jsonl written by loadtest.run.
 
-    python -m loadtest.report DIR      # writes DIR/report.md and DIR/fig*.png
+    python -m loadtest.report [DIR]    # writes DIR/report.md and DIR/fig*.png
+                                       # (default loadtest/out/quick, the scratch run)
 
 Tables are shaped like the paper's Table 1 (NT) and Table 2 (MPT), each cell
 "ours (paper)"; figures follow Figures 7-13, each with a lower panel showing
@@ -345,4 +346,4 @@ def write_report(out: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "loadtest/results/quick")))
+    print(write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "loadtest/out/quick")))

@@ -1,6 +1,6 @@
 """Rerun the paper's evaluation (section 4) against PushUp with real Locust.
 
-    python -m loadtest.run --profile quick|paper|scale [--nodes 1,2,4] [--out DIR]
+    python -m loadtest.run --profile quick|paper|scale [--nodes 1,2,4] [--out DIR | --results]
                            [--modes cp,mlp,elp] [--cc 10,100,1000]
                            [--intervals 10,20,30,40,50] [--conns 500,...,16000]
                            [--repeat R] [--timeout 50]
@@ -30,9 +30,12 @@ apart (``rmp_published_pct`` divides by the messages the server accepted);
 SMU and server CPU by sampling the server processes once a second; the load
 generator's CPU (every Locust process) beside every point.
 
-Output in DIR (default loadtest/results/<profile>): results.jsonl (one line
-per point), raw/ (Locust CSVs and logs), report.md and PNG figures (written by
-loadtest.report).
+Output in DIR: results.jsonl (one line per point), raw/ (Locust CSVs and
+logs), report.md and PNG figures (written by loadtest.report). DIR is
+``--out DIR`` if given; else the scratch folder loadtest/out/<profile>
+(git-ignored); with ``--results``, loadtest/results/<profile>, the committed
+results (``make loadtest RESULTS=1``). A run never replaces the committed
+results unless asked to.
 """
 
 from __future__ import annotations
@@ -605,12 +608,27 @@ def _list(kind: type) -> Any:
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+SCRATCH = Path("loadtest") / "out"  # git-ignored; the default
+RESULTS = Path("loadtest") / "results"  # committed; only with --results
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where a run writes: --out, else --results' committed folder, else scratch."""
+    if args.out is not None:
+        return Path(args.out)
+    return ROOT / (RESULTS if args.results else SCRATCH) / args.profile
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     parser.add_argument("--nodes", type=_list(int), default=None,
                         help="node counts for the scale points (e.g. 1,2,4); N>1 = HAProxy")
-    parser.add_argument("--out", type=Path, default=None)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None,
+                       help="output folder (default: loadtest/out/<profile>, git-ignored)")
+    where.add_argument("--results", action="store_true",
+                       help="write the committed results, loadtest/results/<profile>")
     parser.add_argument("--modes", type=_list(str), default=None)
     parser.add_argument("--cc", type=_list(int), default=None, help="grid subscriber counts")
     parser.add_argument("--intervals", type=_list(float), default=None,
@@ -623,17 +641,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append", action="store_true",
                         help="add to an existing results.jsonl instead of replacing it")
     parser.add_argument("--no-report", action="store_true")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    out = args.out or ROOT / "loadtest" / "results" / args.profile
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "results.jsonl"
-    if not args.append and results.exists():
-        results.unlink()
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     points = plan(args)
     if not points:
         print("nothing to run", file=sys.stderr)
         return 2
+    out = output_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    if not args.append and results.exists():
+        results.unlink()
     raise_nofile()
     if available():
         print(f"warning: no NT figures: {available()}", file=sys.stderr)

@@ -71,7 +71,7 @@ def assert_error(resp: Response, status: int, code: str | tuple | None = None) -
     body = resp.json
     assert set(body) == {"error"}, body
     err = body["error"]
-    assert isinstance(err, dict) and set(err) >= {"code", "message"}, body
+    assert isinstance(err, dict) and set(err) == {"code", "message"}, body
     assert isinstance(err["code"], str) and re.fullmatch(r"[a-z][a-z0-9_]*", err["code"]), body
     assert isinstance(err["message"], str) and err["message"].strip(), body
     if code is not None:
@@ -171,6 +171,20 @@ class Node:
         assert isinstance(body.get("cursor"), str) and body["cursor"], body
         assert isinstance(body.get("closed"), list), body
         return body
+
+    def subscribe_guarded(self, channels, expect: str, timeout=60, guard: float = 30.0,
+                          **kw) -> dict:
+        """A subscribe that must be answered long before its `timeout` (cached messages, a
+        gap, a capped timeout). `guard` is only a hang guard, not a timing assertion: it
+        is far below `timeout`, so any answer at all shows the poll was not held to its
+        timeout; no answer fails with `expect` (what the node should have done)."""
+        held = 50.0 if timeout is None else float(timeout)  # None: the default timeout, 50 s
+        assert guard * 2 <= held, "the guard must be well below the poll's timeout"
+        try:
+            return self.subscribe(channels, timeout=timeout, http_timeout=guard, **kw)
+        except TimeoutError:
+            raise AssertionError(f"hang guard: no answer within {guard:g} s to a poll with "
+                                 f"timeout={timeout}; expected: {expect}") from None
 
     def subscribe_async(self, channels, **kw) -> Pending:
         return Pending(lambda: self.subscribe_raw(channels, **kw))

@@ -7,21 +7,32 @@ import pytest
 from pushup_e2e import assert_error, assert_json_ok, q, uniq, wait_until
 
 
-def near(t: float, expected: float, slack: float = 30.0) -> bool:
-    return abs(t - expected) <= slack
+class Stamp:
+    """Wall-clock bounds around a request: the node (same clock) stamped it in between."""
+
+    def __enter__(self):
+        self.before = time.time()
+        return self
+
+    def __exit__(self, *exc):
+        self.after = time.time()
+
+    def plus(self, t: float, ttl: float) -> bool:
+        """`t` is the node's now + ttl while serving the request (µs rounding allowed)."""
+        return self.before + ttl - 1e-6 <= t <= self.after + ttl + 1e-6
 
 
 def test_create_named_channel(node):
     name = uniq("named")
-    before = time.time()
-    body = assert_json_ok(node.post("/channels", {"name": name, "ttl": 3600}), 201)
+    with Stamp() as created:
+        body = assert_json_ok(node.post("/channels", {"name": name, "ttl": 3600}), 201)
     assert body["channel"] == name
     assert isinstance(body["expires_at"], float | int)
-    assert near(body["expires_at"], before + 3600)
+    assert created.plus(body["expires_at"], 3600), (created.__dict__, body)
     info = assert_json_ok(node.channel_info(name))
     assert info["channel"] == name
     assert info["messages"] == 0 and info["subscribers"] == 0
-    assert near(info["expires_at"], before + 3600)
+    assert info["expires_at"] == body["expires_at"]
 
 
 def test_create_without_name_generates_unique_usable_names(node):
@@ -39,9 +50,9 @@ def test_create_without_name_generates_unique_usable_names(node):
 
 
 def test_create_with_default_ttl(node):
-    before = time.time()
-    body = assert_json_ok(node.post("/channels", {}), 201)
-    assert near(body["expires_at"], before + 3600)  # default --channel-ttl 3600
+    with Stamp() as created:
+        body = assert_json_ok(node.post("/channels", {}), 201)
+    assert created.plus(body["expires_at"], 3600), body  # default --channel-ttl 3600
 
 
 def test_create_taken_name_is_409(node):
@@ -81,15 +92,15 @@ def test_create_bad_json_is_400(node):
 def test_renew(node):
     name = uniq("renew")
     assert_json_ok(node.post("/channels", {"name": name, "ttl": 100}), 201)
-    before = time.time()
-    body = assert_json_ok(node.post(f"/channels/{q(name)}/renew", {"ttl": 5000}))
-    assert body["channel"] == name and near(body["expires_at"], before + 5000)
+    with Stamp() as renewed:
+        body = assert_json_ok(node.post(f"/channels/{q(name)}/renew", {"ttl": 5000}))
+    assert body["channel"] == name and renewed.plus(body["expires_at"], 5000), body
     info = assert_json_ok(node.channel_info(name))
-    assert near(info["expires_at"], before + 5000)
-    # body optional: renews (with the channel's ttl or the default one)
-    body = assert_json_ok(node.post(f"/channels/{q(name)}/renew", raw_body=b""))
-    now = time.time()
-    assert near(body["expires_at"], now + 5000, 10) or near(body["expires_at"], now + 3600, 10)
+    assert info["expires_at"] == body["expires_at"]
+    # body optional: renews with the channel's own ttl, now 5000 (not the default 3600)
+    with Stamp() as again:
+        body = assert_json_ok(node.post(f"/channels/{q(name)}/renew", raw_body=b""))
+    assert again.plus(body["expires_at"], 5000), (again.__dict__, body)
 
 
 def test_renew_unknown_is_404(node):
@@ -207,15 +218,16 @@ def test_channel_ttl_expiry_removes_channel_and_messages(start_node):
 
 def test_channel_with_waiting_subscriber_does_not_expire(start_node):
     n = start_node("--channel-ttl", "0.5")
-    name = uniq("cttlw")
-    cur = n.subscribe([name])["cursor"]
-    p = n.subscribe_async([name], since=cur, timeout=3)
+    name, control = uniq("cttlw"), uniq("control")
+    cur = n.subscribe([name])["cursor"]  # creates `name`: expires 0.5 s from now
+    p = n.subscribe_async([name], since=cur, timeout=60)
     n.wait_subscribers(name, 1)
-    deadline = time.monotonic() + 1.5  # three ttls while it is held
-    while time.monotonic() < deadline:
-        r = n.channel_info(name)
-        assert r.status == 200, r
-        time.sleep(0.1)
+    # `control` is created after `name`, so it expires after it: once the node has
+    # removed `control`, `name` is past its own ttl too, and only the held poll keeps it.
+    n.publish([control], "idle")
+    wait_until(lambda: n.channel_info(control).status == 404, 15, msg="control channel expiry")
+    info = assert_json_ok(n.channel_info(name))
+    assert info["subscribers"] == 1 and not p.done()
     pub = n.publish([name], "still here")
     body = assert_json_ok(p.result(10))
     assert [m["id"] for m in body["messages"]] == [pub["id"]]
@@ -231,11 +243,19 @@ def test_explicit_ttl_and_renew(start_node):
     assert n.channel_info(renewed).status == 200
 
 
-def test_publish_keeps_channel_alive(start_node):
-    n = start_node("--channel-ttl", "1")
+def test_publish_moves_channel_expiry(start_node):
+    """A publish renews its channels to now + ttl. (That the expiry timer then honours
+    the new time is pinned on a clock in tests/test_service.py
+    test_publish_extends_a_channels_life; test_channel_ttl_expiry_removes_channel_and_messages
+    above runs the real timer.)"""
+    n = start_node("--channel-ttl", "1000")
     name = uniq("alive")
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        n.publish([name], "tick")
-        assert n.channel_info(name).status == 200
-        time.sleep(0.25)
+    with Stamp() as first:
+        n.publish([name], "one")
+    e1 = assert_json_ok(n.channel_info(name))["expires_at"]
+    assert first.plus(e1, 1000), (first.__dict__, e1)
+    with Stamp() as second:
+        n.publish([name], "two")
+    info = assert_json_ok(n.channel_info(name))
+    assert second.plus(info["expires_at"], 1000) and info["expires_at"] > e1, (e1, info)
+    assert info["messages"] == 2

@@ -14,9 +14,7 @@ def ids(body):
 def test_cached_messages_answered_at_once(node):
     ch = uniq("cached")
     pub = node.publish([ch], "hello")
-    t0 = time.monotonic()
-    body = node.subscribe([ch], timeout=60, http_timeout=10)  # default since=0
-    assert time.monotonic() - t0 < 10
+    body = node.subscribe_guarded([ch], "cached messages answered at once")  # since=0
     assert ids(body) == [pub["id"]]
     m = body["messages"][0]
     assert set(m) >= {"id", "timestamp", "channels", "data"}
@@ -61,10 +59,8 @@ def test_timeout_returns_empty_and_cursor_still_works(node):
 
 def test_timeout_zero_answers_at_once(node):
     ch = uniq("t0")
-    t0 = time.monotonic()
-    body = node.subscribe([ch], timeout=0, http_timeout=10)
-    assert time.monotonic() - t0 < 10
-    assert body["messages"] == []
+    body = node.subscribe([ch], timeout=0)  # the answer itself is the event
+    assert body["messages"] == [] and body.get("gap", False) is False
 
 
 def test_fractional_timeout_accepted(node):
@@ -115,9 +111,9 @@ def test_max_limit_and_max_timeout_flags(start_node):
     assert [m["data"] for m in body["messages"]] == [0, 1, 2, 3]
     body = n.subscribe([ch], since="0")  # default 100, capped to 4 as well
     assert len(body["messages"]) == 4
-    t0 = time.monotonic()
-    body = n.subscribe([uniq("empty")], timeout=1000, http_timeout=10)
-    assert body["messages"] == [] and time.monotonic() - t0 < 10
+    body = n.subscribe_guarded([uniq("empty")], "timeout=1000 capped to --max-timeout 1",
+                               timeout=1000)
+    assert body["messages"] == []
 
 
 def test_since_time_is_strictly_greater(node):
@@ -159,9 +155,9 @@ def test_until(node):
 
 def test_until_in_past_answers_at_once(node):
     ch = uniq("untilpast")
-    t0 = time.monotonic()
-    body = node.subscribe([ch], until=repr(time.time() - 10), timeout=60, http_timeout=10)
-    assert body["messages"] == [] and time.monotonic() - t0 < 10
+    body = node.subscribe_guarded([ch], "an until in the past answered at once",
+                                  until=repr(time.time() - 10))
+    assert body["messages"] == []
 
 
 def test_held_poll_with_until_in_future_is_answered_by_publish(node):
@@ -283,9 +279,9 @@ def test_default_timeout_holds(node):
 
 def test_default_timeout_is_capped_by_max_timeout(start_node):
     n = start_node("--max-timeout", "0.5")
-    t0 = time.monotonic()
-    body = n.subscribe([uniq()], timeout=None, http_timeout=10)
-    assert body["messages"] == [] and time.monotonic() - t0 < 10
+    body = n.subscribe_guarded([uniq()], "the default 50 s capped to --max-timeout 0.5",
+                               timeout=None, guard=20)
+    assert body["messages"] == []
 
 
 def test_default_max_limit_is_1000(node):

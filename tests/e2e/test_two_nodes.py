@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from pushup_e2e import assert_json_ok, free_port, spawn, stop, uniq, wait_until
+from pushup_e2e import assert_error, assert_json_ok, free_port, spawn, stop, uniq, wait_until
 
 
 class Cluster:
@@ -115,13 +115,16 @@ def test_peer_with_wrong_secret_is_refused():
     c = Cluster(secrets=("right", "wrong"))
     try:
         ch = uniq("sec")
-        pub = c.a.publish([ch], "secret stuff")
-        body = c.b.subscribe([ch], since="0", timeout=3)
-        assert body["messages"] == []
-        assert all(m["id"] != pub["id"] for m in body["messages"])
-        r = c.b.channel_info(ch)
-        assert r.status == 404 or r.json["messages"] == 0
+        c.a.publish([ch], "secret stuff")
+        # a's link keeps offering b everything it holds; wait until b has refused two
+        # more of its requests: the second was built after the first was refused,
+        # so after the publish, and carried the message.
+        refused = c.b.stats()["peer_refused"]
+        wait_until(lambda: c.b.stats()["peer_refused"] >= refused + 2, 20, interval=0.05,
+                   msg="b refusing two more of a's peer requests")
+        assert_error(c.b.channel_info(ch), 404, "no_such_channel")  # b never heard of it
         assert c.b.stats()["messages"] == 0
+        assert c.b.subscribe([ch], since="0", timeout=0)["messages"] == []
         # neither side ever sees the other as up
         assert c.a.stats()["peers"][0]["state"] != "up"
         assert c.b.stats()["peers"][0]["state"] != "up"

@@ -47,6 +47,20 @@ def sub(base: str, channels: str, since: str = "0", timeout: float = 0) -> dict[
     return body
 
 
+def waiting(base: str) -> int:
+    status, body = call(f"{base}/stats")
+    assert status == 200, body
+    return int(body["waiting"])
+
+
+def wait_waiting(base: str, n: int, timeout: float = 10) -> None:
+    """Poll /stats until `waiting` is `n`; fail loudly at the deadline."""
+    deadline = time.monotonic() + timeout
+    while (last := waiting(base)) != n:
+        assert time.monotonic() < deadline, f"/stats waiting never reached {n} (last {last})"
+        time.sleep(0.01)
+
+
 def test_publish_then_subscribe(base: str) -> None:
     status, receipt = call(f"{base}/publish", {"channels": ["a", "b"], "data": {"n": 1}})
     assert status == 201
@@ -70,24 +84,47 @@ def test_held_poll_is_answered_by_a_publish(base: str) -> None:
     got: dict[str, Any] = {}
 
     def poll() -> None:
-        started = time.monotonic()
-        got["body"] = sub(base, "held", cursor, timeout=20)
-        got["took"] = time.monotonic() - started
+        try:
+            got["body"] = sub(base, "held", cursor, timeout=60)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got["error"] = e
 
-    t = threading.Thread(target=poll)
+    t = threading.Thread(target=poll, daemon=True)
     t.start()
-    time.sleep(0.5)
-    call(f"{base}/publish", {"channels": ["held"], "data": "hello"})
-    t.join(10)
+    wait_waiting(base, 1)  # the poll is held
+    assert "body" not in got and "error" not in got, got
+    status, _ = call(f"{base}/publish", {"channels": ["held"], "data": "hello"})
+    assert status == 201
+    t.join(30)
+    assert not t.is_alive(), "hang guard: the held poll (timeout 60 s) was not answered " \
+                             "within 30 s of the publish"
+    assert "error" not in got, got
     assert [m["data"] for m in got["body"]["messages"]] == ["hello"]
-    assert 0.4 < got["took"] < 3
+    assert waiting(base) == 0
 
 
 def test_held_poll_times_out_with_a_working_cursor(base: str) -> None:
-    started = time.monotonic()
-    body = sub(base, "quiet", timeout=0.6)
-    took = time.monotonic() - started
-    assert body["messages"] == [] and 0.5 < took < 3
+    got: dict[str, Any] = {}
+
+    def poll() -> None:
+        try:
+            started = time.monotonic()
+            got["body"] = sub(base, "quiet", timeout=1)
+            got["held"] = time.monotonic() - started
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got["error"] = e
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "hang guard: a poll with timeout=1 not answered within 30 s"
+    assert "error" not in got, got
+    body = got["body"]
+    # Held for its whole timeout: a lower bound only (the server waits on a monotonic
+    # deadline), which a busy machine can only make longer, never break.
+    assert got["held"] >= 1, got
+    # A timeout answer: nothing, no gap, a cursor that works.
+    assert body["messages"] == [] and not body.get("gap", False) and body["closed"] == []
     call(f"{base}/publish", {"channels": ["quiet"], "data": 7})
     assert [m["data"] for m in sub(base, "quiet", body["cursor"])["messages"]] == [7]
 
