@@ -26,6 +26,7 @@ from pushup.service import Service
 
 log = Logger()
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
+PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
 
 
 class CatchingUp(errors.Unavailable):
@@ -157,7 +158,7 @@ class Cluster:
             yield task.deferLater(self.clock, 0.5, lambda: None)
 
     @defer.inlineCallbacks
-    def stop(self, grace: float = 3.0) -> Any:
+    def stop(self, grace: float = PEER_FLUSH) -> Any:
         """Let the links hand peers what we accepted (up to ``grace`` s), then stop."""
         deadline = self.clock.seconds() + grace
         for link in self.links:

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 from pushup import errors
-from pushup.cluster import Cluster
+from pushup.cluster import PEER_FLUSH, Cluster
 from pushup.config import Config
 from pushup.metrics import Counters, prometheus_text, registry_for, rss_bytes
 from pushup.model import Origin
@@ -34,7 +34,7 @@ from pushup.web import PushUpSite, Web, canned_response
 log = Logger()
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 REFUSING_AT_ONCE = 64  # refusals answered politely at a time; past that, hang up
-DRAIN_GRACE = 5.0  # seconds to let answered clients read their responses
+DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
 
 
 class _Counted(ProtocolWrapper):
@@ -208,16 +208,29 @@ class Node:
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
-        """Drain: refuse new work, answer every held subscriber, close, done."""
-        log.info("draining: answering {n} waiting subscribers", n=len(self.service.hub))
+        """Drain, all within ``DRAIN_LIMIT`` seconds, in this order.
+
+        The public port closes at once (a load balancer's next connection goes
+        to another node); every held subscriber is answered; peers get what
+        they lack for at most ``PEER_FLUSH`` seconds (a worker's private port,
+        which its siblings flush to, stays open meanwhile); then connections
+        close once their answers are sent, or when the limit is reached.
+        """
+        started = self.reactor.seconds()
+        if self.port is not None:
+            yield self.port.stopListening()
+        log.info("stopped listening; draining: answering {n} waiting subscribers",
+                 n=len(self.service.hub))
         self.service.drain()
+        self.gate.close_all()  # idle and answered connections go now, not after the flush
         if self.cluster is not None:
-            yield self.cluster.stop()
-        for port in (self.port, getattr(self, "private_port", None)):
-            if port is not None:
-                yield port.stopListening()
+            yield self.cluster.stop(PEER_FLUSH)
+        private = getattr(self, "private_port", None)
+        if private is not None:
+            yield private.stopListening()
         closed = self.gate.close_all()
-        closed.addTimeout(DRAIN_GRACE, self.reactor)
+        left = max(0.0, DRAIN_LIMIT - (self.reactor.seconds() - started))
+        closed.addTimeout(left, self.reactor)
         try:
             yield closed
         except defer.TimeoutError:
