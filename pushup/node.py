@@ -24,6 +24,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from pushup import errors
 from pushup.cluster import PEER_FLUSH, Cluster
 from pushup.config import Config
+from pushup.fleet import Fleet
 from pushup.metrics import Counters, prometheus_text, registry_for, rss_bytes
 from pushup.model import Origin
 from pushup.peers import http_client
@@ -165,6 +166,7 @@ class Node:
             limit = SELECT_CONNECTIONS
         self.gate = Gate(self.site, self.service.counters, limit, reactor)
         self.port: IListeningPort | None = None
+        self.fleet: Fleet | None = None  # with --workers: the whole node's figures
         self.cluster: Cluster | None = None
         if config.peer or config.cluster_secret:
             self.cluster = Cluster(self.service, config, reactor, http_client(reactor))
@@ -197,6 +199,12 @@ class Node:
         return d
 
     def stats(self) -> dict[str, Any]:
+        if self.fleet is not None:
+            return self.fleet.stats()
+        return self.worker_stats()
+
+    def worker_stats(self) -> dict[str, Any]:
+        """This process's figures (the node's, unless it is one of ``--workers``)."""
         peers = self.cluster.stats() if self.cluster is not None else []
         stats = self.service.snapshot(peers=peers, rss=rss_bytes())
         if self.cluster is not None:
@@ -204,6 +212,8 @@ class Node:
         return stats
 
     def metrics(self) -> tuple[bytes, bytes]:
+        if self.fleet is not None:
+            return CONTENT_TYPE_LATEST.encode(), self.fleet.metrics_text()
         return CONTENT_TYPE_LATEST.encode(), prometheus_text(self.registry)
 
     @defer.inlineCallbacks

@@ -8,7 +8,9 @@ addresses as peers; the secrets (cluster secret, publish token) go in the
 worker's environment, never on its command line. Workers bind the public port with
 SO_REUSEPORT, so the kernel spreads connections over them. The parent prints
 the listening line once every worker has, forwards SIGTERM/SIGINT, restarts a
-worker that dies, and exits 0 once all have drained.
+worker that dies, and exits 0 once all have drained. It also creates the
+board where workers keep their figures, so a scrape of the shared port shows
+the whole node (see :mod:`pushup.fleet`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pushup.config import Config
+from pushup.fleet import BOARD_ENV, create_board
 
 FD_ENV = "PUSHUP_WORKER_PEER_FD"  # the inherited private socket of a worker
 REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
@@ -114,14 +117,17 @@ class Supervisor:
         self.sockets = [_private_socket() for _ in range(config.workers)]
         self.urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in self.sockets]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * config.workers
+        self.board = create_board(config.workers)  # the workers' figures (pushup.fleet)
         self.stopping = False
 
     def spawn(self, i: int) -> subprocess.Popen[bytes]:
         peers = [u for j, u in enumerate(self.urls) if j != i]
         fd = self.sockets[i].fileno()
-        env = worker_env(self.config, os.environ, **{FD_ENV: str(fd), REUSE_ENV: "1"})
+        board = f"{self.board}:{i}:{len(self.procs)}"
+        env = worker_env(self.config, os.environ,
+                         **{FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board})
         proc = subprocess.Popen(worker_argv(self.config, i, self.port, peers),
-                                stdout=subprocess.PIPE, env=env, pass_fds=(fd,))
+                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board))
         self.procs[i] = proc
         return proc
 
