@@ -70,6 +70,7 @@ def serve(config: Config) -> int:
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
 
+    from pushup.fleet import BOARD_ENV, join
     from pushup.node import Node
     from pushup.workers import FD_ENV, REUSE_ENV
 
@@ -78,6 +79,8 @@ def serve(config: Config) -> int:
         port = node.listen(reuse_port=os.environ.get(REUSE_ENV) == "1")
         if os.environ.get(FD_ENV):
             node.adopt(int(os.environ[FD_ENV]))
+        if os.environ.get(BOARD_ENV):
+            node.fleet = join(os.environ[BOARD_ENV], node.worker_stats, reactor)
     except CannotListenError as e:
         print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
               f"{e.socketError}", file=sys.stderr)

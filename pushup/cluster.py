@@ -26,6 +26,7 @@ from pushup.service import Service
 
 log = Logger()
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
+PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
 
 
 class CatchingUp(errors.Unavailable):
@@ -128,26 +129,39 @@ class Cluster:
 
     @defer.inlineCallbacks
     def _catch_up(self) -> Any:
+        """Load a snapshot from the first peer that serves one.
+
+        Only a peer that may yet give one is waited for (at most
+        ``CATCH_UP_TIMEOUT``): one that fails or answers 5xx other than 503.
+        A peer that is not running, is itself catching up or draining (503),
+        or refuses us (4xx: another secret, or not a peer URL) is not serving:
+        when no peer is serving, the node starts with an empty cache at once
+        (a cluster starting together has nothing to catch up on).
+        """
         deadline = self.clock.seconds() + CATCH_UP_TIMEOUT
         while True:
             serving = False
             for link in self.links:
+                if link.state == "refused":
+                    continue
                 try:
                     status, raw = yield link.request("GET", "/peer/snapshot")
                 except ConnectError:
                     continue  # not running: nothing to learn from it
                 except Exception as e:
                     serving = True
-                    log.warn("catch-up from {url} failed: {e}", url=link.url, e=e)
+                    link.set_state("connecting", f"snapshot request failed: {e}")
                     continue
                 if status == 200:
                     n = import_snapshot(self.store, raw, self.service.now())
                     self.service.rearm()
                     log.info("caught up from {url}: {n} messages", url=link.url, n=n)
                     return
-                if status != 503:
+                if 400 <= status < 500:
+                    link.set_state("refused", f"it answered {status} to a snapshot request")
+                elif status != 503:
                     serving = True
-                    log.warn("catch-up from {url}: answered {s}", url=link.url, s=status)
+                    link.set_state("connecting", f"it answered {status} to a snapshot request")
             if not serving:
                 log.info("no peer is serving yet: starting with an empty cache")
                 return
@@ -157,13 +171,15 @@ class Cluster:
             yield task.deferLater(self.clock, 0.5, lambda: None)
 
     @defer.inlineCallbacks
-    def stop(self, grace: float = 3.0) -> Any:
+    def stop(self, grace: float = PEER_FLUSH) -> Any:
         """Let the links hand peers what we accepted (up to ``grace`` s), then stop."""
         deadline = self.clock.seconds() + grace
-        for link in self.links:
+        # A peer that refuses us will not confirm anything: not waited for.
+        waited = [link for link in self.links if link.state != "refused"]
+        for link in waited:
             if not link.settled:
                 link.kick()
-        while self.ready and not all(link.settled for link in self.links):
+        while self.ready and not all(link.settled for link in waited):
             if self.clock.seconds() >= deadline:
                 log.warn("stopping with messages not yet confirmed by every peer")
                 break

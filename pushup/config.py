@@ -90,6 +90,16 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
+# Secrets can also be read from a file (no secret in argv, ps or a unit file):
+# the file option's name -> the setting it fills, and its help text.
+SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token"}
+_FILE_HELP = {
+    "cluster_secret_file": ("read the cluster secret from this file (trailing newline ignored)",
+                            "FILE"),
+    "publish_token_file": ("read the publish token from this file (trailing newline ignored)",
+                           "FILE"),
+}
+_OPTIONS = (*_HELP, *_FILE_HELP)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="run a node in the foreground")
     serve.add_argument("--config", metavar="FILE", help="TOML file of settings")
-    for name, (text, metavar) in _HELP.items():
+    for name, (text, metavar) in (_HELP | _FILE_HELP).items():
         flag = "--" + name.replace("_", "-")
-        if _TYPES[name] == "bool":
+        if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
         elif name == "peer":
             serve.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
@@ -120,18 +130,52 @@ def load(
 ) -> Config:
     """Parse ``pushup serve ...`` into a Config, or raise ConfigError."""
     args = vars(build_parser().parse_args(list(argv)))
-    raw: dict[str, Any] = {}
     config_path = args.pop("config") or environ.get("PUSHUP_CONFIG")
-    if config_path:
-        raw.update(_read_toml(config_path, read_file))
-    for name in _HELP:
+    from_file = _read_toml(config_path, read_file) if config_path else {}
+    from_env: dict[str, Any] = {}
+    for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
         if value is not None:
-            raw[name] = value.split(",") if name == "peer" else value
-    for name in _HELP:
-        if args.get(name) is not None:
-            raw[name] = args[name]
+            from_env[name] = value.split(",") if name == "peer" else value
+    from_flags = {name: args[name] for name in _OPTIONS if args.get(name) is not None}
+    raw: dict[str, Any] = {}
+    for layer, name_of in ((from_file, lambda o: f"config file key {o}"),
+                           (from_env, lambda o: "PUSHUP_" + o.upper()),
+                           (from_flags, lambda o: "--" + o.replace("_", "-"))):
+        raw.update(_read_secret_files(layer, name_of, read_file))
     return validate(Config(**{k: _convert(k, v) for k, v in raw.items()}))
+
+
+def _read_secret_files(layer: dict[str, Any], name_of: Callable[[str], str],
+                       read_file: Callable[[str], bytes]) -> dict[str, Any]:
+    """One source's settings with each ``*_file`` replaced by the secret it holds.
+
+    A secret and its file in the same source are refused (which would win?);
+    across sources the usual precedence applies, whichever form each uses.
+    ``name_of`` spells an option as that source does, for error messages.
+    """
+    out = dict(layer)
+    for option, setting in SECRET_FILES.items():
+        if option not in out:
+            continue
+        path = out.pop(option)
+        if setting in out:
+            raise ConfigError(f"{name_of(setting)} and {name_of(option)} are both given; "
+                              "use one")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"{name_of(option)}: invalid value {path!r}")
+        try:
+            text = read_file(path).decode("utf-8")
+        except OSError as e:
+            raise ConfigError(f"{name_of(option)}: cannot read {path}: "
+                              f"{e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{name_of(option)}: {path} is not UTF-8 text") from None
+        secret = text.rstrip("\r\n")
+        if not secret.strip():
+            raise ConfigError(f"{name_of(option)}: {path} is empty")
+        out[setting] = secret
+    return out
 
 
 def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
@@ -141,7 +185,7 @@ def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    unknown = sorted(set(data) - set(_HELP))
+    unknown = sorted(set(data) - set(_OPTIONS))
     if unknown:
         raise ConfigError(f"config file {path}: unknown setting {unknown[0]!r}")
     return data

@@ -19,9 +19,10 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.tcp import makeBinding
 from twisted.logger import Logger
 
-from pushup.cluster import Cluster
+from pushup.cluster import PEER_FLUSH, Cluster
 from pushup.config import Config
 from pushup.exchange import Writer
+from pushup.fleet import Fleet
 from pushup.handlers import Handlers
 from pushup.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.model import Origin
@@ -33,7 +34,7 @@ from pushup.store import Retention, Store
 
 log = Logger()
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
-DRAIN_GRACE = 5.0  # seconds to let answered clients read their responses
+DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
 
 
 class Node:
@@ -67,6 +68,7 @@ class Node:
                            send_timeout=config.send_timeout)
         self.service.on_fanout_done.append(self.front.release)
         self.port: IListeningPort | None = None
+        self.fleet: Fleet | None = None  # with --workers: the whole node's figures
 
     def listen(self, reuse_port: bool = False) -> int:
         """Start accepting connections; returns the port (useful with port 0).
@@ -95,6 +97,12 @@ class Node:
         return d
 
     def stats(self) -> dict[str, Any]:
+        if self.fleet is not None:
+            return self.fleet.stats()
+        return self.worker_stats()
+
+    def worker_stats(self) -> dict[str, Any]:
+        """This process's figures (the node's, unless it is one of ``--workers``)."""
         peers = self.cluster.stats() if self.cluster is not None else []
         stats = self.service.snapshot(peers=peers, rss=rss_bytes())
         if self.cluster is not None:
@@ -102,20 +110,35 @@ class Node:
         return stats
 
     def metrics(self) -> tuple[bytes, bytes]:
+        if self.fleet is not None:
+            return CONTENT_TYPE_LATEST.encode(), self.fleet.metrics_text()
         return CONTENT_TYPE_LATEST.encode(), prometheus_text(self.registry)
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
-        """Drain: refuse new work, answer every held subscriber, close, done."""
-        log.info("draining: answering {n} waiting subscribers", n=len(self.service.hub))
+        """Drain, all within ``DRAIN_LIMIT`` seconds, in this order.
+
+        The public port closes at once (a load balancer's next connection goes
+        to another node); every held subscriber is answered; peers get what
+        they lack for at most ``PEER_FLUSH`` seconds (a worker's private port,
+        which its siblings flush to, stays open meanwhile); then connections
+        close once their answers are sent, or when the limit is reached.
+        """
+        started = self.reactor.seconds()
+        if self.port is not None:
+            yield self.port.stopListening()
+        log.info("stopped listening; draining: answering {n} waiting subscribers",
+                 n=len(self.service.hub))
         self.service.drain()
+        self.front.close_all()  # idle and answered connections go now, not after the flush
         if self.cluster is not None:
-            yield self.cluster.stop()
-        for port in (self.port, getattr(self, "private_port", None)):
-            if port is not None:
-                yield port.stopListening()
+            yield self.cluster.stop(PEER_FLUSH)
+        private = getattr(self, "private_port", None)
+        if private is not None:
+            yield private.stopListening()
         closed = self.front.close_all()
-        closed.addTimeout(DRAIN_GRACE, self.reactor)
+        left = max(0.0, DRAIN_LIMIT - (self.reactor.seconds() - started))
+        closed.addTimeout(left, self.reactor)
         try:
             yield closed
         except defer.TimeoutError:

@@ -37,6 +37,10 @@ class PeerError(Exception):
     """A peer answered, but not with what the protocol expects."""
 
 
+class PeerRefused(PeerError):
+    """A peer refuses us (4xx): another cluster secret, or not a PushUp peer URL."""
+
+
 class PeerLink:
     def __init__(self, url: str, store: Store, secret: str, http: Any, clock: IReactorTime,
                  max_ops: int = 10_000, timeout: float = 10.0) -> None:
@@ -152,7 +156,8 @@ class PeerLink:
                     continue
                 if status != 200:
                     self.ops.extendleft(reversed(ops))
-                    raise PeerError(f"answered {status}: {reply}")
+                    kind = PeerRefused if 400 <= status < 500 else PeerError
+                    raise kind(f"answered {status}: {reply!r}")
                 horizon = int(reply["horizon"])
                 self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
                 self.after = horizon
@@ -166,18 +171,29 @@ class PeerLink:
         finally:
             self._busy = False
 
-    def _up(self) -> None:
-        if self.state != "up":
+    def set_state(self, state: str, why: object = None) -> None:
+        """Show the peer as ``state``; the log says so only when it changes."""
+        if state == self.state:
+            return
+        self.state = state
+        if state == "up":
             log.info("peer {url} is up", url=self.url)
-        self.state = "up"
+        elif state == "refused":
+            log.warn("peer {url} refused: {why} (another cluster secret, or not a PushUp "
+                     "node?); not waiting for it, retrying quietly", url=self.url, why=why)
+        else:
+            log.warn("peer {url} is {state}: {why}", url=self.url, state=state, why=why)
+
+    def _up(self) -> None:
+        self.set_state("up")
         self._failures = 0
 
     def _failed(self, e: Exception) -> None:
         self._failures += 1
-        was = self.state
-        self.state = "down" if self._failures >= DOWN_AFTER else "connecting"
-        if self.state != was:
-            log.warn("peer {url} is {state}: {why}", url=self.url, state=self.state, why=e)
+        if isinstance(e, PeerRefused):
+            self.set_state("refused", e)
+        else:
+            self.set_state("down" if self._failures >= DOWN_AFTER else "connecting", e)
         # The first failure after success is often a stale pooled connection:
         # retry at once; then back off (unless kicked meanwhile).
         quick = self._failures == 1 or self._retry_now

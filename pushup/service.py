@@ -134,7 +134,10 @@ class Service:
     def subscribe(self, query: Query, timeout: float, who: Subscriber) -> bytes | Waiter:
         """Answer now (returns the body) or hold (returns the Waiter to forget)."""
         now = self.now()
-        self.store.touch(query.channels, now)
+        if self.store.touch(query.channels, now):
+            # New channels expire one ttl from now even if nothing else
+            # happens: a pull answered below arms no other timer.
+            self._sweeper.set(self._next_sweep(), now)
         result = self.store.query(query)
         past_until = query.until is not None and query.until < now
         if result.messages or result.gap or timeout <= 0 or self.draining or past_until:

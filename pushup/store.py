@@ -275,10 +275,18 @@ class Store:
             self._schedule(channel)
         return channel
 
-    def touch(self, names: Iterable[str], now: int) -> None:
-        """Create the channels a subscriber names, if they do not exist."""
+    def touch(self, names: Iterable[str], now: int) -> bool:
+        """Create the channels a subscriber names, if they do not exist.
+
+        Returns whether any was created: the caller must then make sure
+        :meth:`expire` runs by :meth:`next_deadline`.
+        """
+        created = False
         for name in names:
-            self._channel(name, now)
+            if name not in self.channels:
+                self._channel(name, now)
+                created = True
+        return created
 
     # -- channel lifecycle -------------------------------------------------
 

@@ -3,11 +3,14 @@
 The parent is a small supervisor with no reactor. It reserves the public
 port, opens one private loopback listening socket per worker (handed to the
 worker as a file descriptor, so there is no race for ports), and starts each
-worker as ``pushup serve`` with its own node id, the cluster secret, and its
-siblings' private addresses as peers. Workers bind the public port with
+worker as ``pushup serve`` with its own node id and its siblings' private
+addresses as peers; the secrets (cluster secret, publish token) go in the
+worker's environment, never on its command line. Workers bind the public port with
 SO_REUSEPORT, so the kernel spreads connections over them. The parent prints
 the listening line once every worker has, forwards SIGTERM/SIGINT, restarts a
-worker that dies, and exits 0 once all have drained.
+worker that dies, and exits 0 once all have drained. It also creates the
+board where workers keep their figures, so a scrape of the shared port shows
+the whole node (see :mod:`pushup.fleet`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pushup.config import Config
+from pushup.fleet import BOARD_ENV, create_board
 
 FD_ENV = "PUSHUP_WORKER_PEER_FD"  # the inherited private socket of a worker
 REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
 RESTART_DELAY = 1.0
+SECRETS = ("cluster_secret", "publish_token")  # passed in the environment, never in argv
 
 
 def _private_socket() -> socket.socket:
@@ -66,11 +71,15 @@ def _healthy(url: str, timeout: float = 30.0) -> bool:
 
 
 def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> list[str]:
-    """The command line of worker ``index``: everything as flags, flags win."""
+    """The command line of worker ``index``: everything as flags, flags win.
+
+    Never a secret: anyone can read a command line (``ps``); secrets go in
+    the worker's environment (see :func:`worker_env`), which only its user can.
+    """
     node_id = f"{config.node_id}-{index}"
     argv = [sys.executable, "-m", "pushup", "serve", "--workers", "1", "--port", str(port),
             "--node-id", node_id]
-    skip = {"workers", "port", "node_id", "peer"}
+    skip = {"workers", "port", "node_id", "peer", *SECRETS}
     for name in Config.__dataclass_fields__:
         if name in skip:
             continue
@@ -86,6 +95,17 @@ def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> 
     return argv
 
 
+def worker_env(config: Config, environ: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """The environment of a worker: ours without PUSHUP_* (the configuration is
+    resolved already), plus the secrets and ``extra``."""
+    env = {k: v for k, v in environ.items() if not k.startswith("PUSHUP_")}
+    for name in SECRETS:
+        if getattr(config, name):
+            env["PUSHUP_" + name.upper()] = getattr(config, name)
+    env.update(extra)
+    return env
+
+
 class Supervisor:
     def __init__(self, config: Config) -> None:
         if not config.cluster_secret:
@@ -97,14 +117,17 @@ class Supervisor:
         self.sockets = [_private_socket() for _ in range(config.workers)]
         self.urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in self.sockets]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * config.workers
+        self.board = create_board(config.workers)  # the workers' figures (pushup.fleet)
         self.stopping = False
 
     def spawn(self, i: int) -> subprocess.Popen[bytes]:
         peers = [u for j, u in enumerate(self.urls) if j != i]
         fd = self.sockets[i].fileno()
-        env = dict(os.environ, **{FD_ENV: str(fd), REUSE_ENV: "1"})
+        board = f"{self.board}:{i}:{len(self.procs)}"
+        env = worker_env(self.config, os.environ,
+                         **{FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board})
         proc = subprocess.Popen(worker_argv(self.config, i, self.port, peers),
-                                stdout=subprocess.PIPE, env=env, pass_fds=(fd,))
+                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board))
         self.procs[i] = proc
         return proc
 

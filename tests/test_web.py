@@ -1,6 +1,6 @@
-"""pushup/web.py: every endpoint's answers and errors, as /work/shared/API.md states them.
+"""pushup/handlers.py (through the HTTP front): every endpoint's answers and errors, as /work/shared/API.md states them.
 
-Raw HTTP through the node's real Gate, HTTPChannel and PushUpRequest over a
+Raw HTTP through the node's real Front and HTTPProtocol over a
 StringTransport (see conftest.py); time is a ``task.Clock``.
 """
 
