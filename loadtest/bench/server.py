@@ -12,7 +12,7 @@ harness started and its descendants as they are once it serves (`pushup serve
 --workers N`: the supervisor and its N workers; nginx: master and worker).
 
 This class is `pushup serve` (`--workers N` included: `/stats` is then summed
-over the workers, found through each worker's `peers`); `nchan.NchanServer`
+over the workers, found through the workers' sibling links); `nchan.NchanServer`
 adapts it to nginx + nchan. The load client speaks the server's `dialect`.
 """
 
@@ -212,13 +212,15 @@ class Server:
 
     def stats(self) -> dict[str, Any]:
         """The node's /stats; with --workers N, the SUMMED_STATS keys summed over the
-        workers (each asked on its private address) and the per-worker figures."""
+        workers' own, exact figures (each worker asked on its private address: the
+        shared port's sums carry siblings' figures up to 0.5 s old) and the per-worker
+        figures."""
         first = self._stats(self.port)
         if self.workers == 1:
             return first
         if not self._worker_ports:
             self._worker_ports = self._find_workers(first)
-        per = [self._stats(p) for p in self._worker_ports]
+        per = [self._own(self._stats(p)) for p in self._worker_ports]
         total = {k: sum(s.get(k, 0) for s in per) for k in SUMMED_STATS}
         return {**total, "workers": per}
 
@@ -228,18 +230,21 @@ class Server:
             raise ServerError(f"/stats on port {port} answered {status}: {data!r}")
         return data
 
+    @staticmethod
+    def _own(stats: dict[str, Any]) -> dict[str, Any]:
+        """The answering worker's own entry of a --workers /stats."""
+        return next(w for w in stats["workers"] if w["worker"] == stats["answered_by"])
+
     def _find_workers(self, first: dict[str, Any]) -> list[int]:
-        """The private ports of all workers: the closure of their `peers` lists."""
+        """The private ports of all workers: the union of their sibling links."""
         ports: list[int] = []
-        todo = [first]
-        while todo:
-            for peer in todo.pop()["peers"]:
+        for worker in first.get("workers", []):
+            for peer in worker.get("peers", []):
                 port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
                 if port not in ports:
                     ports.append(port)
-                    todo.append(self._stats(port))
         if len(ports) != self.workers:
-            raise ServerError(f"found {len(ports)} workers through /stats peers, "
+            raise ServerError(f"found {len(ports)} workers through /stats workers' peers, "
                               f"expected {self.workers}")
         return ports
 
