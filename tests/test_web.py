@@ -1,4 +1,4 @@
-"""pushup/handlers.py (through the HTTP front): every endpoint's answers and errors, as /work/shared/API.md states them.
+"""pushup/handlers.py, through the HTTP front: every endpoint's answers and errors, as API.md says.
 
 Raw HTTP through the node's real Front and HTTPProtocol over a
 StringTransport (see conftest.py); time is a ``task.Clock``.
