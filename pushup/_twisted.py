@@ -25,10 +25,3 @@ def write_now(transport: Any, data: bytes) -> None:
             pass  # would block, or broken: Twisted's own write path copes
     if data:
         transport.write(data)
-
-
-def pending_output(transport: Any) -> int:
-    """Bytes the transport still has to send (0 for transports without a buffer)."""
-    queued = getattr(transport, "_tempDataLen", 0)
-    buffer = getattr(transport, "dataBuffer", b"")
-    return queued + len(buffer) - getattr(transport, "offset", 0)

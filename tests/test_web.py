@@ -713,3 +713,49 @@ def test_connections_over_the_limit_are_answered_503_overloaded(make_node, check
     assert stats["refused"] == 1
     assert stats["connections"] == 1  # the /stats request's own
     assert node.clock.getDelayedCalls() == []  # the refusal's timer went with it
+
+
+# -- pages of other origins (a browser's no-cors POST carries Origin) -------
+
+
+FORGED = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/publish", {"channels": ["a"], "data": 1}),
+    ("POST", "/channels", {"name": "made-by-a-page"}),
+    ("POST", "/channels/a/renew", None),
+    ("DELETE", "/channels/a", None),
+    ("GET", "/channels/a", None),
+])
+def test_a_page_of_another_origin_cannot_publish_or_manage_channels(node, check_error,
+                                                                    method, path, body):
+    node.publish("a", 0)
+    response = node.request(method, path, body, headers=FORGED)
+    check_error(response, 403, "forbidden")
+    assert node.stats()["published"] == 1
+    assert node.get("/channels/a").status == 200
+
+
+def test_a_page_of_the_allowed_origin_may_publish(make_node):
+    node = make_node(cors_origin="https://app.example")
+    response = node.publish("a", 1, headers={"Origin": "https://app.example"})
+    assert response.status == 201
+    assert response.header("access-control-allow-origin") == "https://app.example"
+
+
+def test_a_page_served_by_the_node_itself_may_publish(node):
+    response = node.publish("a", 1, headers={"Origin": "http://pushup.test"})  # Host
+    assert response.status == 201
+
+
+def test_a_page_with_the_token_may_publish_from_anywhere(make_node):
+    node = make_node(publish_token=TOKEN)
+    response = node.publish("a", 1, headers={**FORGED, **AUTH})
+    assert response.status == 201
+
+
+def test_subscribing_from_another_origin_stays_open(node):
+    node.publish("a", 1)
+    response = node.get("/subscribe?channels=a&timeout=0", headers=FORGED)
+    assert [m["data"] for m in response.json["messages"]] == [1]
