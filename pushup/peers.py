@@ -31,6 +31,7 @@ BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
+LINGER = 0.003  # an idle link waits this long for more messages before it sends
 
 
 class PeerError(Exception):
@@ -67,9 +68,10 @@ class PeerLink:
         self._wake(0)
 
     def poke(self) -> None:
-        """New messages or ops: send them soon (batched within this reactor turn)."""
+        """New messages or ops: send them soon, batched with what follows within
+        ``LINGER`` (a POST costs far more than a message in it)."""
         if not self._busy and self._failures == 0:
-            self._wake(0)
+            self._wake(LINGER)
 
     def add_op(self, op: Op) -> None:
         if len(self.ops) == self.ops.maxlen:
