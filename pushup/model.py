@@ -202,6 +202,19 @@ def _base36(n: int) -> str:
             return out
 
 
+class Now:
+    """``since=now``: the current end of the channels, resolved by the service
+    to a cursor when the subscribe arrives (so it is valid on every node)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOW"
+
+
+NOW = Now()
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """What a subscriber asks for; hashable, so equal queries share one answer.
@@ -211,7 +224,7 @@ class Query:
     """
 
     channels: tuple[str, ...]
-    since: Cursor | int
+    since: Cursor | int | Now
     until: int | None
     limit: int
     max_bytes: int | None = None  # of message JSON in one answer (a cut like ``limit``)
@@ -222,4 +235,6 @@ class Query:
             return False
         if isinstance(self.since, Cursor):
             return message.seq > self.since.position(message.origin)
+        if isinstance(self.since, Now):
+            raise TypeError("resolve since=now before matching")
         return message.ts > self.since

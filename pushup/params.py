@@ -18,6 +18,7 @@ from pushup.cursor import PREFIX as CURSOR_PREFIX
 from pushup.cursor import decode as decode_cursor
 from pushup.model import (
     MAX_CHANNEL_NAME,
+    NOW,
     Query,
     check_channel_list,
     check_channel_name,
@@ -71,7 +72,9 @@ def subscribe_query(raw: dict[bytes, list[bytes]], config: Config) -> tuple[Quer
     since_text = args.get("since")
     since: Any = 0
     if since_text is not None:
-        if since_text.startswith(CURSOR_PREFIX):
+        if since_text == "now":
+            since = NOW
+        elif since_text.startswith(CURSOR_PREFIX):
             since = decode_cursor(since_text)
         else:
             try:

@@ -10,6 +10,7 @@ the subscriber objects the HTTP layer gives it. It parses no HTTP.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -18,7 +19,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from pushup.errors import ShuttingDown
 from pushup.hub import Hub, Waiter
 from pushup.metrics import Counters
-from pushup.model import Draft, Message, Query, dumps
+from pushup.model import Draft, Message, Now, Query, dumps
 from pushup.store import Channel, Result, Store
 
 SLICE = 1000  # subscribers answered per reactor turn during a fan-out (~20 ms)
@@ -134,6 +135,8 @@ class Service:
     def subscribe(self, query: Query, timeout: float, who: Subscriber) -> bytes | Waiter:
         """Answer now (returns the body) or hold (returns the Waiter to forget)."""
         now = self.now()
+        if isinstance(query.since, Now):
+            query = replace(query, since=self.store.end())
         if self.store.touch(query.channels, now):
             # New channels expire one ttl from now even if nothing else
             # happens: a pull answered below arms no other timer.

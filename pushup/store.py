@@ -22,7 +22,7 @@ from sortedcontainers import SortedKeyList
 
 from pushup.cursor import Cursor
 from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
-from pushup.model import Draft, Message, Origin, Query, check_channel_name
+from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name
 from pushup.run import Run
 
 _by_time = attrgetter("sort_key")
@@ -136,6 +136,8 @@ class Store:
         whole horizon when none is left; it never moves a position back.
         """
         since = q.since
+        if isinstance(since, Now):
+            raise TypeError("resolve since=now with Store.end() first")
         gap = self._behind_lost(since)
         heap: list[_Head] = []
         for name in q.channels:
@@ -180,6 +182,10 @@ class Store:
         updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self.horizon.items()]
         base = since if isinstance(since, Cursor) else Cursor(())
         return Result(tuple(out), base.advanced(updates), gap)
+
+    def end(self) -> Cursor:
+        """A cursor past everything this node holds or has skipped, every origin."""
+        return Cursor.of(self.horizon)
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""

@@ -759,3 +759,31 @@ def test_subscribing_from_another_origin_stays_open(node):
     node.publish("a", 1)
     response = node.get("/subscribe?channels=a&timeout=0", headers=FORGED)
     assert [m["data"] for m in response.json["messages"]] == [1]
+
+
+# -- since=now ---------------------------------------------------------------
+
+
+def test_since_now_skips_what_is_cached_and_its_cursor_continues(node):
+    node.publish("a", "old")
+    first = node.subscribe("a", since="now", timeout=0).response.json
+    assert first["messages"] == []
+    node.publish("a", "new")
+    after = node.subscribe("a", since=first["cursor"], timeout=0).response.json
+    assert [m["data"] for m in after["messages"]] == ["new"]
+
+
+def test_a_poll_held_since_now_gets_only_the_next_message(node):
+    node.publish("a", "old")
+    held = node.subscribe("a", since="now", timeout=30)
+    assert held.response is None
+    node.publish("a", "next")
+    node.turn()
+    assert [m["data"] for m in held.response.json["messages"]] == ["next"]
+
+
+def test_since_now_on_a_new_channel_waits(node):
+    held = node.subscribe("fresh", since="now", timeout=30)
+    assert held.response is None
+    node.clock.advance(30)
+    assert held.response.json["messages"] == []

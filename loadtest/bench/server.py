@@ -221,6 +221,8 @@ class Server:
         if not self._worker_ports:
             self._worker_ports = self._find_workers(first)
         per = [self._own(self._stats(p)) for p in self._worker_ports]
+        if not per[0]:  # a PushUp from before the fleet: its own /stats is its own
+            per = [self._stats(p) for p in self._worker_ports]
         total = {k: sum(s.get(k, 0) for s in per) for k in SUMMED_STATS}
         return {**total, "workers": per}
 
@@ -232,17 +234,27 @@ class Server:
 
     @staticmethod
     def _own(stats: dict[str, Any]) -> dict[str, Any]:
-        """The answering worker's own entry of a --workers /stats."""
-        return next(w for w in stats["workers"] if w["worker"] == stats["answered_by"])
+        """The answering worker's own entry of a --workers /stats ({} before the fleet)."""
+        return next((w for w in stats.get("workers", ())
+                     if w["worker"] == stats["answered_by"]), {})
 
     def _find_workers(self, first: dict[str, Any]) -> list[int]:
-        """The private ports of all workers: the union of their sibling links."""
+        """The private ports of all workers: the union of their sibling links (from
+        each worker's entry, or, for a PushUp from before the fleet, by following
+        each worker's own `peers`, so old and new servers compare in one run)."""
         ports: list[int] = []
+        todo = [first] if "workers" not in first else []
         for worker in first.get("workers", []):
             for peer in worker.get("peers", []):
                 port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
                 if port not in ports:
                     ports.append(port)
+        while todo:
+            for peer in todo.pop()["peers"]:
+                port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
+                if port not in ports:
+                    ports.append(port)
+                    todo.append(self._stats(port))
         if len(ports) != self.workers:
             raise ServerError(f"found {len(ports)} workers through /stats workers' peers, "
                               f"expected {self.workers}")

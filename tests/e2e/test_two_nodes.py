@@ -222,3 +222,18 @@ def test_no_loss_no_duplicates_while_publishing_on_both_nodes(cluster):
         for lo in (0, 1000):
             mine = [x for x in got if lo <= x < lo + 1000]
             assert mine == sorted(mine), (k, lo)  # per origin, in publish order
+
+
+def test_a_since_now_cursor_works_on_the_other_node(cluster):
+    a, b = cluster.a, cluster.b
+    ch = uniq("now")
+    a.publish([ch], "old")
+    wait_until(lambda: b.subscribe([ch], since="0", timeout=0)["messages"], 20,
+               msg="the old message reached b")
+    start = a.subscribe([ch], since="now", timeout=0)
+    assert start["messages"] == []
+    p = b.subscribe_async([ch], since=start["cursor"], timeout=60)
+    b.wait_subscribers(ch, 1)
+    new = a.publish([ch], "new")
+    got = assert_json_ok(p.result(10))
+    assert [m["id"] for m in got["messages"]] == [new["id"]]
