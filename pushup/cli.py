@@ -1,4 +1,5 @@
 """``pushup serve``: parse the configuration, install the reactor first, run.
+Also ``pushup token`` (a subscriber token) and ``pushup --version``.
 
 Invalid configuration is one line on stderr and exit code 2. The reactor is
 installed before anything imports ``twisted.internet.reactor``; the first line
@@ -10,14 +11,21 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 
 from pushup.config import Config, ConfigError, load
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--version"], ["-V"]):
+        print(f"pushup {version('pushup')}")
+        return 0
+    if args[:1] == ["token"]:
+        return token(args[1:], os.environ)
     try:
-        config = load(sys.argv[1:] if argv is None else argv, os.environ)
+        config = load(args, os.environ)
     except ConfigError as e:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
@@ -30,6 +38,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return supervise(config)
     return serve(config)
+
+
+def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """``pushup token --channels a,room:* [--ttl SECONDS]``: print a subscriber token
+    signed with the subscribe secret (``--secret-file``, or PUSHUP_SUBSCRIBE_SECRET
+    or PUSHUP_SUBSCRIBE_SECRET_FILE in the environment)."""
+    import argparse
+    import time
+
+    from pushup.tokens import issue
+
+    parser = argparse.ArgumentParser(prog="pushup token", description=token.__doc__)
+    parser.add_argument("--channels", required=True,
+                        help="comma-separated channel names, or prefixes ending in *")
+    parser.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
+    parser.add_argument("--secret-file", help="file holding the subscribe secret")
+    opts = parser.parse_args(argv)
+    secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
+    try:
+        secret = (open(secret_file, encoding="utf-8").read().rstrip("\r\n") if secret_file
+                  else environ.get("PUSHUP_SUBSCRIBE_SECRET", ""))
+    except OSError as e:
+        print(f"pushup: error: cannot read {secret_file}: {e.strerror}", file=sys.stderr)
+        return 2
+    channels = [c for c in opts.channels.split(",") if c]
+    if not secret or not channels or opts.ttl <= 0:
+        print("pushup: error: needs the subscribe secret (--secret-file or "
+              "PUSHUP_SUBSCRIBE_SECRET), --channels and a positive --ttl", file=sys.stderr)
+        return 2
+    print(issue(secret, channels, time.time() + opts.ttl))
+    return 0
 
 
 def install_reactor(name: str) -> None:

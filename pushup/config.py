@@ -33,6 +33,7 @@ class Config:
     peer: tuple[str, ...] = ()
     cluster_secret: str = ""
     publish_token: str = ""
+    subscribe_secret: str = ""
     reactor: str = "epoll"
     workers: int = 1
     message_ttl: float = 3600.0
@@ -65,6 +66,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
     "cluster_secret": ("shared secret peers authenticate with", "S"),
     "publish_token": ("bearer token required to publish and manage channels", "T"),
+    "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
+                         "S"),
     "reactor": ("event loop: epoll, poll or select", "NAME"),
     "workers": ("processes sharing the port (a number, or auto)", "N"),
     "message_ttl": ("seconds a message is kept", "SECONDS"),
@@ -92,12 +95,15 @@ _HELP: dict[str, tuple[str, str | None]] = {
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
 # the file option's name -> the setting it fills, and its help text.
-SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token"}
+SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token",
+                "subscribe_secret_file": "subscribe_secret"}
 _FILE_HELP = {
     "cluster_secret_file": ("read the cluster secret from this file (trailing newline ignored)",
                             "FILE"),
     "publish_token_file": ("read the publish token from this file (trailing newline ignored)",
                            "FILE"),
+    "subscribe_secret_file": ("read the subscribe secret from this file (trailing newline "
+                              "ignored)", "FILE"),
 }
 _OPTIONS = (*_HELP, *_FILE_HELP)
 

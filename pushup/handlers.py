@@ -19,11 +19,12 @@ from pushup import errors
 from pushup.config import Config
 from pushup.errors import PushUpError
 from pushup.exchange import Held, Request, Response, error_response
-from pushup.model import Draft, check_channel_list, dumps, encode_data, format_time
-from pushup.params import json_object, path_name, query_args, subscribe_query, ttl_of
+from pushup.model import Draft, Query, check_channel_list, dumps, encode_data, format_time
+from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
 from pushup.store import Channel
+from pushup.tokens import Verifier
 
 PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see peers.BATCH_BYTES)
 
@@ -58,8 +59,8 @@ class Handlers:
         self._metrics = metrics
         # A fan-out's clients all re-poll with the same query string (same
         # channels, same new cursor): parse each distinct one once.
-        self._subscribe_query = lru_cache(maxsize=4096)(
-            lambda raw: subscribe_query(query_args(raw), config))
+        self._subscribe_query = lru_cache(maxsize=4096)(_parse_subscribe(config))
+        self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
             (b"subscribe",): {b"GET": self.subscribe},
@@ -198,7 +199,12 @@ class Handlers:
     def subscribe(self, request: Request, _: tuple[str, ...], client: Subscriber,
                   ) -> Response | Held:
         self._ready()
-        query, timeout = self._subscribe_query(request.query)
+        query, timeout, token = self._subscribe_query(request.query)
+        if self._tokens is not None:
+            if token is None:
+                bearer = request.header(b"authorization")
+                token = bearer[7:] if bearer.startswith("Bearer ") else None
+            self._tokens.check(token, query.channels, self.service.now() / 1e6)
         outcome = self.service.subscribe(query, timeout, client)
         if isinstance(outcome, bytes):
             return Response(200, outcome)
@@ -277,6 +283,14 @@ _PREFLIGHT = Response(204, headers=(
     (b"Access-Control-Allow-Headers", b"Authorization, Content-Type"),
     (b"Access-Control-Max-Age", b"86400")))
 _NO_CONTENT = Response(204)
+
+
+def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, str | None]]:
+    def parse(raw: bytes) -> tuple[Query, float, str | None]:
+        args = query_args(raw)
+        query, timeout = subscribe_query(args, config)
+        return query, timeout, Args(args).get("token")
+    return parse
 
 
 def _unsigned() -> PushUpError:

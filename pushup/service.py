@@ -10,8 +10,8 @@ the subscriber objects the HTTP layer gives it. It parses no HTTP.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime

@@ -33,7 +33,8 @@ from pushup.fleet import BOARD_ENV, create_board
 FD_ENV = "PUSHUP_WORKER_PEER_FD"  # the inherited private socket of a worker
 REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
 RESTART_DELAY = 1.0
-SECRETS = ("cluster_secret", "publish_token")  # passed in the environment, never in argv
+# passed in the environment, never in argv
+SECRETS = ("cluster_secret", "publish_token", "subscribe_secret")
 
 
 def _private_socket() -> socket.socket:

@@ -787,3 +787,60 @@ def test_since_now_on_a_new_channel_waits(node):
     assert held.response is None
     node.clock.advance(30)
     assert held.response.json["messages"] == []
+
+
+# -- subscriber tokens (--subscribe-secret) -----------------------------------
+
+SUB_SECRET = "a-subscribe-secret-of-at-least-32-bytes!"
+
+
+@pytest.fixture
+def private(make_node):
+    return make_node(subscribe_secret=SUB_SECRET)
+
+
+def grant(*channels: str, ttl: float = 600, secret: str = SUB_SECRET) -> str:
+    from pushup.tokens import issue
+
+    return issue(secret, channels, START + ttl)
+
+
+def test_subscribe_without_a_token_is_401(private, check_error):
+    check_error(private.get("/subscribe?channels=a&timeout=0"), 401, "unauthorized")
+
+
+@pytest.mark.parametrize("token", ["not-a-jwt",
+                                   grant("a", secret="another-secret-of-32-bytes-or-more")])
+def test_subscribe_with_a_bad_token_is_401(private, check_error, token):
+    check_error(private.get(f"/subscribe?channels=a&timeout=0&token={token}"), 401,
+                "unauthorized")
+
+
+def test_subscribe_with_a_token_in_the_query_or_a_bearer_header(private):
+    private.publish("a", 1)
+    by_query = private.get(f"/subscribe?channels=a&timeout=0&token={grant('a')}")
+    by_header = private.get("/subscribe?channels=a&timeout=0",
+                            headers={"Authorization": f"Bearer {grant('a')}"})
+    for response in (by_query, by_header):
+        assert [m["data"] for m in response.json["messages"]] == [1]
+
+
+def test_a_channel_the_token_does_not_grant_is_403(private, check_error):
+    token = grant("a", "room42:*")
+    assert private.get(f"/subscribe?channels=room42:x,a&timeout=0&token={token}").status == 200
+    check_error(private.get(f"/subscribe?channels=a,b&timeout=0&token={token}"), 403,
+                "forbidden")
+    check_error(private.get(f"/subscribe?channels=room4&timeout=0&token={token}"), 403,
+                "forbidden")
+
+
+def test_an_expired_token_is_401_even_when_checked_before(private, check_error):
+    token = grant("a", ttl=10)
+    assert private.get(f"/subscribe?channels=a&timeout=0&token={token}").status == 200
+    private.clock.advance(10)
+    check_error(private.get(f"/subscribe?channels=a&timeout=0&token={token}"), 401,
+                "unauthorized")
+
+
+def test_publishing_needs_no_subscribe_token(private):
+    assert private.publish("a", 1).status == 201
