@@ -95,12 +95,13 @@ class PeerLink:
     # -- the loop ----------------------------------------------------------
 
     def _wake(self, delay: float) -> None:
+        """Run the loop no later than ``delay`` seconds from now."""
         if self.stopped:
             return
         if self._timer is not None and self._timer.active():
-            if delay > 0 or self._timer.getTime() <= self.clock.seconds():
+            if self._timer.getTime() <= self.clock.seconds() + delay:
                 return  # already due no later than asked
-            self._timer.cancel()
+            self._timer.cancel()  # e.g. an idle link's heartbeat, seconds away
         self._timer = self.clock.callLater(delay, self._run)
 
     @property
@@ -164,8 +165,8 @@ class PeerLink:
                 self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
                 self.after = horizon
                 self._up()
-                if not messages and not self.ops and self.after >= self.store.origin.seq:
-                    break
+                if not self.ops and self.after >= self.store.origin.seq:
+                    break  # the peer has everything: no empty POST to say so
         except Exception as e:
             self._failed(e)
         else:

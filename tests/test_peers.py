@@ -84,3 +84,29 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
     assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
     behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
     assert behind.gap and behind.messages == ()
+
+
+def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat():
+    from pushup.cluster import Cluster
+    from pushup.config import Config
+    from pushup.peers import HEARTBEAT, LINGER
+    from pushup.service import Service
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    sender = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("a", 0))
+    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
+    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+                       clock, http=None)
+    wire = _Wire(receiver)
+    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
+    peer.start()
+    clock.advance(0)  # idle now: its next run is the heartbeat, seconds away
+    assert LINGER < HEARTBEAT
+    posts = wire.posts
+    sender.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], int(clock.seconds() * S))
+    peer.poke()
+    peer.poke()
+    clock.advance(LINGER)
+    assert receiver_store.horizon.get(sender.origin.name) == 2
+    assert wire.posts == posts + 1  # one batch carrying both
