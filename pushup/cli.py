@@ -16,6 +16,8 @@ from importlib.metadata import version
 
 from pushup.config import Config, ConfigError, load
 
+MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keeps
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -108,7 +110,9 @@ def serve(config: Config) -> int:
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
+    from twisted.internet.task import LoopingCall
 
+    from pushup._libc import release_free_memory
     from pushup.fleet import BOARD_ENV, join
     from pushup.node import Node
     from pushup.workers import FD_ENV, REUSE_ENV
@@ -128,6 +132,10 @@ def serve(config: Config) -> int:
     print(f"listening on http://{host}:{port}", flush=True)
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
     node.start()
+    # After a burst of large answers, give the pages malloc keeps back (README).
+    trimmer = LoopingCall(release_free_memory)
+    trimmer.clock = reactor
+    trimmer.start(MEMORY_CHECK, now=False)
     reactor.run()  # type: ignore[attr-defined]
     return 0
 

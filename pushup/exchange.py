@@ -19,7 +19,8 @@ from pushup.model import dumps
 
 JSON = b"application/json; charset=utf-8"
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_SHARED_CACHE = 64  # fan-out bodies whose whole response is kept for reuse
+_SHARED_CACHE = 64  # fan-out bodies whose whole response is kept for reuse...
+_SHARED_BYTES = 16 * 1024 * 1024  # ...and their bytes in all (the newest is always kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class Writer:
         self._second = -1
         self._date = b""
         self._shared: dict[int, tuple[bytes, bytes]] = {}
+        self._shared_bytes = 0
 
     def tick(self, now: float) -> None:
         """Keep ``Date`` current; call with the clock's reading before writing."""
@@ -91,7 +93,6 @@ class Writer:
         if second != self._second:
             self._second = second
             self._date = formatdate(second, usegmt=True).encode()
-            self._shared.clear()
 
     def head(self, status: int, content_type: bytes | None, length: int | None,
              extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"") -> bytes:
@@ -126,16 +127,31 @@ class Writer:
         """A plain keep-alive 200 carrying ``body``, built once per body.
 
         A fan-out hands the same body object to thousands of subscribers;
-        each gets the same bytes.
+        each gets the same bytes. An entry lives until ``release_shared`` (the
+        fan-out's end), or until the cache is past its count or byte bound.
         """
         cached = self._shared.get(id(body))
         if cached is not None and cached[0] is body:
             return cached[1]
-        if len(self._shared) >= _SHARED_CACHE:
-            self._shared.clear()
         raw = self.head(200, JSON, len(body)) + body
+        if (len(self._shared) >= _SHARED_CACHE
+                or self._shared_bytes + len(raw) > _SHARED_BYTES):
+            self.release_shared()
         self._shared[id(body)] = (body, raw)
+        self._shared_bytes += len(raw)
         return raw
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of cached fan-out responses (0 between fan-outs)."""
+        return self._shared_bytes
+
+    def release_shared(self) -> None:
+        """Forget every cached fan-out response: once a fan-out ends its bodies
+        are never answered again, and keeping them would hold their bytes (and
+        the bodies) until the next one."""
+        self._shared.clear()
+        self._shared_bytes = 0
 
     def canned(self, e: PushUpError) -> bytes:
         """A whole closing error response, for answers outside any request."""

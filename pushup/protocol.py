@@ -450,7 +450,9 @@ class Front(Factory):
                 d.callback(None)
 
     def release(self) -> None:
-        """A fan-out is done: its clients' next requests may be answered."""
+        """A fan-out is done: drop its cached responses; its clients' next
+        requests may be answered."""
+        self.writer.release_shared()
         held, self.held = self.held, []
         for protocol in held:
             protocol.release()

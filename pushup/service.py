@@ -33,7 +33,8 @@ class Subscriber(Protocol):
         """Send ``body`` as the 200 answer; False if the client is gone.
 
         ``hold``: a fan-out is still under way; do not read this client's next
-        request until ``Service.on_fanout_done`` listeners run.
+        request until ``Service.on_fanout_done`` listeners run (they run at the
+        end of every fan-out, held or not).
         """
 
 
@@ -89,7 +90,6 @@ class Service:
         self._sweeper = Alarm(clock, self._on_sweep)
         self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
         self._flushing: IDelayedCall | None = None
-        self._holding = False  # some answered clients wait for the backlog to empty
         self._arrivals: list[Message] = []  # stored, waiters not yet woken
         self._arriving: IDelayedCall | None = None
 
@@ -220,7 +220,6 @@ class Service:
         # requests of those already answered: everyone gets this message
         # before anyone's re-poll costs the fan-out time.
         hold = n < len(backlog)
-        self._holding = self._holding or hold
         delivered = 0
         for _ in range(n):
             who, body, count = backlog.popleft()
@@ -230,8 +229,7 @@ class Service:
         if backlog:
             if self._flushing is None:
                 self._flushing = self.clock.callLater(0, self._flush)
-        elif self._holding:
-            self._holding = False
+        else:  # the fan-out is over: held clients read on, its bodies can go
             for listener in self.on_fanout_done:
                 listener()
 

@@ -203,6 +203,23 @@ def test_disconnect_of_the_earliest_waiter_keeps_the_later_one_timed(node):
 # -- fan-out ---------------------------------------------------------------
 
 
+def test_a_fan_out_leaves_none_of_its_answers_cached(node):
+    writer = node.node.front.writer
+    small = [node.subscribe(f"few{i}", timeout=60) for i in range(3)]
+    for i in range(3):
+        node.publish(f"few{i}", "x" * 10_000)
+    node.clock.advance(0)
+    assert node.answered(small) == 3
+    assert writer.shared_bytes == 0  # no later tick or fan-out was needed
+    big = [node.subscribe("many", timeout=60) for _ in range(SLICE + 10)]
+    node.publish("many", "y" * 10_000)
+    # the first slice: the shared answer stays cached while the rest wait
+    assert node.answered(big) == SLICE and writer.shared_bytes > 10_000
+    assert node.turn() == 1
+    assert node.answered(big) == SLICE + 10
+    assert writer.shared_bytes == 0
+
+
 def test_fan_out_is_answered_in_slices_that_yield_to_the_reactor(node):
     total = 2 * SLICE + 200
     waiters = [node.subscribe("big", timeout=60) for _ in range(total)]
