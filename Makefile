@@ -59,7 +59,7 @@ loadtest: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest
-	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py pushup/replica.py pushup/fleet.py
+	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py pushup/replica.py pushup/fleet.py pushup/run.py pushup/exchange.py pushup/params.py pushup/tokens.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,5 +1,9 @@
-"""The one place PushUp reads Twisted's private state (tests/test_twisted_reach.py
+"""The one place PushUp reaches into Twisted's private state (tests/test_twisted_reach.py
 fails when an upgrade changes what we rely on).
+
+``quiet_pool``: twisted.web's connection pool logs a line for every pooled
+connection it opens and closes; its factory class is private, and so is the
+pool's attribute that names it.
 
 Twisted queues every ``transport.write`` until the reactor's next turn (ask
 for writability, wait, send, stop asking): three system calls and a turn
@@ -25,3 +29,15 @@ def write_now(transport: Any, data: bytes) -> None:
             pass  # would block, or broken: Twisted's own write path copes
     if data:
         transport.write(data)
+
+
+def quiet_pool(reactor: Any) -> Any:
+    """A persistent ``HTTPConnectionPool`` whose connections log nothing."""
+    from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
+
+    class QuietFactory(_HTTP11ClientFactory):  # type: ignore[misc]
+        noisy = False  # no log line per pooled connection
+
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool._factory = QuietFactory
+    return pool

@@ -34,7 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pushup.metrics import _FIGURES
+from pushup.metrics import FIGURES
 
 BOARD_ENV = "PUSHUP_WORKER_BOARD"  # "FD:INDEX:COUNT" of the inherited board
 HALF = 32 * 1024  # bytes for one copy of a worker's figures
@@ -170,7 +170,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         stats, workers = self.stats, self.stats["workers"]
-        for key, name, kind, text in _FIGURES:
+        for key, name, kind, text in FIGURES:
             family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             yield family(name, text + ", all workers", value=stats[key])
         yield CounterMetricFamily("process_cpu_seconds", "CPU seconds of every worker",
@@ -187,7 +187,7 @@ class _Collector:
             up.add_metric([str(w["worker"])], 1 if w["up"] else 0)
             restarts.add_metric([str(w["worker"])], w["restarts"])
         yield from (up, restarts)
-        for key, name, kind, text in _FIGURES:
+        for key, name, kind, text in FIGURES:
             if key == "uptime_s":
                 continue
             per = name.replace("pushup_", "pushup_worker_", 1)

@@ -29,7 +29,7 @@ class Counters:
 
 
 # (key in /stats, Prometheus name, kind, help)
-_FIGURES = (
+FIGURES = (
     ("uptime_s", "pushup_uptime_seconds", "gauge", "Seconds since the node started"),
     ("connections", "pushup_connections", "gauge", "Open client connections"),
     ("waiting", "pushup_waiting", "gauge", "Subscriptions held open"),
@@ -61,7 +61,7 @@ class Collector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self._snapshot()
-        for key, name, kind, text in _FIGURES:
+        for key, name, kind, text in FIGURES:
             family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             yield family(name, text, value=stats[key])
         queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",

@@ -247,13 +247,11 @@ def http_client(reactor: Any) -> Any:
     """A treq client with its own pool; idle connections close before the
     peer's 60 s idle timeout would (Twisted issue #7843)."""
     from treq.client import HTTPClient
-    from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+    from twisted.web.client import Agent
 
-    class QuietFactory(_HTTP11ClientFactory):  # type: ignore[misc]
-        noisy = False  # no log line per pooled connection
+    from pushup._twisted import quiet_pool
 
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool._factory = QuietFactory
+    pool = quiet_pool(reactor)
     pool.maxPersistentPerHost = 2
     pool.cachedConnectionTimeout = 30
     return HTTPClient(Agent.usingEndpointFactory(reactor, _Endpoints(reactor), pool=pool))

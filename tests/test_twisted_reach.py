@@ -55,3 +55,18 @@ def test_a_partly_sent_buffer_counts_as_queued():
     write_now(t, b"x")
     assert t.socket.sent == []  # type: ignore[attr-defined]
     assert t._tempDataBuffer == [b"x"]
+
+
+def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory():
+    import inspect
+
+    from twisted.internet.task import Clock
+    from twisted.web.client import HTTPConnectionPool
+
+    from pushup._twisted import quiet_pool
+
+    pool = quiet_pool(Clock())
+    assert pool._factory.noisy is False
+    assert pool._factory is not HTTPConnectionPool._factory
+    # the pool still builds new connections from that attribute
+    assert "self._factory" in inspect.getsource(HTTPConnectionPool._newConnection)

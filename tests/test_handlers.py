@@ -1,0 +1,79 @@
+"""pushup/handlers.py as plain values: a Request in, a Response (or Held) out.
+
+No protocol, no transport: this is what a handler promises on its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from twisted.internet.task import Clock
+
+from pushup.config import Config
+from pushup.exchange import Held, Request, Response
+from pushup.node import Node
+
+START = 1_763_800_000.0
+
+
+class Client:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def respond(self, body: bytes, hold: bool = False) -> bool:
+        self.bodies.append(body)
+        return True
+
+
+@pytest.fixture
+def handlers():
+    clock = Clock()
+    clock.advance(START)
+    return Node(Config(node_id="h"), clock).handlers
+
+
+def request(method: bytes, target: bytes, body: bytes = b"", **headers: bytes) -> Request:
+    path, _, query = target.partition(b"?")
+    return Request(method, path, query, {k.encode(): v for k, v in headers.items()}, body)
+
+
+def test_publish_then_pull_are_values(handlers):
+    published = handlers.handle(request(b"POST", b"/publish",
+                                        b'{"channels": ["a"], "data": 7}'), Client())
+    assert isinstance(published, Response) and published.status == 201
+    pulled = handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=0"), Client())
+    assert isinstance(pulled, Response)
+    assert [m["data"] for m in json.loads(pulled.body)["messages"]] == [7]
+
+
+def test_a_waiting_subscribe_is_held_and_answered_through_its_client(handlers):
+    client = Client()
+    held = handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=30"), client)
+    assert isinstance(held, Held)
+    handlers.handle(request(b"POST", b"/publish", b'{"channels": ["a"], "data": 1}'), Client())
+    handlers.service.clock.advance(0)
+    assert [m["data"] for m in json.loads(client.bodies[0])["messages"]] == [1]
+
+
+def test_a_gone_client_is_forgotten(handlers):
+    held = handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=30"), Client())
+    assert len(handlers.service.hub) == 1
+    handlers.gone(held.token)
+    assert len(handlers.service.hub) == 0
+
+
+@pytest.mark.parametrize("param", ["since=1e308", "since=-1e308", "until=1e308",
+                                   "until=-1e308", "since=1e12"])
+def test_out_of_range_times_are_400_not_500(handlers, param):
+    answer = handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=0&" +
+                                     param.encode()), Client())
+    assert answer.status == 400
+    assert json.loads(answer.body)["error"]["code"] == "bad_parameter"
+
+
+def test_an_unsigned_peer_request_is_refused_before_its_body(make_node):
+    handlers = make_node(cluster_secret="s").node.handlers
+    verdict = handlers.admit(b"POST", b"/peer/messages", {b"content-length": b"15000000"})
+    assert isinstance(verdict, Response) and verdict.status == 401 and verdict.close
+    assert handlers.admit(b"POST", b"/publish", {}) == handlers.config.max_body_bytes
