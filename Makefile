@@ -42,7 +42,7 @@ NODES ?= 3
 cluster: setup
 	$(PY) deploy/launch.py --nodes $(NODES) --port 8000
 
-test: setup
+test: setup bench-packages
 	$(PY) -m pytest
 
 bench: setup bench-packages
