@@ -12,17 +12,20 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Protocol
 
 from pushup import errors
 from pushup.config import Config
+from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
 from pushup.exchange import Held, Request, Response, error_response
 from pushup.model import Draft, Query, check_channel_list, dumps, encode_data, format_time
 from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
+from pushup.sse import EventStream
 from pushup.store import Channel
 from pushup.tokens import Verifier
 
@@ -113,8 +116,11 @@ class Handlers:
             return error_response(e)
 
     def gone(self, token: Any) -> None:
-        """The client of a held subscribe went away."""
-        self.service.forget(token)
+        """The client of a held subscribe (or of an event stream) went away."""
+        if isinstance(token, EventStream):
+            token.stop()
+        else:
+            self.service.forget(token)
 
     def _route(self, raw_path: bytes) -> tuple[dict[bytes, Handler], tuple[str, ...]]:
         segments = raw_path.split(b"/")[1:]
@@ -205,10 +211,22 @@ class Handlers:
                 bearer = request.header(b"authorization")
                 token = bearer[7:] if bearer.startswith("Bearer ") else None
             self._tokens.check(token, query.channels, self.service.now() / 1e6)
+        if b"text/event-stream" in request.headers.get(b"accept", b""):
+            return self._stream(request, query, client)
         outcome = self.service.subscribe(query, timeout, client)
         if isinstance(outcome, bytes):
             return Response(200, outcome)
         return Held(outcome)
+
+    def _stream(self, request: Request, query: Query, client: Subscriber) -> Held:
+        """SSE: a reconnect's Last-Event-ID (a cursor we issued) wins over since."""
+        last = request.headers.get(b"last-event-id")
+        if last:
+            query = replace(query, since=decode_cursor(last.decode("latin-1")))
+        client.open_stream()  # type: ignore[attr-defined]  # the front's StreamClient
+        stream = EventStream(self.service, query, client)  # type: ignore[arg-type]
+        stream.start()
+        return Held(stream)
 
     def create_channel(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
         self._authorize(request)

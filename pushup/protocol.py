@@ -318,6 +318,24 @@ class HTTPProtocol(Protocol):
             front.clock.callLater(0, self._dispatch)
         return True
 
+    # An event stream (pushup.sse) writes through these; it ends with the connection.
+
+    def open_stream(self) -> None:
+        """Answer 200 text/event-stream, delimited by the connection's close."""
+        front = self.front
+        front.writer.tick(front.clock.seconds())
+        self._write(front.writer.head(200, b"text/event-stream; charset=utf-8", None,
+                                      connection=b"close"))
+
+    def send_events(self, data: bytes) -> bool:
+        if self._closing:
+            return False
+        self._write(data)
+        return True
+
+    def end_stream(self) -> None:
+        self.close()
+
     def release(self) -> None:
         """The fan-out that held us is done: answer what is queued."""
         self._held = False

@@ -237,3 +237,27 @@ def test_a_since_now_cursor_works_on_the_other_node(cluster):
     new = a.publish([ch], "new")
     got = assert_json_ok(p.result(10))
     assert [m["id"] for m in got["messages"]] == [new["id"]]
+
+
+def test_an_event_stream_resumes_on_the_other_node_exactly_once(cluster):
+    from sse_client import SSE, data_of
+
+    a, b = cluster.a, cluster.b
+    ch = uniq("sse")
+    first = SSE(a.host, a.port, [ch])
+    try:
+        a.publish([ch], 1)
+        a.publish([ch], 2)
+        got = first.events(2)
+        assert b"text/event-stream" in first.head
+        assert data_of(got) == [1, 2]
+    finally:
+        first.close()
+    wait_until(lambda: len(b.subscribe([ch], since="0", timeout=0)["messages"]) == 2, 20,
+               msg="a's messages reached b")
+    b.publish([ch], 3)
+    second = SSE(b.host, b.port, [ch], last_event_id=got[0]["id"], since="0")
+    try:
+        assert data_of(second.events(2)) == [2, 3]  # from event 1 on: 2 once, then 3
+    finally:
+        second.close()
