@@ -9,6 +9,7 @@ that into exit code 2. Nothing here starts the reactor or opens a socket.
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import math
 import os
@@ -106,6 +107,7 @@ _FILE_HELP = {
                               "ignored)", "FILE"),
 }
 _OPTIONS = (*_HELP, *_FILE_HELP)
+INTERNAL_ENV_PREFIX = "PUSHUP_WORKER_"  # what a supervisor hands its workers
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,8 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="run a node in the foreground")
     serve.add_argument("--config", metavar="FILE", help="TOML file of settings")
+    defaults = {f.name: f.default for f in fields(Config)}
     for name, (text, metavar) in (_HELP | _FILE_HELP).items():
         flag = "--" + name.replace("_", "-")
+        default = defaults.get(name)
+        shown = "" if default in ("", (), None, False) or "secret" in name or "token" in name \
+            else f"default {default}; "
+        text = f"{text} [{shown}env PUSHUP_{name.upper()}]"
         if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
         elif name == "peer":
@@ -138,6 +145,12 @@ def load(
     args = vars(build_parser().parse_args(list(argv)))
     config_path = args.pop("config") or environ.get("PUSHUP_CONFIG")
     from_file = _read_toml(config_path, read_file) if config_path else {}
+    known_env = {"PUSHUP_" + o.upper() for o in _OPTIONS} | {"PUSHUP_CONFIG"}
+    for key in sorted(environ):
+        if key.startswith("PUSHUP_") and key not in known_env \
+                and not key.startswith(INTERNAL_ENV_PREFIX):
+            raise ConfigError(f"unknown environment variable {key}"
+                              + _did_you_mean(key, sorted(known_env)))
     from_env: dict[str, Any] = {}
     for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
@@ -184,6 +197,11 @@ def _read_secret_files(layer: dict[str, Any], name_of: Callable[[str], str],
     return out
 
 
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
     try:
         data = tomllib.loads(read_file(path).decode("utf-8"))
@@ -193,7 +211,8 @@ def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
     unknown = sorted(set(data) - set(_OPTIONS))
     if unknown:
-        raise ConfigError(f"config file {path}: unknown setting {unknown[0]!r}")
+        raise ConfigError(f"config file {path}: unknown setting {unknown[0]!r}"
+                          + _did_you_mean(unknown[0], _OPTIONS))
     return data
 
 

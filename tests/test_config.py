@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pushup.config import Config, ConfigError, load
+from pushup.config import Config, ConfigError, build_parser, load
 
 
 def files(**contents: str):
@@ -237,3 +237,22 @@ def test_non_utf8_config_file_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         load(["serve", "--config", "f"], {}, lambda path: b"port = \xff")
     assert "\n" not in str(caught.value)
+
+
+def test_a_misspelt_environment_variable_is_refused_with_a_hint():
+    hint = "PUSHUP_PUBLISH_TOKN.*did you mean 'PUSHUP_PUBLISH_TOKEN'"
+    with pytest.raises(ConfigError, match=hint):
+        load(["serve"], {"PUSHUP_PUBLISH_TOKN": "x"})
+
+
+def test_a_misspelt_config_key_gets_a_hint():
+    with pytest.raises(ConfigError, match="'max_conections'.*did you mean 'max_connections'"):
+        load(["serve", "--config", "f.toml"], {}, read_file=lambda p: b"max_conections = 5\n")
+
+
+def test_serve_help_shows_each_default_and_environment_variable(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[default 8080; env PUSHUP_PORT]" in text
+    assert "[env PUSHUP_PUBLISH_TOKEN]" in text
