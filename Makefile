@@ -3,13 +3,21 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: run test bench bench-packages cluster loadtest lint setup system-packages clean
+
+# `make run` installs only what running needs; tests, benchmarks and load tests
+# add their tools.
+$(RUN_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,loadtest,dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and load tests use (HAProxy for the cluster, nftables
 # for wire-byte counters). Installed only when missing; we run as root.
@@ -34,7 +42,7 @@ bench-packages:
 	    apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null; rc=$$?; \
 	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/pushup serve
 
 # N nodes (NODES=3) behind HAProxy on loopback; Ctrl-C stops everything.

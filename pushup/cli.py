@@ -13,6 +13,7 @@ import resource
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import version
+from typing import Any
 
 from pushup.config import Config, ConfigError, load
 
@@ -89,7 +90,7 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def start_logging(level: str) -> None:
+def start_logging(level: str, form: str = "text") -> None:
     from twisted.logger import (
         FilteringLogObserver,
         LogLevel,
@@ -99,14 +100,36 @@ def start_logging(level: str) -> None:
     )
 
     predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
-    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
+    sink = json_lines_observer(sys.stderr) if form == "json" else textFileLogObserver(sys.stderr)
+    observer = FilteringLogObserver(sink, [predicate])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def json_lines_observer(out: Any) -> Any:
+    """One JSON object a line (time, level, namespace, message; a failure's
+    traceback as ``traceback``): what log shippers read."""
+    import json
+
+    from twisted.logger import formatEvent
+
+    def observe(event: dict[str, Any]) -> None:
+        record = {"time": round(event.get("log_time", 0.0), 6),
+                  "level": getattr(event.get("log_level"), "name", "info"),
+                  "namespace": event.get("log_namespace", ""),
+                  "message": formatEvent(event)}
+        failure = event.get("log_failure")
+        if failure is not None:
+            record["traceback"] = failure.getTraceback()
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+
+    return observe
 
 
 def serve(config: Config) -> int:
     install_reactor(config.reactor)
     raise_open_files_limit()
-    start_logging(config.log_level)
+    start_logging(config.log_level, config.log_format)
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError

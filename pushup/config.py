@@ -55,6 +55,7 @@ class Config:
     send_timeout: float = 30.0
     peer_queue: int = 10_000
     log_level: str = "info"
+    log_format: str = "text"
 
 
 REACTORS = ("epoll", "poll", "select")
@@ -92,6 +93,7 @@ _HELP: dict[str, tuple[str, str | None]] = {
                      "SECONDS"),
     "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
+    "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
@@ -275,6 +277,7 @@ def validate(c: Config) -> Config:
         except ValueError as e:
             raise ConfigError(f"--node-id: {e}") from None
     need(c.reactor in REACTORS, f"--reactor must be one of {', '.join(REACTORS)}")
+    need(c.log_format in ("text", "json"), "--log-format must be text or json")
     need(c.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     need(1 <= c.workers <= 64, "--workers must be 1-64 or auto")
     for name in ("message_ttl", "channel_ttl", "max_timeout", "header_timeout",

@@ -38,3 +38,17 @@ def test_token_without_a_secret_is_a_one_line_error():
     assert result.returncode == 2
     err = result.stderr.decode().strip()
     assert "\n" not in err and "secret" in err
+
+
+def test_json_logs_are_one_object_a_line(start_node):
+    import json
+
+    from pushup_e2e import stop
+
+    node = start_node("--log-format", "json")
+    assert stop(node) == 0
+    lines = [line for line in node.stderr_lines if line.strip()]
+    assert lines
+    records = [json.loads(line) for line in lines]
+    assert all(set(r) == {"time", "level", "namespace", "message"} for r in records)
+    assert any("draining" in r["message"] for r in records)
