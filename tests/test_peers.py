@@ -58,12 +58,25 @@ class _Wire:
         return succeed(_Response(status, body))
 
 
-def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap():
+def _linked(sender: Store, clock: Clock) -> tuple[Store, _Wire, PeerLink]:
+    """A started link from ``sender`` to a receiving node's Cluster, run once."""
     from pushup.cluster import Cluster
     from pushup.config import Config
+    from pushup.service import Service
+
+    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
+    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+                       clock, http=None)
+    wire = _Wire(receiver)
+    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
+    peer.start()
+    clock.advance(0)
+    return receiver_store, wire, peer
+
+
+def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap():
     from pushup.cursor import Cursor
     from pushup.model import Query
-    from pushup.service import Service
 
     clock = Clock()
     clock.advance(1_700_000_000)
@@ -73,13 +86,7 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
     sender.expire(now + 11 * S, busy=lambda name: True)  # all five evicted here
     assert sender.message_count == 0 and sender.origin.seq == 5
 
-    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
-    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
-                       clock, http=None)
-    wire = _Wire(receiver)
-    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
-    peer.start()
-    clock.advance(0)
+    receiver_store, wire, peer = _linked(sender, clock)
     assert receiver_store.horizon[sender.origin.name] == 5 and peer.after == 5
     assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
     behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
@@ -87,21 +94,12 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
 
 
 def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat():
-    from pushup.cluster import Cluster
-    from pushup.config import Config
     from pushup.peers import HEARTBEAT, LINGER
-    from pushup.service import Service
 
     clock = Clock()
     clock.advance(1_700_000_000)
     sender = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("a", 0))
-    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
-    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
-                       clock, http=None)
-    wire = _Wire(receiver)
-    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
-    peer.start()
-    clock.advance(0)  # idle now: its next run is the heartbeat, seconds away
+    receiver_store, wire, peer = _linked(sender, clock)  # idle now: next run, the heartbeat
     assert LINGER < HEARTBEAT
     posts = wire.posts
     sender.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], int(clock.seconds() * S))

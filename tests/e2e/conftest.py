@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,37 @@ class Node:
         finally:
             s.close()
         return out
+
+
+def read_many(socks: list[socket.socket], timeout: float = 60.0,
+              done: Callable[[bytes], bool] | None = None) -> list[bytes]:
+    """Read every socket until ``done(bytes so far)`` or the server closes it; fail
+    (a hang guard) if any is still open after ``timeout`` s. Resets count as close."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    bufs = {s: b"" for s in socks}
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    pending = set(socks)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.5):
+            s = key.fileobj
+            try:
+                chunk = s.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except ConnectionResetError:
+                chunk = b""
+            bufs[s] += chunk
+            if not chunk or (done is not None and done(bufs[s])):
+                sel.unregister(s)
+                pending.discard(s)
+    sel.close()
+    assert not pending, f"hang guard: {len(pending)} of {len(socks)} open after {timeout} s"
+    return [bufs[s] for s in socks]
 
 
 def response_complete(buf: bytes) -> bool:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import selectors
 import socket
 import struct
 import time
@@ -12,6 +11,7 @@ from pushup_e2e import (
     assert_error,
     assert_json_ok,
     parse_raw_response,
+    read_many,
     response_complete,
     uniq,
     wait_until,
@@ -49,31 +49,7 @@ def open_polls(node, n: int, path: str) -> list[socket.socket]:
 
 
 def collect(socks: list[socket.socket], timeout: float = 60.0) -> list[bytes]:
-    sel = selectors.DefaultSelector()
-    bufs = {}
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
-        bufs[s] = b""
-    pending = set(socks)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=1.0):
-            s = key.fileobj
-            try:
-                chunk = s.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except ConnectionResetError:
-                chunk = b""
-            if chunk:
-                bufs[s] += chunk
-            if not chunk or response_complete(bufs[s]):
-                sel.unregister(s)
-                pending.discard(s)
-    sel.close()
-    assert not pending, f"{len(pending)} of {len(socks)} polls not answered in {timeout}s"
-    return [bufs[s] for s in socks]
+    return read_many(socks, timeout, done=response_complete)
 
 
 def test_thousand_concurrent_long_polls_answered_by_one_publish(start_node):

@@ -7,42 +7,17 @@ serving everyone else throughout.
 
 from __future__ import annotations
 
-import selectors
 import socket
-import time
 
-from pushup_e2e import parse_raw_response, wait_until
+from pushup_e2e import parse_raw_response, read_many, wait_until
 
 TRICKLERS = 300
 FLOOD = 600
 
 
 def _read_all(socks: list[socket.socket], deadline_s: float) -> dict[socket.socket, bytes]:
-    """Read every socket until the server closes it (or the hang guard expires)."""
-    got = {s: b"" for s in socks}
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
-    open_ = len(socks)
-    deadline = time.monotonic() + deadline_s
-    while open_ and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.5):
-            s = key.fileobj
-            try:
-                chunk = s.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except ConnectionResetError:
-                chunk = b""
-            if chunk:
-                got[s] += chunk
-            else:
-                sel.unregister(s)
-                open_ -= 1
-    sel.close()
-    assert open_ == 0, f"{open_} connections still open after the {deadline_s} s hang guard"
-    return got
+    """Everything each socket gets until the server closes it."""
+    return dict(zip(socks, read_many(socks, deadline_s), strict=True))
 
 
 def test_trickling_heads_are_closed_and_others_served(start_node):
