@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pytest
 
@@ -398,3 +402,39 @@ def fresh_cluster():
     for c in made:
         c.stop()
 
+
+@pytest.fixture
+def workers() -> Iterator[subprocess.Popen[bytes]]:
+    """``pushup serve --workers 2 --port 0``: the supervisor in its own process
+    group, with ``.base`` (its URL) and ``.log`` (its stderr file). At the end it
+    must exit 0 on SIGTERM, and no worker may outlive it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    log = tempfile.NamedTemporaryFile(prefix="pushup-workers-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=log, env=env,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline().decode().strip()  # type: ignore[union-attr]
+        assert line.startswith("listening on http://127.0.0.1:"), (line, log.name)
+        proc.base = line.removeprefix("listening on ")  # type: ignore[attr-defined]
+        proc.log = log.name  # type: ignore[attr-defined]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                assert proc.wait(15) == 0
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        else:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                pass
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail("workers outlived the supervisor")
+        log.close()

@@ -1,12 +1,9 @@
 """`pushup serve --workers 2`: one shared port, two origins, exactly-once, clean drain."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 
 import pytest
@@ -22,41 +19,6 @@ from pushup_cluster import (
     wait_clients_have,
     wait_until,
 )
-
-
-@pytest.fixture
-def workers():
-    """The supervisor, started on port 0, in its own process group."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    log = tempfile.NamedTemporaryFile(prefix="pushup-workers-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=log, env=env,
-                            start_new_session=True)
-    try:
-        line = proc.stdout.readline().decode().strip()
-        assert line.startswith("listening on http://127.0.0.1:"), (line, log.name)
-        proc.base = line.removeprefix("listening on ")
-        proc.log = log.name
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        else:
-            # The workers must not outlive their parent.
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                pass
-            else:
-                os.killpg(proc.pid, signal.SIGKILL)
-                pytest.fail("workers outlived the supervisor")
-        log.close()
 
 
 def worker_stats(base: str, timeout: float = 15) -> dict[str, dict]:

@@ -9,38 +9,8 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 
-import pytest
 from pushup_cluster import jrequest, request, stats, uniq, wait_until
-
-
-@pytest.fixture
-def workers():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    log = tempfile.NamedTemporaryFile(prefix="pushup-workers-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=log, env=env,
-                            start_new_session=True)
-    try:
-        line = proc.stdout.readline().decode().strip()
-        assert line.startswith("listening on http://127.0.0.1:"), (line, log.name)
-        proc.base = line.removeprefix("listening on ")
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                assert proc.wait(15) == 0
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
-        log.close()
-        os.unlink(log.name)
 
 
 class Scrapes:
