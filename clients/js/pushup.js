@@ -133,7 +133,27 @@ export function subscribe(baseUrl, channels, options = {}) {
 
   // EventSource reconnects by itself (with Last-Event-ID); it gives up on a
   // non-200 answer, and then a plain request tells a 4xx from a 5xx.
-  function openSource() {
+  async function openSource() {
+    if (cursor === null && since === 'now') {
+      // "now" moves: pin it to a cursor first, so that the browser's own
+      // reconnects (same URL until an event carries an id) lose nothing.
+      const ctl = new AbortController();
+      controller = ctl;
+      let response;
+      try {
+        response = await fetch(url('&timeout=0&limit=1'), { cache: 'no-store', signal: ctl.signal });
+        if (response.status >= 400 && response.status < 500) return fail(await httpError(response));
+        if (!response.ok) throw await httpError(response);
+        const body = await response.json();
+        if (controller !== ctl || stopped) return;
+        cursor = body.cursor;
+      } catch (error) {
+        if (controller !== ctl || stopped) return;
+        return retry(error, response);
+      } finally {
+        if (controller === ctl) controller = null;
+      }
+    }
     const es = new EventSource(url());
     source = es;
     es.onopen = () => { failures = 0; };
