@@ -264,3 +264,31 @@ test('since "now" skips cached messages; since a time starts after it', { timeou
     sub2.close();
   }
 });
+
+test('a hidden page pauses the poll and a visible one resumes it, losing nothing', { timeout: 20000 }, async () => {
+  const { url } = await startNode();
+  const doc = Object.assign(new EventTarget(), { visibilityState: 'visible' });
+  globalThis.document = doc;
+  const rec = recorder();
+  const sub = subscribe(url, ['v'], rec.callbacks);
+  const show = (state) => { doc.visibilityState = state; doc.dispatchEvent(new Event('visibilitychange')); };
+  try {
+    await publish(url, ['v'], 1);
+    await rec.next('message', 1);
+    await until(async () => (await waiting(url)) === 1, 'the held poll');
+    show('hidden');
+    await until(async () => (await waiting(url)) === 0, 'the poll to be dropped');
+    await publish(url, ['v'], 2);
+    await publish(url, ['v'], 3);
+    assert.deepEqual(rec.data(), [1]);
+    show('visible');
+    await rec.next('message', 3);
+    await publish(url, ['v'], 4); // sentinel
+    await rec.next('message', 4);
+    assert.deepEqual(rec.data(), [1, 2, 3, 4]);
+    assert.deepEqual(rec.seen.error, []);
+  } finally {
+    sub.close();
+    delete globalThis.document;
+  }
+});
