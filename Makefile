@@ -20,10 +20,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and load tests use (HAProxy for the cluster, nftables
-# for wire-byte counters). Installed only when missing; we run as root.
+# for wire-byte counters, Node for the browser client's tests). Installed only
+# when missing; we run as root.
 system-packages:
-	@command -v haproxy >/dev/null && command -v nft >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nftables >/dev/null; }
+	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nftables nodejs >/dev/null; }
 
 setup: $(STAMP) system-packages
 
