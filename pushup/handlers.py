@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
+from importlib.resources import files
 from typing import Any, Protocol
 
 from pushup import errors
@@ -74,6 +75,7 @@ class Handlers:
             (b"health",): {b"GET": self.health, b"HEAD": self.health},
             (b"stats",): {b"GET": self.stats, b"HEAD": self.stats},
             (b"metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
+            (b"pushup.js",): {b"GET": self.client_js, b"HEAD": self.client_js},
             (b"peer", b"messages"): {b"POST": self.peer_messages},
             (b"peer", b"snapshot"): {b"GET": self.peer_snapshot},
         }
@@ -275,6 +277,10 @@ class Handlers:
         content_type, text = self._metrics()
         return Response(200, text, content_type)
 
+    def client_js(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+        """The browser client (clients/js/ in the repository)."""
+        return _CLIENT_JS
+
     def _peer(self, request: Request) -> ClusterPort:
         """The cluster, if this request is signed with its secret; else 401."""
         cluster = self.cluster
@@ -301,6 +307,8 @@ _PREFLIGHT = Response(204, headers=(
     (b"Access-Control-Allow-Headers", b"Authorization, Content-Type"),
     (b"Access-Control-Max-Age", b"86400")))
 _NO_CONTENT = Response(204)
+_CLIENT_JS = Response(200, files("pushup").joinpath("static/pushup.js").read_bytes(),
+                      b"text/javascript; charset=utf-8")
 
 
 def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, str | None]]:

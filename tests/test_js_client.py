@@ -21,7 +21,7 @@ def test_js_client_node_tests() -> None:
     pushup = Path(sys.executable).with_name("pushup")
     env = dict(os.environ)
     if pushup.exists():
-        env["PUSHUP_BIN"] = str(pushup)
+        env["JS_TEST_PUSHUP_COMMAND"] = str(pushup)
     done = subprocess.run(
         [node, "--test", "clients/js/test/"],
         cwd=ROOT,

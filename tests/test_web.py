@@ -844,3 +844,16 @@ def test_an_expired_token_is_401_even_when_checked_before(private, check_error):
 
 def test_publishing_needs_no_subscribe_token(private):
     assert private.publish("a", 1).status == 201
+
+
+# -- the browser client ------------------------------------------------------
+
+
+def test_the_browser_client_is_served_as_a_javascript_module(make_node):
+    node = make_node(cors_origin="https://app.example")
+    response = node.get("/pushup.js")
+    assert response.status == 200
+    assert response.header("content-type") == "text/javascript; charset=utf-8"
+    assert response.header("access-control-allow-origin") == "https://app.example"
+    assert b"export function subscribe(" in response.body
+    assert len(response.body) < 16 * 1024

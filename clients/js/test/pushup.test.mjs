@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { subscribe, backoff } from '../pushup.js';
 
 const ROOT = fileURLToPath(new URL('../../../', import.meta.url));
-const PUSHUP = process.env.PUSHUP_BIN || ROOT + '.venv/bin/pushup';
+const PUSHUP = process.env.JS_TEST_PUSHUP_COMMAND || ROOT + '.venv/bin/pushup';
 const nodes = new Set();
 
 // Start `pushup serve`; resolves with {url, proc} once it prints where it listens.
