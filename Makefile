@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml
 # for wire-byte counters, Node for the browser client's tests). Installed only
 # when missing; we run as root.
 system-packages:
-	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nftables nodejs >/dev/null; }
+	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    haproxy nftables nodejs chromium chromium-driver >/dev/null; }
 
 setup: $(STAMP) system-packages
 
