@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test bench bench-packages cluster loadtest lint setup system-packages clean
+.PHONY: run test demo bench bench-packages cluster loadtest lint setup system-packages clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
@@ -58,6 +58,10 @@ test: setup bench-packages
 
 bench: setup bench-packages
 	$(PY) -m loadtest.bench
+
+# The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
+demo: setup
+	$(PY) -m demo.run --nodes $(NODES) --port 8000
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or

@@ -1,0 +1,129 @@
+"""The paper's demo: a chat web application in front of a PushUp cluster.
+
+HAProxy sends /subscribe, /publish, /channels and /pushup.js to PushUp and
+everything else here (PushUp's front-end role). This small backend signs a
+user in (a name in an HMAC-signed cookie), publishes what they say to the
+channel ``chat:lobby`` with the publish token (server side: pages never hold
+it), and hands each signed-in page a subscribe token for that channel. The
+page (``chat.html``) uses ``/pushup.js``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.server
+import json
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from http.cookies import SimpleCookie
+from pathlib import Path
+
+from pushup.tokens import issue
+
+CHANNEL = "chat:lobby"
+PAGE = (Path(__file__).resolve().parent / "chat.html").read_bytes()
+
+
+class Chat:
+    def __init__(self, node_urls: Sequence[str], publish_token: str, subscribe_secret: str,
+                 cookie_key: bytes) -> None:
+        self.node_urls = list(node_urls)
+        self.publish_token = publish_token
+        self.subscribe_secret = subscribe_secret
+        self.cookie_key = cookie_key
+
+    def sign(self, name: str) -> str:
+        mac = hmac.new(self.cookie_key, name.encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{name}.{mac}"
+
+    def user(self, cookie_header: str | None) -> str | None:
+        value = SimpleCookie(cookie_header or "").get("user")
+        if value is None or "." not in value.value:
+            return None
+        name, _, mac = value.value.rpartition(".")
+        return name if hmac.compare_digest(self.sign(name), value.value) else None
+
+    def publish(self, user: str, text: str) -> bool:
+        """Publish to any live node (a node may be down: try the others)."""
+        body = json.dumps({"channels": [CHANNEL], "data": {"user": user, "text": text}}).encode()
+        for url in random.sample(self.node_urls, len(self.node_urls)):
+            request = urllib.request.Request(url + "/publish", data=body, method="POST", headers={
+                "Authorization": f"Bearer {self.publish_token}",
+                "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    if response.status == 201:
+                        return True
+            except (OSError, urllib.error.HTTPError):
+                continue
+        return False
+
+
+def handler_for(chat: Chat) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, status: int, body: bytes, kind: str = "application/json",
+                  cookie: str = "") -> None:
+            self.send_response(status)
+            if status != 204:  # a 204 has no body, and says no length
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            if cookie:
+                self.send_header("Set-Cookie", f"user={cookie}; Path=/; HttpOnly; SameSite=Strict")
+            self.end_headers()
+            if status != 204:
+                self.wfile.write(body)
+
+        def _json(self) -> dict[str, str]:
+            length = int(self.headers.get("Content-Length", "0"))
+            try:
+                value = json.loads(self.rfile.read(min(length, 65536)) or b"{}")
+            except ValueError:
+                return {}
+            return value if isinstance(value, dict) else {}
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's interface)
+            if self.path in ("/", "/index.html"):
+                return self._send(200, PAGE, "text/html; charset=utf-8")
+            if self.path == "/token":
+                user = chat.user(self.headers.get("Cookie"))
+                if user is None:
+                    return self._send(401, b'{"error":"sign in first"}')
+                token = issue(chat.subscribe_secret, [CHANNEL], time.time() + 3600)
+                return self._send(200, json.dumps({"token": token, "user": user,
+                                                   "channel": CHANNEL}).encode())
+            self._send(404, b'{"error":"not found"}')
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path == "/login":
+                name = str(self._json().get("name", "")).strip()[:40]
+                if not name or "." in name or ";" in name:
+                    return self._send(400, b'{"error":"a name, without dots"}')
+                return self._send(204, b"", cookie=chat.sign(name))
+            if self.path == "/send":
+                user = chat.user(self.headers.get("Cookie"))
+                text = str(self._json().get("text", "")).strip()[:500]
+                if user is None:
+                    return self._send(401, b'{"error":"sign in first"}')
+                if not text:
+                    return self._send(400, b'{"error":"say something"}')
+                ok = chat.publish(user, text)
+                return self._send(204 if ok else 503, b"" if ok else b'{"error":"retry"}')
+            self._send(404, b'{"error":"not found"}')
+
+    return Handler
+
+
+def serve(chat: Chat, port: int = 0) -> http.server.ThreadingHTTPServer:
+    """Serve the chat on 127.0.0.1:``port`` in a background thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler_for(chat))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
