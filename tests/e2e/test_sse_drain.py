@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 
 from pushup_e2e import uniq
-from sse_client import SSE, data_of
+
+from tests.sse_client import SSE, data_of
 
 
 def test_sigterm_ends_an_open_event_stream(start_node):

@@ -240,7 +240,7 @@ def test_a_since_now_cursor_works_on_the_other_node(cluster):
 
 
 def test_an_event_stream_resumes_on_the_other_node_exactly_once(cluster):
-    from sse_client import SSE, data_of
+    from tests.sse_client import SSE, data_of
 
     a, b = cluster.a, cluster.b
     ch = uniq("sse")
