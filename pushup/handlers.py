@@ -3,14 +3,14 @@
 Routing is a table over the raw path (no resource traversal). Each handler
 takes a ``Request`` and returns a ``Response``, or ``Held`` when a subscribe
 waits; behaviour lives in :mod:`pushup.service`, parameters are checked in
-:mod:`pushup.params`. Nothing here reads a socket, a clock or HTTP framing,
-so every endpoint is tested with plain values.
+:mod:`pushup.params`. Nothing here reads a socket, the wall clock (the
+service's clock is injected) or HTTP framing, so an endpoint can be tested
+with plain values (tests/test_handlers.py).
 """
 
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
@@ -287,7 +287,7 @@ class Handlers:
         ok = cluster is not None and bool(cluster.secret) and verify(
             cluster.secret, request.method.decode(), request.path.decode("latin-1"),
             request.header(b"x-pushup-time"), request.body,
-            request.header(b"x-pushup-signature"), time.time())
+            request.header(b"x-pushup-signature"), self.service.now() / 1e6)
         if cluster is None or not ok:
             if cluster is not None:
                 cluster.refused += 1
