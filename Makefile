@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench bench-packages cluster loadtest lint setup system-packages clean
+.PHONY: run test bench bench-packages cluster loadtest experiments lint setup system-packages clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ PROFILE ?= quick
 RESULTS ?=
 loadtest: setup
 	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)
+
+# The seeds rerun on PushUp (issue 11): select/poll/epoll under idle held polls, and
+# fan-out over a private veth with MTU and tbf caps (needs root). PROFILE=smoke|full
+# (the default `quick` means smoke, under a minute; full about 15 minutes). Output in
+# loadtest/out/seeds-PROFILE/, or with RESULTS=1 in loadtest/results/seeds/.
+experiments: setup
+	$(PY) -m loadtest.experiments --profile $(if $(filter quick,$(PROFILE)),smoke,$(PROFILE))$(if $(filter 1 yes true,$(RESULTS)), --out loadtest/results/seeds)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,11 @@ from . import figures, reactors, wan
 from .measure import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
+TIME_LIMITS = {"smoke": 150, "full": 2400}
+
+
+def _out_of_time(signum: int, frame: object) -> None:
+    raise TimeoutError("the experiment ran out of its time limit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("reactors", "wan"), action="append")
     ap.add_argument("--out", type=Path, default=None,
                     help="output folder (default loadtest/out/seeds-PROFILE)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds before the run is abandoned, cleaning up "
+                         "(default 150 for smoke, 2400 for full)")
     args = ap.parse_args(argv)
+    limit = args.time_limit or TIME_LIMITS[args.profile]
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.alarm(int(limit))  # every `finally` below still runs: servers, workers, netns
     out: Path = args.out or REPO / "loadtest" / "out" / f"seeds-{args.profile}"
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"

@@ -7,6 +7,9 @@ is then visible next to the number it may have distorted.
 
 from __future__ import annotations
 
+import json
+import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,27 @@ Row = dict[str, Any]
 
 
 def _by(rows: list[Row], **match: Any) -> list[Row]:
-    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    """The rows matching `match`; repetitions of one point are merged into their median
+    (with `reply_rate_min` / `reply_rate_max`)."""
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    if not found or found[0].get("experiment") != "reactors":
+        return found
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for r in found:
+        groups.setdefault((r["reactor"], r["idle"], r["kind"], r["offered_rate"]), []).append(r)
+    return [median_row(g) for g in groups.values()]
+
+
+def median_row(group: list[Row]) -> Row:
+    out = dict(group[0])
+    for key, value in group[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in group if isinstance(r.get(key), (int, float))]
+            out[key] = statistics.median(values)
+    out["reply_rate_min"] = min(r["reply_rate"] for r in group)
+    out["reply_rate_max"] = max(r["reply_rate"] for r in group)
+    out["reps"] = len(group)
+    return out
 
 
 def _cpu_panel(ax: Any, xs: list[Any], rows: list[Row], label: str, color: str,
@@ -77,8 +100,10 @@ def reactors_idle(rows: list[Row], out: Path) -> Path:
             pts = sorted(_by(pts, offered_rate=_fixed_rate(pts)), key=lambda r: r["idle"])
             xs = [r["idle"] for r in pts]
             label = f"{reactor} {kind}"
-            a.plot(xs, [r["reply_rate"] for r in pts], style, color=color, marker="o",
-                   label=label)
+            a.errorbar(xs, [r["reply_rate"] for r in pts],
+                       yerr=[[r["reply_rate"] - r["reply_rate_min"] for r in pts],
+                             [r["reply_rate_max"] - r["reply_rate"] for r in pts]],
+                       fmt=style, color=color, marker="o", capsize=3, label=label)
             b.plot(xs, [r["server_cpu_us_per_reply"] or 0 for r in pts], style, color=color,
                    marker="o", label=label)
             c.plot(xs, [r["latency_p99_ms"] for r in pts], style, color=color, marker="o",
@@ -86,7 +111,8 @@ def reactors_idle(rows: list[Row], out: Path) -> Path:
             c.plot(xs, [r["latency_p50_ms"] for r in pts], style, color=color, alpha=0.4,
                    label=f"{label} p50")
             _cpu_panel(d, xs, pts, label, color, style)
-    a.set(title=f"reply rate at {fixed} req/s offered vs idle held polls",
+    a.set(title=f"reply rate at {fixed} req/s offered vs idle held polls\n"
+                "(median of repetitions, bars: min-max)",
           xlabel="idle held polls N", ylabel="reply rate (replies/s)")
     b.set(title="server CPU per reply", xlabel="idle held polls N", ylabel="µs / reply")
     c.set(title="latency", xlabel="idle held polls N", ylabel="ms", yscale="log")
@@ -98,7 +124,9 @@ def reactors_idle(rows: list[Row], out: Path) -> Path:
 
 
 def _fixed_rate(pts: list[Row]) -> Any:
-    """The offered rate measured at every N (the most common one)."""
+    """The offered rate measured at every N (the plan's, when the rows name it)."""
+    if "fixed_rate" in pts[0]:
+        return pts[0]["fixed_rate"]
     rates = [r["offered_rate"] for r in pts]
     ns = {r["idle"] for r in pts}
     return max(set(rates), key=lambda x: (len({r["idle"] for r in pts
@@ -185,6 +213,12 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def redraw(folder: Path) -> list[Path]:
+    """Draw the figures again from `folder`/results.jsonl."""
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    return draw(rows, folder)
+
+
 def draw(rows: list[Row], out: Path) -> list[Path]:
     paths = []
     if _by(rows, experiment="reactors"):
@@ -195,3 +229,8 @@ def draw(rows: list[Row], out: Path) -> list[Path]:
         paths += wan_mtu(rows, out)
         paths.append(wan_caps(rows, out))
     return paths
+
+
+if __name__ == "__main__":
+    for p in redraw(Path(sys.argv[1])):
+        print(p)

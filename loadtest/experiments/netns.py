@@ -32,11 +32,19 @@ def _exists_link(name: str) -> bool:
 
 
 def teardown() -> None:
-    """Remove our namespace and veth pair if present (deleting one end removes both)."""
+    """Remove our veth pair and namespace if present; raises if either survives.
+
+    The link goes first (deleting one end removes both); deleting the namespace
+    also destroys the pair, but asynchronously, so a link already gone is fine."""
+    if _exists_link(SERVER_IF):
+        r = subprocess.run(["ip", "link", "del", SERVER_IF], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode and "Cannot find device" not in r.stderr:
+            raise RuntimeError(f"ip link del {SERVER_IF}: {r.stderr.strip()}")
     if os.path.exists(NETNS_PATH):
         run_logged(["ip", "netns", "del", NETNS])
-    if _exists_link(SERVER_IF):
-        run_logged(["ip", "link", "del", SERVER_IF])
+    if _exists_link(SERVER_IF) or os.path.exists(NETNS_PATH):
+        raise RuntimeError(f"{SERVER_IF} or {NETNS} survived the teardown")
 
 
 def setup() -> None:

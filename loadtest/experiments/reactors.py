@@ -40,12 +40,22 @@ class Plan:
     conns: int  # active keep-alive connections of the rate load
     workloads: tuple[str, ...]
     strace_s: float
+    reps: int = 1  # repetitions of each fixed-rate point (the machine is shared: noise)
     workers: int = 1
+
+    def rates(self, n: int, ns: tuple[int, ...]) -> dict[str, list[int]]:
+        """Offered rates per workload at idle count `n` (fixed-rate ones `reps` times)."""
+        rates = {w: [self.fixed_rate] * self.reps for w in self.workloads}
+        if n in (ns[0], ns[-1]):
+            rates["subscribe"] = sorted([*(r for r in self.sweep if r != self.fixed_rate),
+                                         *rates["subscribe"]])
+        return rates
 
     def points(self) -> int:
         n = 0
         for ns in self.idle.values():
-            n += len(ns) * len(self.workloads) + 2 * len(self.sweep) + (1 if self.strace_s else 0)
+            n += sum(len(v) for k in ns for v in self.rates(k, ns).values())
+            n += 1 if self.strace_s else 0
         return n
 
 
@@ -56,8 +66,9 @@ PLANS = {
     "full": Plan(idle={"select": (0, 500, 850),
                        "poll": (0, 500, 2000, 5000, 10000, 15000),
                        "epoll": (0, 500, 2000, 5000, 10000, 15000)},
-                 sweep=(2000, 4000, 6000, 8000, 11000, 14000), fixed_rate=5000, duration=3.0,
-                 conns=32, workloads=("subscribe", "publish"), strace_s=3.0),
+                 sweep=(2000, 4000, 6000, 8000, 11000, 14000, 18000, 22000), fixed_rate=5000,
+                 duration=3.0,
+                 conns=32, workloads=("subscribe", "publish"), strace_s=3.0, reps=3),
 }
 
 
@@ -130,15 +141,13 @@ def run(plan: Plan, repo: Path, out: Path, rec: Recorder, reactors: tuple[str, .
                     t0 = time.monotonic()
                     held = hold_idle(pool, srv, held, n)
                     opened_s = round(time.monotonic() - t0, 2)
-                    rates = {w: [plan.fixed_rate] for w in plan.workloads}
-                    if n in (ns[0], ns[-1]):
-                        rates["subscribe"] = sorted({*plan.sweep, plan.fixed_rate})
-                    for workload, offered in rates.items():
+                    for workload, offered in plan.rates(n, ns).items():
                         for rate in offered:
                             row = rate_point(pool, srv, kind=workload, rate=rate,
                                              duration=plan.duration, conns=plan.conns,
                                              channel=f"active-{reactor}-{n}")
                             row.update(experiment="reactors", reactor=reactor, idle=n,
+                                       fixed_rate=plan.fixed_rate,
                                        idle_open_s=opened_s, stamp=stamp,
                                        held=srv.stats()["waiting"])
                             rec.point(row, f"{reactor} N={n} {workload} {rate}/s -> "

@@ -44,8 +44,8 @@ class Plan:
 PLANS = {
     "smoke": Plan(subscribers=20, sizes=(100, 2048), mtus=(1500, 296), caps=(None, "10mbit"),
                   cap_size=2048, rounds=2),
-    "full": Plan(subscribers=1000, sizes=(100, 2048, 10240), mtus=(1500, 1280, 576, 296),
-                 caps=(None, "1gbit", "100mbit", "20mbit"), cap_size=2048, rounds=5),
+    "full": Plan(subscribers=2000, sizes=(100, 2048, 10240), mtus=(1500, 1280, 576, 296),
+                 caps=(None, "1gbit", "100mbit", "20mbit"), cap_size=2048, rounds=6),
 }
 
 
