@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import figures, reactors, wan
+from . import figures, reactors, tables, wan
 from .measure import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     for path in figures.draw(rows, out):
         print(f"figure {path}", flush=True)
+    (out / "tables.md").write_text(tables.render(rows))
+    print(f"tables {out / 'tables.md'}", flush=True)
     print(f"results {results}", flush=True)
     return 0
 

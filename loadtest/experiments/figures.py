@@ -24,7 +24,7 @@ SIZE_COLORS = {100: "tab:green", 2048: "tab:purple", 10240: "tab:brown"}
 Row = dict[str, Any]
 
 
-def _by(rows: list[Row], **match: Any) -> list[Row]:
+def matching(rows: list[Row], **match: Any) -> list[Row]:
     """The rows matching `match`; repetitions of one point are merged into their median
     (with `reply_rate_min` / `reply_rate_max`)."""
     found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
@@ -59,11 +59,11 @@ def _cpu_panel(ax: Any, xs: list[Any], rows: list[Row], label: str, color: str,
 def reactors_offered(rows: list[Row], out: Path) -> Path:
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.8))
     for reactor, color in COLORS.items():
-        ns = sorted({r["idle"] for r in _by(rows, experiment="reactors", reactor=reactor)})
+        ns = sorted({r["idle"] for r in matching(rows, experiment="reactors", reactor=reactor)})
         if not ns:
             continue
         for n, style in ((ns[0], "-"), (ns[-1], "--")):
-            pts = sorted(_by(rows, experiment="reactors", reactor=reactor, idle=n,
+            pts = sorted(matching(rows, experiment="reactors", reactor=reactor, idle=n,
                              kind="subscribe"), key=lambda r: r["offered_rate"])
             if len(pts) < 2:
                 continue
@@ -74,7 +74,7 @@ def reactors_offered(rows: list[Row], out: Path) -> Path:
             b.plot(xs, [r["server_cpu_us_per_reply"] or 0 for r in pts], style, color=color,
                    marker="o", label=label)
             _cpu_panel(c, xs, pts, label, color, style)
-    lim = max([r["offered_rate"] for r in _by(rows, experiment="reactors")] or [1])
+    lim = max([r["offered_rate"] for r in matching(rows, experiment="reactors")] or [1])
     a.plot([0, lim], [0, lim], color="grey", lw=0.5)
     a.set(title="Pull subscribes (timeout=0): reply rate vs offered rate",
           xlabel="offered rate (req/s)", ylabel="reply rate (replies/s)")
@@ -93,11 +93,11 @@ def reactors_idle(rows: list[Row], out: Path) -> Path:
     fixed = None
     for reactor, color in COLORS.items():
         for kind, style in (("subscribe", "-"), ("publish", "--")):
-            pts = _by(rows, experiment="reactors", reactor=reactor, kind=kind)
+            pts = matching(rows, experiment="reactors", reactor=reactor, kind=kind)
             if not pts:
                 continue
             fixed = fixed or _fixed_rate(pts)
-            pts = sorted(_by(pts, offered_rate=_fixed_rate(pts)), key=lambda r: r["idle"])
+            pts = sorted(matching(pts, offered_rate=_fixed_rate(pts)), key=lambda r: r["idle"])
             xs = [r["idle"] for r in pts]
             label = f"{reactor} {kind}"
             a.errorbar(xs, [r["reply_rate"] for r in pts],
@@ -135,7 +135,7 @@ def _fixed_rate(pts: list[Row]) -> Any:
 
 
 def syscalls(rows: list[Row], out: Path) -> Path:
-    traces = _by(rows, experiment="strace")
+    traces = matching(rows, experiment="strace")
     names = sorted({k for r in traces for k in r["syscalls_per_reply"]})
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / max(len(traces), 1)
@@ -151,11 +151,11 @@ def syscalls(rows: list[Row], out: Path) -> Path:
 
 
 def wan_mtu(rows: list[Row], out: Path) -> list[Path]:
-    pts_all = _by(rows, experiment="wan", series="mtu")
+    pts_all = matching(rows, experiment="wan", series="mtu")
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.8))
     fig2, (d, e) = plt.subplots(1, 2, figsize=(11, 4.8))
     for size in sorted({r["size"] for r in pts_all}):
-        pts = sorted(_by(pts_all, size=size), key=lambda r: r["mtu"])
+        pts = sorted(matching(pts_all, size=size), key=lambda r: r["mtu"])
         xs = [r["mtu"] for r in pts]
         color = SIZE_COLORS.get(size, "grey")
         a.plot(xs, [r["server_cpu_us_per_delivery"] for r in pts], "-", marker="o",
@@ -187,7 +187,7 @@ def wan_mtu(rows: list[Row], out: Path) -> list[Path]:
 
 
 def wan_caps(rows: list[Row], out: Path) -> Path:
-    pts = _by(rows, experiment="wan", series="cap")
+    pts = matching(rows, experiment="wan", series="cap")
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.8))
     labels = [r["cap"] for r in pts]
     xs = list(range(len(pts)))
@@ -221,11 +221,11 @@ def redraw(folder: Path) -> list[Path]:
 
 def draw(rows: list[Row], out: Path) -> list[Path]:
     paths = []
-    if _by(rows, experiment="reactors"):
+    if matching(rows, experiment="reactors"):
         paths += [reactors_offered(rows, out), reactors_idle(rows, out)]
-    if _by(rows, experiment="strace"):
+    if matching(rows, experiment="strace"):
         paths.append(syscalls(rows, out))
-    if _by(rows, experiment="wan"):
+    if matching(rows, experiment="wan"):
         paths += wan_mtu(rows, out)
         paths.append(wan_caps(rows, out))
     return paths
