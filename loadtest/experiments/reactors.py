@@ -40,15 +40,14 @@ class Plan:
     conns: int  # active keep-alive connections of the rate load
     workloads: tuple[str, ...]
     strace_s: float
-    reps: int = 1  # repetitions of each fixed-rate point (the machine is shared: noise)
+    reps: int = 1  # repetitions of each point (the machine is shared: noise); rounds of the sweep
     workers: int = 1
 
     def rates(self, n: int, ns: tuple[int, ...]) -> dict[str, list[int]]:
         """Offered rates per workload at idle count `n` (fixed-rate ones `reps` times)."""
         rates = {w: [self.fixed_rate] * self.reps for w in self.workloads}
         if n in (ns[0], ns[-1]):
-            rates["subscribe"] = sorted([*(r for r in self.sweep if r != self.fixed_rate),
-                                         *rates["subscribe"]])
+            rates["subscribe"] = sorted({*self.sweep, self.fixed_rate}) * self.reps
         return rates
 
     def points(self) -> int:
