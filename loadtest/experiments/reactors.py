@@ -12,6 +12,7 @@ select is capped below 1,024 descriptors (FD_SETSIZE): N stops at 850.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
@@ -152,7 +153,9 @@ def run(plan: Plan, repo: Path, out: Path, rec: Recorder, reactors: tuple[str, .
                             rec.point(row, f"{reactor} N={n} {workload} {rate}/s -> "
                                            f"{row['reply_rate']}/s p99 "
                                            f"{row['latency_p99_ms']} ms")
-                    if n == ns[-1] and plan.strace_s:
+                    if n == ns[-1] and plan.strace_s and not shutil.which("strace"):
+                        print("strace is not installed: no system-call counts", flush=True)
+                    elif n == ns[-1] and plan.strace_s:
                         row = strace_window(pool, srv, out, reactor, n, plan)
                         row.update(experiment="strace", reactor=reactor, idle=n, stamp=stamp)
                         rec.point(row, f"{reactor} N={n} strace {row['syscalls_per_reply']}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ from loadtest.experiments.reactors import PLANS, parse_strace
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+    reason="network namespaces need root, ip and tc")
 
 
 def run_smoke(only: str, out: Path) -> list[dict[str, Any]]:
@@ -58,11 +61,14 @@ def test_reactor_experiment_measures_every_reactor_at_every_idle_count(tmp_path:
         assert r["server_cpu_us_per_reply"] is None or r["server_cpu_us_per_reply"] >= 0
         assert r["generator_cpu_pct"] >= 0 and r["others_cpu_pct"] >= 0
     traces = {r["reactor"]: r["syscalls"] for r in rows if r["experiment"] == "strace"}
+    for name in ("fig1-reply-vs-offered", "fig2-reply-vs-idle"):
+        assert_png(tmp_path / f"{name}.png")
+    if not shutil.which("strace"):
+        return  # the run says so and carries on without system-call counts
     assert traces["epoll"].get("epoll_wait", 0) > 0
     assert traces["poll"].get("poll", 0) > 0
     assert traces["select"].get("select", 0) + traces["select"].get("pselect6", 0) > 0
-    for name in ("fig1-reply-vs-offered", "fig2-reply-vs-idle", "fig3-syscalls"):
-        assert_png(tmp_path / f"{name}.png")
+    assert_png(tmp_path / "fig3-syscalls.png")
 
 
 @needs_root
