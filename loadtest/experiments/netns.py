@@ -13,6 +13,7 @@ and loss are not emulated; `tc tbf` caps the bandwidth.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -93,6 +94,12 @@ def link_counters() -> dict[str, int]:
         with open(f"/sys/class/net/{SERVER_IF}/statistics/{key}") as f:
             out[key] = int(f.read())
     return out
+
+
+def qdisc_drops() -> int:
+    """Packets dropped by the qdiscs on the server's end (tbf's queue overflowing)."""
+    r = run_logged(["tc", "-s", "-j", "qdisc", "show", "dev", SERVER_IF])
+    return sum(int(q.get("drops", 0)) for q in json.loads(r.stdout or "[]"))
 
 
 def tcp_segments(pid: int) -> dict[str, int]:

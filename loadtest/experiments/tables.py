@@ -75,11 +75,13 @@ def wan_table(rows: list[Row], series: str) -> str:
                     r["server_user_us_per_delivery"], r["server_sys_us_per_delivery"],
                     r["packets_per_delivery"], r["tx_packets_per_delivery"],
                     r["tcp_segments_per_delivery"], r["trip_p50_ms"], r["trip_last_ms"],
-                    r["retrans_segments"], f"{r['generator_cpu_pct']:.0f} %",
+                    r["retrans_segments"], r.get("qdisc_drops", "not recorded"),
+                    f"{r['generator_cpu_pct']:.0f} %",
                     f"{r['others_cpu_pct']:.0f} %"])
     return _table(["MTU", "cap", "bytes", "server µs/delivery", "user", "kernel",
                    "packets/delivery", "to subscribers", "TCP segments", "trip p50 ms",
-                   "trip last ms", "retransmits", "generator CPU", "others CPU"], out)
+                   "trip last ms", "retransmits", "qdisc drops", "generator CPU",
+                   "others CPU"], out)
 
 
 def render(rows: list[Row]) -> str:

@@ -60,10 +60,12 @@ def fanout_rounds(pool: WorkerPool, srv: Server, subs: list[int], size: int, rou
     lasts: list[float] = []
     delivered = 0
     link0 = seg0 = None
+    drops0 = 0
     for i in range(rounds + 1):
         r = first_round + i
         if i == 1:  # round 0 warms caches and buffers; the window starts after it
             link0, seg0 = netns.link_counters(), netns.tcp_segments(pool.pids[0])
+            drops0 = netns.qdisc_drops()
             window.begin()
         t0 = time.time()
         ok, doc = srv.publish(channel, {"bench_round": r, "pad": pad})
@@ -81,6 +83,7 @@ def fanout_rounds(pool: WorkerPool, srv: Server, subs: list[int], size: int, rou
             lasts.append(rel[-1])
     cpu = window.end()
     link1, seg1 = netns.link_counters(), netns.tcp_segments(pool.pids[0])
+    drops = netns.qdisc_drops() - drops0
     assert link0 is not None and seg0 is not None
     d = {k: link1[k] - link0[k] for k in link1}
     segs = {k: seg1[k] - seg0[k] for k in seg1}
@@ -96,6 +99,7 @@ def fanout_rounds(pool: WorkerPool, srv: Server, subs: list[int], size: int, rou
         "tx_bytes_per_delivery": round(d["tx_bytes"] / delivered, 1),
         "tcp_segments_per_delivery": round((segs["InSegs"] + segs["OutSegs"]) / delivered, 2),
         "retrans_segments": segs["RetransSegs"], "tx_dropped": d["tx_dropped"],
+        "qdisc_drops": drops,
         "trip_p50_ms": round(1000 * statistics.median(trips), 2),
         "trip_last_ms": round(1000 * statistics.median(lasts), 2),
         **cpu,

@@ -84,6 +84,7 @@ def test_wan_experiment_counts_more_packets_at_a_smaller_mtu_and_tears_down(
         assert r["tx_bytes_per_delivery"] >= r["size"]
         assert r["server_cpu_us_per_delivery"] >= 0 and r["generator_cpu_pct"] >= 0
         assert 0 < r["trip_p50_ms"] <= r["trip_last_ms"]
+        assert r["qdisc_drops"] >= 0 and r["retrans_segments"] >= 0
     big = {r["mtu"]: r for r in points if r["series"] == "mtu" and r["size"] == 2048}
     assert big[296]["tx_packets_per_delivery"] > big[1500]["tx_packets_per_delivery"]
     assert {r["cap"] for r in points if r["series"] == "cap"} == {"none", "10mbit"}
