@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test demo bench bench-packages cluster loadtest lint setup system-packages clean
+.PHONY: run test demo bench bench-packages cluster loadtest experiments lint setup system-packages clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml
 # when missing; we run as root.
 system-packages:
 	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
-	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs chromium chromium-driver >/dev/null; }
+	    haproxy nftables nodejs chromium chromium-driver strace iproute2 >/dev/null; }
 
 setup: $(STAMP) system-packages
 
@@ -71,6 +72,13 @@ PROFILE ?= quick
 RESULTS ?=
 loadtest: setup
 	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)
+
+# The seeds rerun on PushUp (issue 11): select/poll/epoll under idle held polls, and
+# fan-out over a private veth with MTU and tbf caps (needs root). PROFILE=smoke|full
+# (the default `quick` means smoke, under a minute; full about 15 minutes). Output in
+# loadtest/out/seeds-PROFILE/, or with RESULTS=1 in loadtest/results/seeds/.
+experiments: setup
+	$(PY) -m loadtest.experiments --profile $(if $(filter quick,$(PROFILE)),smoke,$(PROFILE))$(if $(filter 1 yes true,$(RESULTS)), --out loadtest/results/seeds)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest

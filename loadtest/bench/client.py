@@ -96,6 +96,9 @@ class Worker:
         self.running = True
         self.counters: Counter[str] = Counter()
         self.next_source = index
+        # Where connections go and come from; loadtest.experiments points them at a veth.
+        self.server_host = "127.0.0.1"
+        self.source_addresses = SOURCE_ADDRESSES
         # opening connections
         self.to_open = 0
         self.to_open_role = SUBSCRIBER
@@ -211,8 +214,9 @@ class Worker:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
             self.next_source += 1
-            sock.bind((SOURCE_ADDRESSES[self.next_source % len(SOURCE_ADDRESSES)], 0))
-            err = sock.connect_ex(("127.0.0.1", self.port))
+            sources = self.source_addresses
+            sock.bind((sources[self.next_source % len(sources)], 0))
+            err = sock.connect_ex((self.server_host, self.port))
             if err not in (0, errno.EINPROGRESS):
                 self.counters[f"connect_error_{errno.errorcode.get(err, err)}"] += 1
                 sock.close()

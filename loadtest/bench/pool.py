@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 from . import client
@@ -26,13 +27,16 @@ def split(total: int, parts: int) -> list[int]:
 
 
 class WorkerPool:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, target: Callable[..., None] = client.worker_main,
+                 extra_args: tuple[Any, ...] = ()) -> None:
+        # `target(pipe, index, *extra_args)` runs in each worker; the default is the
+        # bench's client, loadtest.experiments passes a subclass of its Worker.
         ctx = mp.get_context("fork")
         self.pipes = []
         self.procs = []
         for i in range(size):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=client.worker_main, args=(child, i), daemon=True)
+            p = ctx.Process(target=target, args=(child, i, *extra_args), daemon=True)
             p.start()
             child.close()
             self.pipes.append(parent)

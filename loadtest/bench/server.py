@@ -75,6 +75,7 @@ class Server:
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.host = "127.0.0.1"  # where control requests go (the address it listens on)
         self.pids: list[int] = []  # every process of the server, once it serves
         self._identity: list[tuple[int, int | None]] = []
         self._control: dict[int, http.client.HTTPConnection] = {}
@@ -193,7 +194,7 @@ class Server:
             conn = self._control.get(port)
             if conn is None:
                 conn = self._control[port] = http.client.HTTPConnection(
-                    "127.0.0.1", port, timeout=timeout)
+                    self.host, port, timeout=timeout)
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 resp = conn.getresponse()
