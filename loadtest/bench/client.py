@@ -124,8 +124,7 @@ class Worker:
         self.ep.register(pipe_fd, EPOLLIN)
         conns = self.conns
         while self.running:
-            timeout = 0.05 if (self.round_wait or self.pub_reply_due) else 1.0
-            for fd, _ev in self.ep.poll(timeout):
+            for fd, _ev in self.ep.poll(self.poll_timeout()):
                 if fd == pipe_fd:
                     self.command(self.pipe.recv())
                     continue
@@ -137,6 +136,14 @@ class Worker:
                 else:
                     self.readable(c)
             self.progress()
+            self.tick()
+
+    def poll_timeout(self) -> float:
+        """How long one epoll wait may block (a subclass may need to wake sooner)."""
+        return 0.05 if (self.round_wait or self.pub_reply_due) else 1.0
+
+    def tick(self) -> None:
+        """Called after every loop turn; a hook for subclasses (see experiments.rate)."""
 
     def reply(self, *msg: Any) -> None:
         self.pipe.send(msg)

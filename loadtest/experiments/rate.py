@@ -24,7 +24,6 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loadtest.bench import client
 from loadtest.bench.client import Conn, Worker
 from loadtest.bench.dialect import dialect
 from loadtest.bench.server import raise_nofile
@@ -53,28 +52,15 @@ class RateWorker(Worker):
         self.done_at = array("d")
         self.rate_counts: dict[str, int] = {}
 
-    def run(self) -> None:
-        pipe_fd = self.pipe.fileno()
-        self.ep.register(pipe_fd, client.EPOLLIN)
-        conns = self.conns
-        while self.running:
-            timeout = 0.05 if (self.round_wait or self.pub_reply_due) else 1.0
-            if self.rate_on:
-                timeout = min(timeout, max(0.0, self.next_due() - time.time()))
-            for fd, _ev in self.ep.poll(timeout):
-                if fd == pipe_fd:
-                    self.command(self.pipe.recv())
-                    continue
-                c = conns.get(fd)
-                if c is None:
-                    continue
-                if c.kind == client.CONNECTING:
-                    self.connected(c)
-                else:
-                    self.readable(c)
-            self.progress()
-            if self.rate_on:
-                self.rate_tick()
+    def poll_timeout(self) -> float:
+        timeout = super().poll_timeout()
+        if self.rate_on:
+            timeout = min(timeout, max(0.0, self.next_due() - time.time()))
+        return timeout
+
+    def tick(self) -> None:
+        if self.rate_on:
+            self.rate_tick()
 
     def next_due(self) -> float:
         if self.rate_next >= self.rate_total:

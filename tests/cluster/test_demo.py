@@ -6,33 +6,12 @@ message once, in order. ``DEMO_SCREENSHOT=docs/demo.png`` keeps a screenshot
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-import pytest
-
 from demo.run import Demo
+from tests.chromium import chrome
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def chrome():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.fail("headless Chromium is needed: `make test` installs chromium and "
-                    "chromium-driver (Debian)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=900,700",
-                 f"--user-data-dir={tempfile.mkdtemp(prefix='pushup-chromium-')}"):
-        options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=Service(driver))
 
 
 def sign_in(driver, url: str, name: str) -> None:
@@ -63,7 +42,7 @@ def wait_shown(drivers, expected: list[str]) -> None:
 
 def test_two_people_chat_through_a_node_failure():
     demo = Demo(nodes=3).start()
-    ann, bob = chrome(), chrome()
+    ann, bob = chrome("--window-size=900,700"), chrome("--window-size=900,700")
     try:
         sign_in(ann, demo.url, "ann")
         sign_in(bob, demo.url, "bob")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
-import tempfile
 import threading
 
 import pytest
+
+from tests.chromium import chrome
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>pushup.js test</title>
 <script type="module">
@@ -37,25 +37,6 @@ FORGE = """<!doctype html><meta charset="utf-8"><title>forged publish</title>
 </script>"""
 
 
-def _chrome():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = shutil.which("chromium")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.fail("headless Chromium is needed: `make test` installs chromium and "
-                    "chromium-driver (Debian)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tempfile.mkdtemp(prefix='pushup-chromium-')}"):
-        options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=Service(driver_path))
-
-
 @pytest.fixture
 def page_server(tmp_path):
     """Serves tmp_path on a free port: the page's origin, not the node's."""
@@ -74,7 +55,7 @@ def test_a_page_of_another_origin_gets_each_message_once_in_order(page_server, s
     server, root = page_server
     page_origin = f"http://127.0.0.1:{server.server_address[1]}"
     node = start_node("--cors-origin", page_origin)
-    driver = _chrome()
+    driver = chrome()
     try:
         channel = "browser-" + os.urandom(4).hex()
         (root / "index.html").write_text(PAGE % {"node": node.url, "channel": channel})
@@ -95,7 +76,7 @@ def test_a_page_of_a_foreign_origin_cannot_publish_without_the_token(page_server
     server, root = page_server
     page_origin = f"http://127.0.0.1:{server.server_address[1]}"
     node = start_node()  # no --cors-origin, no token: the loopback default
-    driver = _chrome()
+    driver = chrome()
     try:
         channel = "forged-" + os.urandom(4).hex()
         (root / "index.html").write_text(FORGE % {"node": node.url, "channel": channel})
