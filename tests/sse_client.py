@@ -38,19 +38,24 @@ class SSE:
             if b"\r\n\r\n" not in self.buf:
                 return []
             self.head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        out = []
-        for block in self.buf.decode().split("\n\n")[:-1]:
-            if block.startswith(":"):
-                continue  # a heartbeat comment
-            event: dict[str, str] = {}
-            for line in block.split("\n"):
-                name, _, value = line.partition(": ")
-                event[name] = value
-            out.append(event)
-        return out
+        return parse_events(self.buf)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def parse_events(raw: bytes) -> list[dict[str, str]]:
+    """The complete events in a stream's body (heartbeat comments left out)."""
+    out = []
+    for block in raw.decode().split("\n\n")[:-1]:
+        if block.startswith(":"):
+            continue
+        event: dict[str, str] = {}
+        for line in block.split("\n"):
+            name, _, value = line.partition(": ")
+            event[name] = value
+        out.append(event)
+    return out
 
 
 def data_of(events: list[dict[str, str]]) -> list[object]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from tests.sse_client import parse_events
+
 STREAM = {"Accept": "text/event-stream"}
 
 
@@ -11,14 +13,7 @@ def events(conn) -> list[dict[str, str]]:
     head, _, rest = conn.transport.value().partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert b"Content-Type: text/event-stream" in head and b"Content-Length" not in head
-    out = []
-    for block in rest.decode().split("\n\n")[:-1]:
-        event: dict[str, str] = {}
-        for line in block.split("\n"):
-            name, _, value = line.partition(": ")
-            event[name] = value
-        out.append(event)
-    return out
+    return parse_events(rest)
 
 
 def stream(node, channels: str, headers=None, **params):
