@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
-from pushup.config import Config, ConfigError, load
+from pushup.config import Config, ConfigError, load, read_secret
 
 MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keeps
 
@@ -60,10 +60,10 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     opts = parser.parse_args(argv)
     secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
     try:
-        secret = (open(secret_file, encoding="utf-8").read().rstrip("\r\n") if secret_file
+        secret = (read_secret(secret_file, "--secret-file") if secret_file
                   else environ.get("PUSHUP_SUBSCRIBE_SECRET", ""))
-    except OSError as e:
-        print(f"pushup: error: cannot read {secret_file}: {e.strerror}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
         return 2
     channels = [c for c in opts.channels.split(",") if c]
     if not secret or not channels or opts.ttl <= 0:

@@ -183,20 +183,26 @@ def _read_secret_files(layer: dict[str, Any], name_of: Callable[[str], str],
         if setting in out:
             raise ConfigError(f"{name_of(setting)} and {name_of(option)} are both given; "
                               "use one")
-        if not isinstance(path, str) or not path:
-            raise ConfigError(f"{name_of(option)}: invalid value {path!r}")
-        try:
-            text = read_file(path).decode("utf-8")
-        except OSError as e:
-            raise ConfigError(f"{name_of(option)}: cannot read {path}: "
-                              f"{e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{name_of(option)}: {path} is not UTF-8 text") from None
-        secret = text.rstrip("\r\n")
-        if not secret.strip():
-            raise ConfigError(f"{name_of(option)}: {path} is empty")
-        out[setting] = secret
+        out[setting] = read_secret(path, name_of(option), read_file)
     return out
+
+
+def read_secret(path: object, name: str,
+                read_file: Callable[[str], bytes] = lambda p: Path(p).read_bytes()) -> str:
+    """The secret a file holds (its trailing newline ignored), or ConfigError
+    naming ``name`` (the option as the user spelled it)."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{name}: invalid value {path!r}")
+    try:
+        text = read_file(path).decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+    secret = text.rstrip("\r\n")
+    if not secret.strip():
+        raise ConfigError(f"{name}: {path} is empty")
+    return secret
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
