@@ -11,6 +11,7 @@ that order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.internet import defer, task
@@ -18,11 +19,13 @@ from twisted.internet.error import ConnectError
 from twisted.logger import Logger
 
 from pushup import errors
+from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, op_of
 from pushup.config import Config
-from pushup.model import dumps
+from pushup.model import Draft, Message
 from pushup.peers import PeerLink
-from pushup.replica import Batch, Op, export_snapshot, import_snapshot, ops_of
+from pushup.replica import Batch, export_snapshot, import_snapshot
 from pushup.service import Service
+from pushup.store import Channel
 
 log = Logger()
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
@@ -34,6 +37,11 @@ class CatchingUp(errors.Unavailable):
 
 
 class Cluster:
+    """The mesh backplane (see :mod:`pushup.backplane`): every node sends what
+    it accepts to every peer."""
+
+    engine = "mesh"
+
     def __init__(self, service: Service, config: Config, clock: Any, http: Any) -> None:
         self.service = service
         self.store = service.store
@@ -43,30 +51,49 @@ class Cluster:
                                max_ops=config.peer_queue) for url in config.peer]
         self.ready = not self.links
         self.refused = 0  # peer requests refused for a bad or missing signature
-        service.on_publish.append(self._poke)
-        service.on_channel_op.append(self._channel_op)
-
-    def _poke(self, messages: object) -> None:
-        for link in self.links:
-            link.poke()
-
-    def _channel_op(self, op: Op) -> None:
-        for link in self.links:
-            link.add_op((op[0], self.store.origin.seq, *op[1:]))
 
     def check_ready(self) -> None:
         if not self.ready:
             raise CatchingUp("this node is catching up with its peers; retry shortly")
 
+    # -- out -----------------------------------------------------------------
+
+    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+        messages = self.service.publish(drafts)
+        for link in self.links:
+            link.poke()
+        return defer.succeed(messages)
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
+        channel = self.service.create_channel(name, ttl)
+        self._tell("create", channel)
+        return defer.succeed(channel)
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]:
+        channel = self.service.renew_channel(name, ttl)
+        self._tell("renew", channel)
+        return defer.succeed(channel)
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]:
+        self.service.delete_channel(name)
+        for link in self.links:
+            link.add_op(ChannelOp("delete", name, self.store.origin.seq))
+        return defer.succeed(None)
+
+    def _tell(self, kind: OpKind, channel: Channel) -> None:
+        op = op_of(kind, channel, self.store.origin.seq)
+        for link in self.links:
+            link.add_op(op)
+
     # -- in ------------------------------------------------------------------
 
-    def receive(self, batch: Batch) -> tuple[int, bytes]:
-        """Apply a peer's batch in order; 409 with the sequence expected on a hole."""
+    def receive(self, batch: Batch) -> Received:
+        """Apply a peer's batch in order; on a hole, the sequence expected."""
         self.check_ready()
         self._peer_alive()
         now = self.service.now()
         store = self.store
-        ops = sorted(ops_of(batch.ops), key=lambda op: op[1])
+        ops = sorted(batch.ops, key=lambda op: op.at_seq)
         if batch.skip is not None:
             store.skip_to(batch.origin, *batch.skip)
         applied = []
@@ -74,7 +101,8 @@ class Cluster:
         for i, m in enumerate(batch.messages):
             if i == 0 and batch.first:
                 store.skip_to(batch.origin, m.seq - 1, m.ts - 1)
-            while ops and ops[0][1] < m.seq and ops[0][1] <= store.horizon.get(batch.origin, 0):
+            while ops and ops[0].at_seq < m.seq \
+                    and ops[0].at_seq <= store.horizon.get(batch.origin, 0):
                 self._apply_op(ops.pop(0), now)
             try:
                 if store.apply(m, now):
@@ -83,26 +111,15 @@ class Cluster:
                 hole = True
                 break
         horizon = store.horizon.get(batch.origin, 0)
-        while ops and ops[0][1] <= horizon:
+        while ops and ops[0].at_seq <= horizon:
             self._apply_op(ops.pop(0), now)
         self.service.arrived(applied, now)
         if hole or ops:
-            return 409, dumps({"expected": horizon + 1})
-        return 200, dumps({"horizon": horizon})
+            return Hole(horizon + 1)
+        return Applied(horizon)
 
-    def _apply_op(self, op: Op, now: int) -> None:
-        kind, name = op[0], op[2]
-        channel = self.store.channels.get(name)
-        if kind == "delete":
-            if channel is not None:
-                self.service.close_channel(name)
-            return
-        if channel is None:
-            channel = self.store.create(name, op[3], now)
-        channel.ttl = op[3]
-        channel.expires_at = op[4]
-        self.store.reschedule(channel)
-        self.service.rearm()
+    def _apply_op(self, op: ChannelOp, now: int) -> None:
+        self.service.apply_op(op.kind, op.name, op.ttl, op.expires_at, now)
 
     def _peer_alive(self) -> None:
         # A peer just spoke: links in backoff (e.g. to a node that was still
@@ -187,5 +204,6 @@ class Cluster:
         for link in self.links:
             link.stop()
 
-    def stats(self) -> list[dict[str, Any]]:
-        return [link.stats() for link in self.links]
+    def stats(self) -> dict[str, Any]:
+        return {"engine": self.engine, "peers": [link.stats() for link in self.links],
+                "peer_refused": self.refused}

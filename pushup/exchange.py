@@ -57,6 +57,14 @@ class Held:
     token: Any
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The answer comes later: ``answer`` (a Deferred) fires with the Response,
+    e.g. a 201 once the backplane acknowledges a publish."""
+
+    answer: Any
+
+
 def error_body(e: PushUpError) -> bytes:
     """The contract's one error shape."""
     return dumps({"error": {"code": e.code, "message": e.message}})

@@ -17,12 +17,24 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Protocol
 
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
 from pushup import errors
+from pushup.backplane import Applied, Backplane, Received
 from pushup.config import Config
 from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
-from pushup.exchange import Held, Request, Response, error_response
-from pushup.model import Draft, Query, check_channel_list, dumps, encode_data, format_time
+from pushup.exchange import Held, Pending, Request, Response, error_response
+from pushup.model import (
+    Draft,
+    Message,
+    Query,
+    check_channel_list,
+    dumps,
+    encode_data,
+    format_time,
+)
 from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
@@ -33,20 +45,19 @@ from pushup.tokens import Verifier
 PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see peers.BATCH_BYTES)
 
 
-class ClusterPort(Protocol):
-    """What the endpoints need of the cluster (see :mod:`pushup.cluster`)."""
+class PeerPort(Protocol):
+    """What the ``/peer/`` endpoints need of the mesh (see :mod:`pushup.cluster`)."""
 
     secret: str
     refused: int
 
-    def check_ready(self) -> None: ...
-
-    def receive(self, batch: Batch) -> tuple[int, bytes]: ...
+    def receive(self, batch: Batch) -> Received: ...
 
     def snapshot(self) -> bytes: ...
 
 
-Handler = Callable[[Request, tuple[str, ...], Subscriber], "Response | Held"]
+Outcome = Response | Held | Pending
+Handler = Callable[[Request, tuple[str, ...], Subscriber], Outcome]
 
 
 class Handlers:
@@ -55,10 +66,11 @@ class Handlers:
     def __init__(self, service: Service, config: Config,
                  stats: Callable[[], dict[str, Any]],
                  metrics: Callable[[], tuple[bytes, bytes]],
-                 cluster: ClusterPort | None = None) -> None:
+                 backplane: Backplane, peers: PeerPort | None = None) -> None:
         self.service = service
         self.config = config
-        self.cluster = cluster
+        self.backplane = backplane
+        self.peers = peers  # the mesh's /peer/ endpoints, when it runs
         self._stats = stats
         self._metrics = metrics
         # A fan-out's clients all re-poll with the same query string (same
@@ -86,10 +98,10 @@ class Handlers:
         """Before the body: the most body bytes this request may bring, or the
         answer that refuses it unread (a peer request nobody signed)."""
         if path.startswith(b"/peer/"):
-            if self.cluster is None or not self.cluster.secret \
+            if self.peers is None or not self.peers.secret \
                     or b"x-pushup-signature" not in headers:
-                if self.cluster is not None:
-                    self.cluster.refused += 1
+                if self.peers is not None:
+                    self.peers.refused += 1
                 return error_response(_unsigned(), close=True)
             return PEER_BODY_LIMIT
         return self.config.max_body_bytes
@@ -98,7 +110,7 @@ class Handlers:
         limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes
         return errors.TooLarge(f"the request body is over {limit} bytes")
 
-    def handle(self, request: Request, client: Subscriber) -> Response | Held:
+    def handle(self, request: Request, client: Subscriber) -> Outcome:
         """The answer to ``request`` (``client`` is who a held subscribe answers).
 
         A ``PushUpError`` becomes its JSON answer here; anything else is a bug
@@ -164,14 +176,15 @@ class Handlers:
         return bool(host) and origin in (b"http://" + host, b"https://" + host)
 
     def _ready(self) -> None:
-        if self.cluster is not None:
-            self.cluster.check_ready()
+        self.backplane.check_ready()
 
     # -- endpoints -----------------------------------------------------------
 
-    def publish(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def publish(self, request: Request, _: tuple[str, ...], __: Subscriber,
+                ) -> Response | Pending:
         self._authorize(request)
         self._ready()
+        self.service.check_open()
         body = json_object(request.body)
         if "messages" in body:
             items = body["messages"]
@@ -182,13 +195,17 @@ class Handlers:
             drafts = [self._draft(item, f"messages[{i}]") for i, item in enumerate(items)]
         else:
             drafts = [self._draft(body, "")]
-        published = self.service.publish(drafts)
-        receipts = [b'{"id":"%s","timestamp":%s,"channels":%s}'
+        batch = "messages" in body
+
+        def receipts(published: list[Message]) -> Response:
+            each = [b'{"id":"%s","timestamp":%s,"channels":%s}'
                     % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
                     for m in published]
-        if "messages" in body:
-            return Response(201, b'{"messages":[' + b",".join(receipts) + b"]}")
-        return Response(201, receipts[0])
+            if batch:
+                return Response(201, b'{"messages":[' + b",".join(each) + b"]}")
+            return Response(201, each[0])
+
+        return _when(self.backplane.publish(drafts), receipts)
 
     def _draft(self, item: object, where: str) -> Draft:
         prefix = f"{where}: " if where else ""
@@ -230,30 +247,30 @@ class Handlers:
         stream.start()
         return Held(stream)
 
-    def create_channel(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def create_channel(self, request: Request, _: tuple[str, ...], __: Subscriber,
+                       ) -> Response | Pending:
         self._authorize(request)
         self._ready()
         body = json_object(request.body, empty_ok=True)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise errors.BadChannelName("name must be a string")
-        channel = self.service.create_channel(name, ttl_of(body))
-        return Response(201, _channel_json(channel))
+        return _when(self.backplane.create_channel(name, ttl_of(body)),
+                     lambda channel: Response(201, _channel_json(channel)))
 
     def renew_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
-                      ) -> Response:
+                      ) -> Response | Pending:
         self._authorize(request)
         self._ready()
         body = json_object(request.body, empty_ok=True)
-        channel = self.service.renew_channel(params[0], ttl_of(body))
-        return Response(200, _channel_json(channel))
+        return _when(self.backplane.renew_channel(params[0], ttl_of(body)),
+                     lambda channel: Response(200, _channel_json(channel)))
 
     def delete_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
-                       ) -> Response:
+                       ) -> Response | Pending:
         self._authorize(request)
         self._ready()
-        self.service.delete_channel(params[0])
-        return _NO_CONTENT
+        return _when(self.backplane.delete_channel(params[0]), lambda _: _NO_CONTENT)
 
     def channel_info(self, request: Request, params: tuple[str, ...], _: Subscriber,
                      ) -> Response:
@@ -281,22 +298,24 @@ class Handlers:
         """The browser client (clients/js/ in the repository)."""
         return _CLIENT_JS
 
-    def _peer(self, request: Request) -> ClusterPort:
-        """The cluster, if this request is signed with its secret; else 401."""
-        cluster = self.cluster
-        ok = cluster is not None and bool(cluster.secret) and verify(
-            cluster.secret, request.method.decode(), request.path.decode("latin-1"),
+    def _peer(self, request: Request) -> PeerPort:
+        """The mesh, if this request is signed with its secret; else 401."""
+        peers = self.peers
+        ok = peers is not None and bool(peers.secret) and verify(
+            peers.secret, request.method.decode(), request.path.decode("latin-1"),
             request.header(b"x-pushup-time"), request.body,
             request.header(b"x-pushup-signature"), self.service.now() / 1e6)
-        if cluster is None or not ok:
-            if cluster is not None:
-                cluster.refused += 1
+        if peers is None or not ok:
+            if peers is not None:
+                peers.refused += 1
             raise _unsigned()
-        return cluster
+        return peers
 
     def peer_messages(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
-        status, body = self._peer(request).receive(decode_batch(request.body))
-        return Response(status, body)
+        received = self._peer(request).receive(decode_batch(request.body))
+        if isinstance(received, Applied):
+            return Response(200, dumps({"horizon": received.horizon}))
+        return Response(409, dumps({"expected": received.expected}))
 
     def peer_snapshot(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
         return Response(200, self._peer(request).snapshot())
@@ -317,6 +336,30 @@ def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, st
         query, timeout = subscribe_query(args, config)
         return query, timeout, Args(args).get("token")
     return parse
+
+
+def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
+          ) -> Response | Pending:
+    """``answer`` once the backplane acknowledges; at once if it already has.
+
+    A ``PushUpError`` on the way (e.g. 503 while Redis is unreachable) is
+    answered as itself; anything else is a bug the front logs and answers 500.
+    """
+    acknowledged.addCallback(answer)
+    acknowledged.addErrback(_error_answer)
+    if not acknowledged.called:
+        return Pending(acknowledged)
+    done: list[Response | Failure] = []
+    acknowledged.addBoth(done.append)
+    if isinstance(done[0], Failure):
+        done[0].raiseException()
+    return done[0]
+
+
+def _error_answer(failure: Failure) -> Response | Failure:
+    if isinstance(failure.value, PushUpError):
+        return error_response(failure.value)
+    return failure
 
 
 def _unsigned() -> PushUpError:

@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.tcp import makeBinding
 from twisted.logger import Logger
 
+from pushup.backplane import Alone, Backplane
 from pushup.cluster import PEER_FLUSH, Cluster
 from pushup.config import Config
 from pushup.exchange import Writer
@@ -53,10 +54,15 @@ class Node:
         )
         self.service = Service(Store(retention, origin), reactor, config.max_timeout)
         self.registry = registry_for(self.stats)
-        self.cluster: Cluster | None = None
+        self.cluster: Cluster | None = None  # the mesh, when it is the backplane
+        self.backplane: Backplane
         if config.peer or config.cluster_secret:
-            self.cluster = Cluster(self.service, config, reactor, http_client(reactor))
-        self.handlers = Handlers(self.service, config, self.stats, self.metrics, self.cluster)
+            self.cluster = self.backplane = Cluster(self.service, config, reactor,
+                                                    http_client(reactor))
+        else:
+            self.backplane = Alone(self.service)
+        self.handlers = Handlers(self.service, config, self.stats, self.metrics,
+                                 self.backplane, peers=self.cluster)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -89,10 +95,8 @@ class Node:
         os.close(fd)
 
     def start(self) -> defer.Deferred[None]:
-        """Join the cluster: catch up from a peer, then start the links."""
-        if self.cluster is None:
-            return defer.succeed(None)
-        d: defer.Deferred[None] = self.cluster.start()
+        """Join the cluster (catch up from a peer, or load the engine's log)."""
+        d: defer.Deferred[None] = self.backplane.start()
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
         return d
 
@@ -103,11 +107,7 @@ class Node:
 
     def worker_stats(self) -> dict[str, Any]:
         """This process's figures (the node's, unless it is one of ``--workers``)."""
-        peers = self.cluster.stats() if self.cluster is not None else []
-        stats = self.service.snapshot(peers=peers, rss=rss_bytes())
-        if self.cluster is not None:
-            stats["peer_refused"] = self.cluster.refused
-        return stats
+        return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats()}
 
     def metrics(self) -> tuple[bytes, bytes]:
         if self.fleet is not None:
@@ -131,8 +131,7 @@ class Node:
                  n=len(self.service.hub))
         self.service.drain()
         self.front.close_all()  # idle and answered connections go now, not after the flush
-        if self.cluster is not None:
-            yield self.cluster.stop(PEER_FLUSH)
+        yield self.backplane.stop(PEER_FLUSH)
         private = getattr(self, "private_port", None)
         if private is not None:
             yield private.stopListening()

@@ -15,14 +15,15 @@ import ipaddress
 import json
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 from twisted.internet import defer
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from pushup.replica import Batch, Op, encode_batch, sign
+from pushup.backplane import ChannelOp
+from pushup.replica import Batch, encode_batch, sign
 from pushup.store import Store
 
 log = Logger()
@@ -32,6 +33,11 @@ HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
 LINGER = 0.003  # an idle link waits this long for more messages before it sends
+
+# connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);
+# up: the last exchange succeeded; down: DOWN_AFTER failures in a row;
+# refused: the peer answers 4xx (another cluster secret, or not a PushUp node).
+LinkState = Literal["connecting", "up", "down", "refused"]
 
 
 class PeerError(Exception):
@@ -51,10 +57,10 @@ class PeerLink:
         self.http = http
         self.clock = clock
         self.timeout = timeout
-        self.state = "connecting"
+        self.state: LinkState = "connecting"
         self.after = 0  # the peer holds our messages up to this sequence number
         self.sent = 0  # our messages the peer accepted
-        self.ops: deque[Op] = deque(maxlen=max_ops)
+        self.ops: deque[ChannelOp] = deque(maxlen=max_ops)
         self.dropped_ops = 0
         self._busy = False
         self._failures = 0
@@ -73,7 +79,7 @@ class PeerLink:
         if not self._busy and self._failures == 0:
             self._wake(LINGER)
 
-    def add_op(self, op: Op) -> None:
+    def add_op(self, op: ChannelOp) -> None:
         if len(self.ops) == self.ops.maxlen:
             self.dropped_ops += 1
             log.warn("peer {url}: channel-op queue full, oldest dropped", url=self.url)
@@ -136,7 +142,7 @@ class PeerLink:
                 # with (or after) the messages before it.
                 upto = messages[-1].seq if messages else self.after
                 ops = []
-                while self.ops and self.ops[0][1] <= upto and len(ops) < 100:
+                while self.ops and self.ops[0].at_seq <= upto and len(ops) < 100:
                     ops.append(self.ops.popleft())
                 first = bool(messages) and messages[0].seq != self.after + 1
                 skip = None
@@ -174,7 +180,7 @@ class PeerLink:
         finally:
             self._busy = False
 
-    def set_state(self, state: str, why: object = None) -> None:
+    def set_state(self, state: LinkState, why: object = None) -> None:
         """Show the peer as ``state``; the log says so only when it changes."""
         if state == self.state:
             return

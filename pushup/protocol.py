@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from pushup import errors
 from pushup._twisted import write_now
 from pushup.errors import PushUpError
-from pushup.exchange import Held, Request, Response, Writer, error_response
+from pushup.exchange import Held, Pending, Request, Response, Writer, error_response
 from pushup.metrics import Counters
 
 log = Logger()
@@ -54,7 +54,7 @@ class App(TypingProtocol):
 
     def too_large(self, path: bytes) -> PushUpError: ...
 
-    def handle(self, request: Request, client: Any) -> Response | Held: ...
+    def handle(self, request: Request, client: Any) -> Response | Held | Pending: ...
 
     def gone(self, token: Any) -> None: ...
 
@@ -272,6 +272,10 @@ class HTTPProtocol(Protocol):
                 self._busy = True
                 self._waiting = result.token
                 return
+            if isinstance(result, Pending):
+                self._busy = True
+                result.answer.addBoth(self._answer_later)
+                return
             self._send(result)
         if not queue and not self._busy:
             if self._continue:
@@ -293,6 +297,20 @@ class HTTPProtocol(Protocol):
         self._write(front.writer.render(response, head, connection))
         if not keep:
             self.close()
+
+    def _answer_later(self, outcome: Response | Failure) -> None:
+        """A ``Pending`` answer is ready: send it and read on."""
+        if isinstance(outcome, Failure):
+            log.failure("unexpected error answering a request", failure=outcome)
+            outcome = error_response(PushUpError("the server failed; it keeps serving"))
+        self._busy = False
+        if self._closing:
+            return
+        self._stamp = now = self.front.clock.seconds()
+        self._send(outcome)
+        if self._timer is None:
+            self._arm(now + self.front.keepalive_timeout)
+        self._dispatch()
 
     def respond(self, body: bytes, hold: bool = False) -> bool:
         """Answer the held subscribe with ``body`` (see ``service.Subscriber``)."""

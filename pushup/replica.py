@@ -14,13 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pushup.backplane import ChannelOp
 from pushup.errors import BadJSON, BadRequest
 from pushup.model import Message, check_channel_name
 from pushup.store import Channel, Store
-
-# ("create"|"renew", at_seq, name, ttl, expires_at) or ("delete", at_seq, name):
-# at_seq is the origin's sequence number when the operation happened.
-Op = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +31,7 @@ class Batch:
     origin: str
     first: bool
     messages: tuple[Message, ...]
-    ops: tuple[Op, ...]
+    ops: tuple[ChannelOp, ...]
     # (seq, ts): the origin holds nothing up to seq any more (no messages
     # follow yet); a receiver behind it skips there and reports the gap.
     skip: tuple[int, int] | None = None
@@ -56,7 +53,7 @@ def _message(origin: str, row: Any) -> Message:
 def encode_batch(batch: Batch) -> bytes:
     raw: dict[str, Any] = {
         "origin": batch.origin, "first": batch.first,
-        "messages": [_wire(m) for m in batch.messages], "ops": [list(op) for op in batch.ops],
+        "messages": [_wire(m) for m in batch.messages], "ops": [_wire_op(op) for op in batch.ops],
     }
     if batch.skip is not None:
         raw["skip"] = list(batch.skip)
@@ -68,7 +65,7 @@ def decode_batch(body: bytes) -> Batch:
         raw = json.loads(body)
         origin = raw["origin"]
         messages = tuple(_message(origin, row) for row in raw["messages"])
-        ops = tuple(tuple(op) for op in raw.get("ops", ()))
+        ops = tuple(ops_of(raw.get("ops", ())))
         skip = raw.get("skip")
         if skip is not None:
             skip = (int(skip[0]), int(skip[1]))
@@ -123,14 +120,23 @@ def verify(secret: str, method: str, path: str, when: str, body: bytes, signatur
     return hmac.compare_digest(sign(secret, method, path, stamp, body), signature)
 
 
-def ops_of(ops: Sequence[Op]) -> list[Op]:
+# On the wire an op is ["create"|"renew", at_seq, name, ttl, expires_at] or
+# ["delete", at_seq, name].
+def _wire_op(op: ChannelOp) -> list[Any]:
+    if op.kind == "delete":
+        return [op.kind, op.at_seq, op.name]
+    return [op.kind, op.at_seq, op.name, op.ttl, op.expires_at]
+
+
+def ops_of(ops: Sequence[Any]) -> list[ChannelOp]:
     """Validated channel operations from a peer."""
-    valid: list[Op] = []
+    valid: list[ChannelOp] = []
     for op in ops:
-        if op and op[0] in ("create", "renew") and len(op) == 5:
-            valid.append((op[0], int(op[1]), check_channel_name(op[2]), int(op[3]), int(op[4])))
-        elif op and op[0] == "delete" and len(op) == 3:
-            valid.append(("delete", int(op[1]), check_channel_name(op[2])))
+        if isinstance(op, list) and op and op[0] in ("create", "renew") and len(op) == 5:
+            valid.append(ChannelOp(op[0], check_channel_name(op[2]), int(op[1]), int(op[3]),
+                                   int(op[4])))
+        elif isinstance(op, list) and op and op[0] == "delete" and len(op) == 3:
+            valid.append(ChannelOp("delete", check_channel_name(op[2]), int(op[1])))
         else:
             raise BadRequest(f"unknown channel operation {op!r:.60}")
     return valid

@@ -83,8 +83,6 @@ class Service:
         self.max_timeout = max_timeout
         self.started = clock.seconds()
         self.draining = False
-        self.on_publish: list[Callable[[list[Message]], None]] = []  # e.g. peer links
-        self.on_channel_op: list[Callable[[tuple[object, ...]], None]] = []
         self.on_fanout_done: list[Callable[[], None]] = []
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
@@ -99,16 +97,19 @@ class Service:
     # -- publishing --------------------------------------------------------
 
     def publish(self, drafts: Sequence[Draft]) -> list[Message]:
-        """Accept drafts from a publisher (all validated): store, answer, forward."""
-        if self.draining:
-            raise ShuttingDown("the node is shutting down; publish to another node")
+        """Accept drafts from a publisher (all validated) as this node's own
+        messages: store them and answer their subscribers. (The backplane
+        decides when the publisher hears back and tells the cluster.)"""
+        self.check_open()
         now = self.now()
         messages = self.store.publish(drafts, now)
         self.counters.published += len(messages)
         self.arrived(messages, now)
-        for listener in self.on_publish:
-            listener(messages)
         return messages
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise ShuttingDown("the node is shutting down; publish to another node")
 
     def arrived(self, messages: Iterable[Message], now: int) -> None:
         """New messages are in the store: answer everyone they are for, on the
@@ -163,23 +164,30 @@ class Service:
 
     def create_channel(self, name: str | None, ttl: int | None) -> Channel:
         channel = self.store.create(name, ttl, self.now())
-        self._channel_changed("create", channel)
+        self.rearm()
         return channel
 
     def renew_channel(self, name: str, ttl: int | None) -> Channel:
         channel = self.store.renew(name, ttl, self.now())
-        self._channel_changed("renew", channel)
+        self.rearm()
         return channel
 
     def delete_channel(self, name: str) -> None:
         self.close_channel(name)
-        for listener in self.on_channel_op:
-            listener(("delete", name))
 
-    def _channel_changed(self, kind: str, channel: Channel) -> None:
+    def apply_op(self, kind: str, name: str, ttl: int, expires_at: int, now: int) -> None:
+        """Another node's channel operation: the channel as that node left it."""
+        channel = self.store.channels.get(name)
+        if kind == "delete":
+            if channel is not None:
+                self.close_channel(name)
+            return
+        if channel is None:
+            channel = self.store.create(name, ttl, now)
+        channel.ttl = ttl
+        channel.expires_at = expires_at
+        self.store.reschedule(channel)
         self.rearm()
-        for listener in self.on_channel_op:
-            listener((kind, channel.name, channel.ttl, channel.expires_at))
 
     def close_channel(self, name: str) -> None:
         self.store.delete(name)
@@ -270,7 +278,7 @@ class Service:
 
     # -- figures -----------------------------------------------------------
 
-    def snapshot(self, peers: list[dict[str, object]], rss: int) -> dict[str, object]:
+    def snapshot(self, rss: int) -> dict[str, object]:
         c = self.counters
         return {
             "node_id": self.store.origin.node_id,
@@ -287,6 +295,5 @@ class Service:
             "bytes_out": c.bytes_out,
             "refused": c.refused,
             "rss_bytes": rss,
-            "peers": peers,
         }
 

@@ -5,6 +5,7 @@ import json
 import pytest
 from twisted.internet.task import Clock
 
+from pushup.backplane import Applied, ChannelOp, Hole
 from pushup.cluster import Cluster
 from pushup.config import Config
 from pushup.cursor import Cursor
@@ -44,8 +45,7 @@ def test_a_batch_in_order_is_applied_and_answers_waiters(node):
     held = Held()
     waiter = node.service.subscribe(Query(("c",), Cursor(()), None, 100), 30, held)
     assert isinstance(waiter, Waiter)
-    status, body = node.receive(Batch(P, False, (msg(1), msg(2)), ()))
-    assert (status, json.loads(body)) == (200, {"horizon": 2})
+    assert node.receive(Batch(P, False, (msg(1), msg(2)), ())) == Applied(2)
     assert held.bodies == []  # the peer gets its answer first
     node.clock.advance(0)
     assert [m["data"] for m in held.bodies[0]["messages"]] == [1, 2]
@@ -53,20 +53,18 @@ def test_a_batch_in_order_is_applied_and_answers_waiters(node):
 
 def test_a_hole_is_refused_with_the_sequence_expected(node):
     node.receive(Batch(P, False, (msg(1),), ()))
-    status, body = node.receive(Batch(P, False, (msg(3), msg(4)), ()))
-    assert (status, json.loads(body)) == (409, {"expected": 2})
+    assert node.receive(Batch(P, False, (msg(3), msg(4)), ())) == Hole(2)
     assert node.store.horizon[P] == 1 and node.store.message_count == 1
 
 
 def test_a_repeated_batch_changes_nothing(node):
     node.receive(Batch(P, False, (msg(1), msg(2)), ()))
-    assert node.receive(Batch(P, False, (msg(1), msg(2)), ()))[0] == 200
+    assert node.receive(Batch(P, False, (msg(1), msg(2)), ())) == Applied(2)
     assert node.store.message_count == 2
 
 
 def test_history_the_origin_no_longer_has_is_skipped_and_reported_as_a_gap(node):
-    status, _ = node.receive(Batch(P, True, (msg(5),), ()))
-    assert status == 200 and node.store.horizon[P] == 5
+    assert node.receive(Batch(P, True, (msg(5),), ())) == Applied(5)
     behind = node.store.query(Query(("c",), Cursor.of({P: 2}), None, 100))
     assert behind.gap and [m.seq for m in behind.messages] == [5]
     current = node.store.query(Query(("c",), Cursor.of({P: 4}), None, 100))
@@ -74,9 +72,10 @@ def test_history_the_origin_no_longer_has_is_skipped_and_reported_as_a_gap(node)
 
 
 def test_channel_ops_apply_in_the_origins_order(node):
-    ops = (("create", 0, "room", 60 * S, 1_700_000_060 * S), ("delete", 1, "room"))
-    status, _ = node.receive(Batch(P, False, (msg(1, "room"), msg(2, "room")), ops))
-    assert status == 200
+    ops = (ChannelOp("create", "room", 0, 60 * S, 1_700_000_060 * S),
+           ChannelOp("delete", "room", 1))
+    received = node.receive(Batch(P, False, (msg(1, "room"), msg(2, "room")), ops))
+    assert received == Applied(2)
     # created, got message 1, deleted after it; message 2 came after the delete
     channel = node.store.get("room")
     assert channel.count == 1 and [m.seq for run in channel.runs.values() for m in run] == [2]

@@ -1,5 +1,7 @@
 """PeerLink's own bookkeeping (the link's HTTP behaviour is covered by tests/cluster)."""
 
+import json
+
 from twisted.internet.task import Clock
 
 from pushup.config import load
@@ -51,11 +53,14 @@ class _Wire:
     def request(self, method, url, data=None, headers=None, timeout=None):
         from twisted.internet.defer import succeed
 
+        from pushup.backplane import Applied
         from pushup.replica import decode_batch
 
         self.posts += 1
-        status, body = self.receiver.receive(decode_batch(data))
-        return succeed(_Response(status, body))
+        received = self.receiver.receive(decode_batch(data))
+        if isinstance(received, Applied):  # as the /peer/messages endpoint answers
+            return succeed(_Response(200, json.dumps({"horizon": received.horizon}).encode()))
+        return succeed(_Response(409, json.dumps({"expected": received.expected}).encode()))
 
 
 def _linked(sender: Store, clock: Clock) -> tuple[Store, _Wire, PeerLink]:

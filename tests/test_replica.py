@@ -1,3 +1,4 @@
+from pushup.backplane import ChannelOp
 from pushup.cursor import Cursor
 from pushup.model import Draft, Message, Origin, Query
 from pushup.replica import (
@@ -21,8 +22,9 @@ def store(node="a", per_channel=100):
 
 def test_a_batch_round_trips_with_byte_identical_data():
     m = Message("a.x", 3, T0, ("c", "d"), b'{"f":1.0e5,"s":"\xc3\xa9"}')
-    back = decode_batch(encode_batch(Batch("a.x", True, (m,), (("delete", 3, "c"),))))
-    assert back.first and back.ops == (("delete", 3, "c"),)
+    ops = (ChannelOp("delete", "c", 3), ChannelOp("create", "d", 3, 5, T0 + 5))
+    back = decode_batch(encode_batch(Batch("a.x", True, (m,), ops)))
+    assert back.first and back.ops == ops
     assert back.messages[0].full == m.full and back.messages[0].data_json == m.data_json
 
 

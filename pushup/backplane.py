@@ -1,0 +1,127 @@
+"""The seam between a node and its cluster: the ``Backplane``.
+
+Everything that changes what the cluster holds goes through a backplane:
+publishes and channel operations. Each returns a Deferred that fires once the
+change is *acknowledged* in the sense its engine promises (README, "What a
+201 means"); only then does the client get its 201. The service, the store,
+the hub and the cursor never know which backplane runs:
+
+- ``Alone``: one node, no cluster (optionally a data directory, see
+  :mod:`pushup.disk`);
+- ``pushup.cluster.Cluster``: the full mesh of peers;
+- ``pushup.engine_redis.RedisEngine``: one ordered log in Redis.
+
+This module holds the interface and the values that cross it; it opens no
+socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from twisted.internet import defer
+
+from pushup.model import Draft, Message
+from pushup.service import Service
+from pushup.store import Channel
+
+OpKind = Literal["create", "renew", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOp:
+    """An explicit channel's creation, renewal or deletion, as the cluster sees it.
+
+    ``at_seq`` orders it among its origin's messages: the origin's sequence
+    number when it happened (it applies after that message, before the next).
+    """
+
+    kind: OpKind
+    name: str
+    at_seq: int = 0
+    ttl: int = 0  # µs (create, renew)
+    expires_at: int = 0  # µs since the epoch (create, renew)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A peer's batch is in: we hold its origin up to ``horizon``."""
+
+    horizon: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """A peer's batch would leave a hole: send again from ``expected``."""
+
+    expected: int
+
+
+Received = Applied | Hole
+
+
+class Backplane(Protocol):
+    """What a node needs of its cluster, whichever engine carries it."""
+
+    engine: str  # "single", "mesh" or "redis": shown in /stats
+
+    def check_ready(self) -> None:
+        """Raise ``errors.Unavailable`` while the node cannot serve (catching up)."""
+
+    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+        """Accept a batch (all or nothing); fires once it is acknowledged."""
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]: ...
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]: ...
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]: ...
+
+    def start(self) -> defer.Deferred[None]:
+        """Join: load what the cluster holds; the node is healthy after it."""
+
+    def stop(self, grace: float) -> defer.Deferred[None]:
+        """Hand on what only this node holds (within ``grace`` s), then stop."""
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's part of ``/stats``: ``engine``, ``peers`` and its own."""
+
+
+def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:
+    return ChannelOp(kind, channel.name, at_seq, channel.ttl, channel.expires_at)
+
+
+class Alone:
+    """One node and no cluster: what it accepts is acknowledged at once."""
+
+    engine = "single"
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def check_ready(self) -> None:
+        pass
+
+    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+        return defer.succeed(self.service.publish(drafts))
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
+        return defer.succeed(self.service.create_channel(name, ttl))
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]:
+        return defer.succeed(self.service.renew_channel(name, ttl))
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]:
+        self.service.delete_channel(name)
+        return defer.succeed(None)
+
+    def start(self) -> defer.Deferred[None]:
+        return defer.succeed(None)
+
+    def stop(self, grace: float) -> defer.Deferred[None]:
+        return defer.succeed(None)
+
+    def stats(self) -> dict[str, Any]:
+        return {"engine": self.engine, "peers": []}
