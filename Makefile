@@ -20,14 +20,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and load tests use (HAProxy for the cluster, nftables
-# for wire-byte counters, Node for the browser client's tests). Installed only
-# when missing; we run as root.
+# for wire-byte counters, Node for the browser client's tests, Redis for the Redis
+# client's tests). Installed only when missing; we run as root.
 system-packages:
 	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
 	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
-	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null || \
+	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
+	  && command -v redis-server >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs chromium chromium-driver strace iproute2 >/dev/null; }
+	    haproxy nftables nodejs chromium chromium-driver strace iproute2 redis-server >/dev/null; }
 
 setup: $(STAMP) system-packages
 
@@ -82,7 +83,7 @@ experiments: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest
-	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py pushup/replica.py pushup/fleet.py pushup/run.py pushup/exchange.py pushup/params.py pushup/tokens.py
+	$(VENV)/bin/mypy --strict pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py pushup/replica.py pushup/fleet.py pushup/run.py pushup/exchange.py pushup/params.py pushup/tokens.py pushup/redis.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -25,6 +25,7 @@ from twisted.python.failure import Failure
 
 from pushup.config import Config
 from pushup.node import Node
+from tests.redis_server import RedisServer
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
 JSON_CT = "application/json; charset=utf-8"
@@ -307,3 +308,15 @@ def assert_error(response: Response, status: int, code: str | None) -> dict[str,
 @pytest.fixture
 def check_error() -> Callable[[Response, int, str | None], dict[str, str]]:
     return assert_error
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh ``redis-server`` of this test's own (see tests/redis_server.py), stopped
+    by PID at teardown whatever the test did to it."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
