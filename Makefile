@@ -51,9 +51,11 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/pushup serve
 
 # N nodes (NODES=3) behind HAProxy on loopback; Ctrl-C stops everything.
+# ENGINE=mesh (peers, the default), redis (a redis-server of its own) or a redis:// URL.
 NODES ?= 3
+ENGINE ?= mesh
 cluster: setup
-	$(PY) deploy/launch.py --nodes $(NODES) --port 8000
+	$(PY) deploy/launch.py --nodes $(NODES) --port 8000 --engine $(ENGINE)
 
 test: setup bench-packages
 	$(PY) -m pytest

@@ -1,8 +1,11 @@
 """Start N PushUp nodes plus HAProxy on loopback, with one command.
 
     python deploy/launch.py [--nodes 3] [--port 8000] [--haproxy-procs 1]
+                            [--engine mesh|redis|redis://HOST:PORT]
                             [--web-backend 127.0.0.1:5000] [-- extra pushup flags]
 
+``--engine redis`` starts a redis-server of its own (on a free loopback port,
+no persistence) and puts every node on it; a ``redis://`` URL uses that Redis.
 Prints the front URL and stops everything on Ctrl-C (or SIGTERM). The same
 ``LocalCluster`` class runs the cluster tests and benchmarks, so what the
 tests prove is what ``make cluster`` starts.
@@ -24,6 +27,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from deploy.redis_server import RedisServer  # noqa: E402  (run as a script too)
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "haproxy.cfg.template"
@@ -93,7 +99,8 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 3, front_port: int = 0, haproxy_procs: int = 1,
                  node_args: Sequence[str] = (), web_backend: str = "",
-                 secret: str = "", workdir: str | None = None, haproxy: bool = True) -> None:
+                 secret: str = "", workdir: str | None = None, haproxy: bool = True,
+                 engine: str = "mesh") -> None:
         self.node_ports = [free_port() for _ in range(nodes)]
         self.front_port = front_port or free_port()
         self.haproxy_procs = haproxy_procs if haproxy else 0
@@ -104,6 +111,8 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes: list[subprocess.Popen | None] = [None] * nodes
         self.haproxies: list[subprocess.Popen] = []
+        self.engine = engine  # mesh, redis (a redis-server of our own) or a redis:// URL
+        self.redis: RedisServer | None = None
 
     @property
     def front_url(self) -> str:
@@ -117,10 +126,16 @@ class LocalCluster:
                 "--node-id", f"node{i + 1}",
                 # "=": a generated secret may start with "-" (token_urlsafe)
                 f"--cluster-secret={self.secret}"]
+        if self.engine != "mesh":
+            return [*argv, "--engine", self.engine_url, *self.node_args]
         for j in range(len(self.node_ports)):
             if j != i:
                 argv += ["--peer", self.node_url(j)]
         return argv + self.node_args
+
+    @property
+    def engine_url(self) -> str:
+        return self.redis.url if self.redis is not None else self.engine
 
     def start_node(self, i: int, timeout: float = 30.0) -> None:
         log = open(self.workdir / f"node{i + 1}.log", "ab")
@@ -135,6 +150,9 @@ class LocalCluster:
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         try:
+            if self.engine == "redis":
+                self.redis = RedisServer()
+                self.redis.start()
             for i in range(len(self.nodes)):
                 self.start_node(i, timeout)
             if self.haproxy_procs:
@@ -196,6 +214,9 @@ class LocalCluster:
                 proc.wait()
         self.haproxies.clear()
         self.nodes = [None] * len(self.nodes)
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -212,13 +233,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="HAProxy processes sharing the port (one holds ~10,000 "
                              "connections under a 20,000 open-files limit)")
     parser.add_argument("--web-backend", default="", help="HOST:PORT for non-PushUp paths")
+    parser.add_argument("--engine", default="mesh",
+                        help="mesh (peers), redis (a redis-server of our own) or a redis:// URL")
     parser.add_argument("extra", nargs="*", help="flags passed to every node (after --)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.nodes, args.port, args.haproxy_procs, args.extra,
-                           args.web_backend, workdir=os.environ.get("PUSHUP_CLUSTER_DIR"))
+                           args.web_backend, workdir=os.environ.get("PUSHUP_CLUSTER_DIR"),
+                           engine=args.engine)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     cluster.start()
     print(f"front: {cluster.front_url}")
+    if cluster.engine != "mesh":
+        print(f"engine: {cluster.engine_url}")
     for i in range(args.nodes):
         print(f"node{i + 1}: {cluster.node_url(i)}")
     print(f"logs: {cluster.workdir}   (Ctrl-C stops everything)", flush=True)

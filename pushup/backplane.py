@@ -9,7 +9,7 @@ the hub and the cursor never know which backplane runs:
 - ``Alone``: one node, no cluster (optionally a data directory, see
   :mod:`pushup.disk`);
 - ``pushup.cluster.Cluster``: the full mesh of peers;
-- ``pushup.engine_redis.RedisEngine``: one ordered log in Redis.
+- ``pushup.redis_engine.RedisEngine``: one ordered log in Redis.
 
 This module holds the interface and the values that cross it; it opens no
 socket.

@@ -32,6 +32,8 @@ class Config:
     port: int = 8080
     node_id: str = ""  # empty: a random one is made at start
     peer: tuple[str, ...] = ()
+    engine: str = "mesh"
+    redis_maxlen: int = 100_000
     cluster_secret: str = ""
     publish_token: str = ""
     subscribe_secret: str = ""
@@ -66,6 +68,9 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "port": ("port to listen on (0: any free port)", "PORT"),
     "node_id": ("this node's id (letters, digits, _ and -); default random", "ID"),
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
+    "engine": ("what carries the cluster: mesh (peers, --peer) or redis://HOST:PORT[/DB]",
+               "ENGINE"),
+    "redis_maxlen": ("entries the Redis log keeps (about; older ones are trimmed)", "N"),
     "cluster_secret": ("shared secret peers authenticate with", "S"),
     "publish_token": ("bearer token required to publish and manage channels", "T"),
     "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
@@ -297,6 +302,16 @@ def validate(c: Config) -> Config:
          "--max-message-bytes must not exceed --max-cached-bytes")
     for url in c.peer:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
+    if c.engine != "mesh":
+        from pushup.redis import parse_url
+
+        try:
+            parse_url(c.engine)
+        except ValueError as e:
+            raise ConfigError(f"--engine: {e}") from None
+        need(not c.peer, "--peer is for the mesh; nodes on --engine redis find each other "
+             "through Redis")
+    need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(not c.peer or bool(c.cluster_secret),
          "--peer needs --cluster-secret: peers always authenticate each other")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,

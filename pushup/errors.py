@@ -100,6 +100,14 @@ class Unavailable(PushUpError):
 
     status = 503
     code = "overloaded"
+    retry_after: int | None = None  # seconds, sent as Retry-After when set
+
+
+class EngineUnavailable(Unavailable):
+    """The cluster's engine (Redis) does not answer: nothing was acknowledged."""
+
+    code = "engine_unavailable"
+    retry_after = 1
 
 
 class ShuttingDown(Unavailable):

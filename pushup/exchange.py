@@ -14,7 +14,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-from pushup.errors import MethodNotAllowed, PushUpError
+from pushup.errors import MethodNotAllowed, PushUpError, Unavailable
 from pushup.model import dumps
 
 JSON = b"application/json; charset=utf-8"
@@ -79,6 +79,8 @@ def error_response(e: PushUpError, close: bool = False) -> Response:
     headers: tuple[tuple[bytes, bytes], ...] = ()
     if isinstance(e, MethodNotAllowed):
         headers = ((b"Allow", ", ".join(e.allowed).encode()),)
+    if isinstance(e, Unavailable) and e.retry_after is not None:
+        headers = ((b"Retry-After", b"%d" % e.retry_after),)
     if e.status >= 500 and e.status != 503:
         close = True
     return Response(e.status, error_body(e), headers=headers, close=close)

@@ -56,7 +56,11 @@ class Node:
         self.registry = registry_for(self.stats)
         self.cluster: Cluster | None = None  # the mesh, when it is the backplane
         self.backplane: Backplane
-        if config.peer or config.cluster_secret:
+        if config.engine != "mesh":
+            from pushup.redis_engine import RedisEngine
+
+            self.backplane = RedisEngine(self.service, config, reactor)
+        elif config.peer or config.cluster_secret:
             self.cluster = self.backplane = Cluster(self.service, config, reactor,
                                                     http_client(reactor))
         else:

@@ -324,6 +324,12 @@ class RedisConnection:
         self._protocol.close()
         return closed
 
+    def drop(self, why: str) -> None:
+        """Abort the current connection (it is reconnected as after any loss):
+        e.g. to stop a blocking read whose answer is no longer wanted."""
+        if self._protocol is not None:
+            self._protocol.abort(why)
+
     def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
         """``RedisProtocol.execute`` on the current connection, or ``RedisGone`` now."""
         if not self.connected or self._protocol is None:

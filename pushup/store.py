@@ -226,6 +226,16 @@ class Store:
         self._insert(m, now)
         return True
 
+    def pass_over(self, origin: str, seq: int) -> None:
+        """``seq`` of ``origin`` carries no message (a channel operation took it):
+        the horizon moves past it. Like :meth:`apply`, strictly in order."""
+        have = self.horizon.get(origin, 0)
+        if seq <= have:
+            return
+        if seq != have + 1:
+            raise ValueError(f"{origin}: expected seq {have + 1}, got {seq}")
+        self.horizon[origin] = seq
+
     def skip_to(self, origin: str, seq: int, ts: int) -> None:
         """History of ``origin`` up to ``seq`` is gone everywhere: move past it."""
         if seq > self.horizon.get(origin, 0):
@@ -297,6 +307,12 @@ class Store:
     # -- channel lifecycle -------------------------------------------------
 
     def create(self, name: str | None, ttl: int | None, now: int) -> Channel:
+        name = self.new_name(name)
+        return self._channel(name, now, check_ttl(ttl, self.retention.channel_ttl))
+
+    def new_name(self, name: str | None) -> str:
+        """The name a channel created now gets: ``name`` if valid and free (409
+        otherwise), or a fresh one this node makes up."""
         if name is None:
             while name is None or name in self.channels:
                 self._generated += 1
@@ -304,11 +320,11 @@ class Store:
         check_channel_name(name)
         if name in self.channels:
             raise ChannelExists(f"channel {name!r} exists")
-        return self._channel(name, now, _check_ttl(ttl, self.retention.channel_ttl))
+        return name
 
     def renew(self, name: str, ttl: int | None, now: int) -> Channel:
         channel = self.get(name)
-        channel.ttl = _check_ttl(ttl, channel.ttl)
+        channel.ttl = check_ttl(ttl, channel.ttl)
         channel.expires_at = now + channel.ttl
         self.reschedule(channel)
         return channel
@@ -432,7 +448,7 @@ def _first_after(run: Run, ts: int) -> int:
 MAX_TTL = 366 * 86400 * 1_000_000
 
 
-def _check_ttl(ttl: int | None, default: int) -> int:
+def check_ttl(ttl: int | None, default: int) -> int:
     if ttl is None:
         return default
     if not 0 < ttl <= MAX_TTL:

@@ -122,7 +122,8 @@ class Supervisor:
         self.stopping = False
 
     def spawn(self, i: int) -> subprocess.Popen[bytes]:
-        peers = [u for j, u in enumerate(self.urls) if j != i]
+        # Workers on Redis share its log; on the mesh they are each other's peers.
+        peers = [u for j, u in enumerate(self.urls) if j != i and self.config.engine == "mesh"]
         fd = self.sockets[i].fileno()
         board = f"{self.board}:{i}:{len(self.procs)}"
         env = worker_env(self.config, os.environ,

@@ -23,9 +23,9 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
+from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.node import Node
-from tests.redis_server import RedisServer
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
 JSON_CT = "application/json; charset=utf-8"
@@ -312,7 +312,7 @@ def check_error() -> Callable[[Response, int, str | None], dict[str, str]]:
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    """A fresh ``redis-server`` of this test's own (see tests/redis_server.py), stopped
+    """A fresh ``redis-server`` of this test's own (see deploy/redis_server.py), stopped
     by PID at teardown whatever the test did to it."""
     server = RedisServer()
     server.start()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from twisted.internet import defer
 
+from deploy.redis_server import RedisServer
 from pushup.redis import (
     RedisConnection,
     RedisError,
@@ -23,7 +24,6 @@ from pushup.redis import (
     script_sha,
 )
 from tests.real_reactor import failure_of, reactor, run_until, wait_for
-from tests.redis_server import RedisServer
 
 INCR_BY = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 

@@ -1,4 +1,5 @@
-"""A real ``redis-server`` for tests, on a free loopback port, controlled only by its PID.
+"""A real ``redis-server`` of our own (tests, `make cluster ENGINE=redis`), on a free
+loopback port, controlled only by its PID.
 
 ``RedisServer`` starts its own process (never the system service) in its own
 temporary directory, waits until it answers PING, and can pause, resume, kill and

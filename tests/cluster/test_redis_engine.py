@@ -1,0 +1,226 @@
+"""--engine redis: real nodes on a real redis-server of each test's own.
+
+Nodes share nothing but Redis's log: no node talks to another. Each test
+starts its own ``redis-server`` (``redis_server`` fixture: a free loopback
+port, no persistence) and stops it by PID.
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+from pushup_cluster import (
+    Poller,
+    Publisher,
+    check_exactly_once,
+    jrequest,
+    merge_published,
+    publish,
+    publish_batch,
+    request,
+    retained,
+    stats,
+    subscribe,
+    uniq,
+    wait_clients_have,
+    wait_until,
+)
+
+from deploy.redis_server import RedisServer
+
+
+def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clients(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(3, haproxy=True, engine=redis_server.url)
+    assert {stats(b)["engine"] for b in c.bases} == {"redis"}
+    rng = random.Random(20261123)
+    channels = [uniq(f"re{k}") for k in range(5)]
+    clients = []
+    for k in range(9):
+        urls = c.bases if k % 3 else [c.front_url, *c.bases]
+        clients.append(Poller(f"client{k}", urls, rng.sample(channels, 2), timeout=2, limit=5))
+    for client in clients:
+        client.start()
+    publishers = [Publisher(f"pub{k}", [*c.bases, c.front_url], channels, 120, seed=k)
+                  for k in range(3)]
+    for p in publishers:
+        p.start()
+    for p in publishers:
+        p.join(60)
+        assert not p.is_alive() and not p.errors, (p.name, p.errors[:3])
+    try:
+        published = merge_published(publishers)
+        assert len(published) == 360
+        # One log: every id is of the same origin, numbered 1..360 with no hole.
+        origins = {m.rsplit("-", 1)[0] for m in published}
+        assert len(origins) == 1 and next(iter(origins)).startswith("p0.")
+        assert sorted(int(m.rsplit("-", 1)[1]) for m in published) == list(range(1, 361))
+        wait_clients_have(clients, published, 30)
+    finally:
+        for client in clients:
+            client.finish()
+    for client in clients:
+        assert not client.failures, (client.name, client.failures[:5])
+    check_exactly_once(clients, published)
+    # Each node read every message from the log, whichever node accepted it.
+    for base in c.bases:
+        assert len(retained(base, channels)) == 360
+
+
+def test_a_publish_is_held_on_every_node_and_a_held_poll_elsewhere_is_answered(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    ch = uniq("wake")
+    _, body = subscribe(c.bases[1], [ch], since="now", timeout=0)
+    got: list[dict] = []
+    poll = threading.Thread(target=lambda: got.append(
+        subscribe(c.bases[1], [ch], since=body["cursor"], timeout=20)[1]))
+    poll.start()
+    wait_until(lambda: stats(c.bases[1])["waiting"] == 1, 10, 0.02, "the poll is held")
+    receipt = publish(c.bases[0], [ch], {"n": 1})
+    poll.join(20)
+    assert [m["id"] for m in got[0]["messages"]] == [receipt["id"]]
+    assert got[0]["messages"][0]["data"] == {"n": 1}
+    # The log in Redis holds it under the id the publisher got.
+    seq = receipt["id"].rsplit("-", 1)[1]
+    entry = redis_server.cli("XRANGE", "pushup:{p0}:log", f"{seq}-0", f"{seq}-0")
+    assert entry and entry[0][0] == f"{seq}-0".encode()
+
+
+def test_explicit_channels_are_the_clusters(fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    status, made = jrequest("POST", c.bases[0] + "/channels", {"name": "room", "ttl": 600})
+    assert status == 201 and made["channel"] == "room"
+    status, again = jrequest("POST", c.bases[1] + "/channels", {"name": "room"})
+    assert status == 409 and again["error"]["code"] == "channel_exists"
+    wait_until(lambda: jrequest("GET", c.bases[1] + "/channels/room")[0] == 200, 10, 0.02,
+               "node 2 knows the channel")
+    status, info = jrequest("GET", c.bases[1] + "/channels/room")
+    assert info["expires_at"] == made["expires_at"]
+    status, _, _ = request("DELETE", c.bases[1] + "/channels/room")
+    assert status == 204
+    wait_until(lambda: jrequest("GET", c.bases[0] + "/channels/room")[0] == 404, 10, 0.02,
+               "node 1 saw the delete")
+
+
+def test_a_restarted_node_loads_the_log_before_it_is_healthy(fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    ch = uniq("boot")
+    receipts = publish_batch(c.bases[0], [([ch], i) for i in range(50)])
+    _, first = subscribe(c.bases[1], [ch], since="0", timeout=0, limit=20)
+    assert [m["id"] for m in first["messages"]] == [r["id"] for r in receipts[:20]]
+    c.kill(1)  # SIGKILL
+    c.start_node(1)  # returns once /health is 200
+    # The first request after /health turned 200 finds the whole log loaded;
+    # the cursor from before the crash goes on exactly where it was.
+    _, rest = subscribe(c.bases[1], [ch], since=first["cursor"], timeout=0, limit=100)
+    assert [m["id"] for m in rest["messages"]] == [r["id"] for r in receipts[20:]]
+    assert "gap" not in rest
+
+
+def test_while_redis_is_paused_publishes_get_503_polls_are_answered_and_all_resumes(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    ch = uniq("pause")
+    before = publish(c.bases[0], [ch], "before")
+    redis_server.pause()  # SIGSTOP
+    try:
+        status, headers, raw = request("POST", c.bases[0] + "/publish",
+                                       json.dumps({"channels": [ch], "data": "during"}).encode(),
+                                       timeout=20)
+        body = json.loads(raw)
+        assert status == 503 and body["error"]["code"] == "engine_unavailable"
+        assert headers["retry-after"] == "1"
+        # Polls are answered from memory on both nodes.
+        for base in c.bases:
+            status, got = subscribe(base, [ch], since="0", timeout=0)
+            assert status == 200 and [m["id"] for m in got["messages"]] == [before["id"]]
+    finally:
+        redis_server.resume()  # SIGCONT
+    # Publishing works again once Redis answers (the first tries may still fail
+    # while the dropped connection comes back).
+    after: list[dict] = []
+
+    def published() -> bool:
+        status, body = jrequest("POST", c.bases[0] + "/publish",
+                                {"channels": [ch], "data": "after"})
+        if status == 201:
+            after.append(body)
+        return status == 201
+
+    wait_until(published, 20, 0.1, "publishing works again")
+    wait_until(lambda: after[0]["id"] in retained(c.bases[1], [ch]), 10, 0.05,
+               "node 2 got the publish after the pause")
+
+
+def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    ch = uniq("empty")
+    old = [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
+    _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
+    assert [m["id"] for m in seen["messages"]] == old
+    redis_server.kill()
+    redis_server.restart()  # same port, nothing kept
+    new: list[str] = []
+
+    def published() -> bool:
+        status, body = jrequest("POST", c.bases[0] + "/publish", {"channels": [ch], "data": 9})
+        if status == 201:
+            new.append(body["id"])
+        return status == 201
+
+    wait_until(published, 20, 0.1, "publishing works on the new Redis")
+    assert new[0].rsplit("-", 1)[0] != old[0].rsplit("-", 1)[0]  # a new epoch
+    for base in c.bases:
+        wait_until(lambda b=base: new[0] in retained(b, [ch]), 10, 0.05, "the new log is read")
+        status, body = subscribe(base, [ch], since=seen["cursor"], timeout=0)
+        # The client is told once that the log it read is gone, and gets what
+        # came after; the old messages are not served again.
+        assert body["gap"] is True and [m["id"] for m in body["messages"]] == new
+        status, again = subscribe(base, [ch], since=body["cursor"], timeout=0)
+        assert "gap" not in again and again["messages"] == []
+
+
+def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
+    # Small stream nodes, so MAXLEN ~ trims close to the asked length.
+    server = RedisServer("--stream-node-max-entries", "10")
+    server.start()
+    try:
+        c = fresh_cluster(2, haproxy=False, engine=server.url,
+                          node_args=["--redis-maxlen", "20"])
+        ch = uniq("trim")
+        first = publish(c.bases[0], [ch], "first")
+        _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
+        assert [m["id"] for m in seen["messages"]] == [first["id"]]
+        c.nodes[1].send_signal(signal.SIGSTOP)  # node 2 reads nothing meanwhile
+        try:
+            receipts = publish_batch(c.bases[0], [([ch], i) for i in range(200)])
+            head = int(server.cli("XRANGE", "pushup:{p0}:log", "-", "+", "COUNT", 1)[0][0]
+                       .split(b"-")[0])
+            assert head > 2  # the log no longer holds what node 2 lacks
+        finally:
+            c.nodes[1].send_signal(signal.SIGCONT)
+        last = receipts[-1]["id"]
+        wait_until(lambda: last in retained(c.bases[1], [ch]), 20, 0.05, "node 2 caught up")
+        status, body = subscribe(c.bases[1], [ch], since=seen["cursor"], timeout=0,
+                                 limit=1000)
+        assert status == 200 and body["gap"] is True
+        ids = [m["id"] for m in body["messages"]]
+        assert ids == [r["id"] for r in receipts][-len(ids):] and last == ids[-1]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("flag", [["--engine", "redis://127.0.0.1:1/x"],
+                                  ["--engine", "redis://127.0.0.1:6379",
+                                   "--peer", "http://127.0.0.1:1"]])
+def test_a_bad_engine_setting_is_refused_at_start(flag):
+    done = subprocess.run([sys.executable, "-m", "pushup", "serve", "--port", "0",
+                           "--cluster-secret", "s", *flag], capture_output=True, timeout=30)
+    assert done.returncode == 2
+    assert b"--engine" in done.stderr or b"--peer" in done.stderr
