@@ -12,10 +12,11 @@ from urllib.parse import quote
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from pushup.exchange import Held, Request, Response, Writer
+from pushup.exchange import Held, Pending, Request, Response, Writer
 from pushup.metrics import Counters
 from pushup.model import MAX_CHANNEL_NAME
 from pushup.protocol import DISCARD_CAP, MAX_HEADER_BYTES, Front
@@ -389,3 +390,60 @@ def test_any_split_of_the_bytes_parses_to_the_same_requests(cuts):
     assert _parse_in_chunks(raw, cuts) == whole
     assert whole[2].body == b'{"ttl": 5}'
     assert whole[3].headers[b"x-twice"] == b"1, 2"
+
+
+# -- answers that come later (a publish waiting for the backplane) -------------------
+
+
+class Later(Recorder):
+    """Answers each POST later, when the test fires its Deferred; GETs at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[Deferred[Response]] = []
+
+    def handle(self, request: Request, client: object) -> Response | Held | Pending:
+        self.seen.append(request)
+        if request.method == b"POST":
+            d: Deferred[Response] = Deferred()
+            self.pending.append(d)
+            return Pending(d)
+        return Response(200, b'{"get":true}')
+
+
+def _later_front() -> tuple[Later, StringTransport, object]:
+    app = Later()
+    front = Front(app, Writer(), Counters(), Clock(), limit=10, max_target=1 << 20,  # type: ignore
+                  header_timeout=10, keepalive_timeout=60, send_timeout=30)
+    protocol = front.buildProtocol(None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    return app, transport, protocol
+
+
+def test_a_pending_answer_is_sent_when_it_fires_and_what_follows_waits_for_it():
+    app, transport, protocol = _later_front()
+    protocol.dataReceived(raw_publish("p", 1) + raw_get("/health"))
+    assert transport.value() == b""  # the GET behind the publish waits its turn
+    app.pending[0].callback(Response(201, b'{"id":"x"}'))
+    out = transport.value()
+    assert out.index(b"HTTP/1.1 201 Created") < out.index(b"HTTP/1.1 200 OK")
+    assert out.endswith(b'{"get":true}')
+
+
+def test_a_pending_answer_that_fails_is_a_500_and_the_bug_is_logged(no_logged_failures):
+    app, transport, protocol = _later_front()
+    protocol.dataReceived(raw_publish("p", 1))
+    app.pending[0].errback(RuntimeError("a bug"))
+    assert transport.value().startswith(b"HTTP/1.1 500 ")
+    assert b'"internal_error"' in transport.value()
+    assert [e["log_failure"].value.args for e in no_logged_failures] == [("a bug",)]
+    no_logged_failures.clear()  # seen: the fixture must not fail the test for it
+
+
+def test_a_pending_answer_for_a_client_gone_is_dropped():
+    app, transport, protocol = _later_front()
+    protocol.dataReceived(raw_publish("p", 1))
+    protocol.connectionLost(None)
+    app.pending[0].callback(Response(201, b"{}"))
+    assert transport.value() == b""
