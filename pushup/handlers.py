@@ -38,7 +38,7 @@ from pushup.model import (
 from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
-from pushup.sse import EventStream
+from pushup.sse import EventStream, StreamClient
 from pushup.store import Channel
 from pushup.tokens import Verifier
 
@@ -56,8 +56,15 @@ class PeerPort(Protocol):
     def snapshot(self) -> bytes: ...
 
 
+class Client(Subscriber, StreamClient, Protocol):
+    """The HTTP front's end of one request: a held poll's or an event stream's."""
+
+    def open_stream(self) -> None:
+        """Answer 200 ``text/event-stream``; events follow."""
+
+
 Outcome = Response | Held | Pending
-Handler = Callable[[Request, tuple[str, ...], Subscriber], Outcome]
+Handler = Callable[[Request, tuple[str, ...], Client], Outcome]
 
 
 class Handlers:
@@ -110,7 +117,7 @@ class Handlers:
         limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes
         return errors.TooLarge(f"the request body is over {limit} bytes")
 
-    def handle(self, request: Request, client: Subscriber) -> Outcome:
+    def handle(self, request: Request, client: Client) -> Outcome:
         """The answer to ``request`` (``client`` is who a held subscribe answers).
 
         A ``PushUpError`` becomes its JSON answer here; anything else is a bug
@@ -180,7 +187,7 @@ class Handlers:
 
     # -- endpoints -----------------------------------------------------------
 
-    def publish(self, request: Request, _: tuple[str, ...], __: Subscriber,
+    def publish(self, request: Request, _: tuple[str, ...], __: Client,
                 ) -> Response | Pending:
         self._authorize(request)
         self._ready()
@@ -221,7 +228,7 @@ class Handlers:
             raise
         return Draft(channels, data)
 
-    def subscribe(self, request: Request, _: tuple[str, ...], client: Subscriber,
+    def subscribe(self, request: Request, _: tuple[str, ...], client: Client,
                   ) -> Response | Held:
         self._ready()
         query, timeout, token = self._subscribe_query(request.query)
@@ -237,17 +244,17 @@ class Handlers:
             return Response(200, outcome)
         return Held(outcome)
 
-    def _stream(self, request: Request, query: Query, client: Subscriber) -> Held:
+    def _stream(self, request: Request, query: Query, client: Client) -> Held:
         """SSE: a reconnect's Last-Event-ID (a cursor we issued) wins over since."""
         last = request.headers.get(b"last-event-id")
         if last:
             query = replace(query, since=decode_cursor(last.decode("latin-1")))
-        client.open_stream()  # type: ignore[attr-defined]  # the front's StreamClient
-        stream = EventStream(self.service, query, client)  # type: ignore[arg-type]
+        client.open_stream()
+        stream = EventStream(self.service, query, client)
         stream.start()
         return Held(stream)
 
-    def create_channel(self, request: Request, _: tuple[str, ...], __: Subscriber,
+    def create_channel(self, request: Request, _: tuple[str, ...], __: Client,
                        ) -> Response | Pending:
         self._authorize(request)
         self._ready()
@@ -258,7 +265,7 @@ class Handlers:
         return _when(self.backplane.create_channel(name, ttl_of(body)),
                      lambda channel: Response(201, _channel_json(channel)))
 
-    def renew_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
+    def renew_channel(self, request: Request, params: tuple[str, ...], _: Client,
                       ) -> Response | Pending:
         self._authorize(request)
         self._ready()
@@ -266,13 +273,13 @@ class Handlers:
         return _when(self.backplane.renew_channel(params[0], ttl_of(body)),
                      lambda channel: Response(200, _channel_json(channel)))
 
-    def delete_channel(self, request: Request, params: tuple[str, ...], _: Subscriber,
+    def delete_channel(self, request: Request, params: tuple[str, ...], _: Client,
                        ) -> Response | Pending:
         self._authorize(request)
         self._ready()
         return _when(self.backplane.delete_channel(params[0]), lambda _: _NO_CONTENT)
 
-    def channel_info(self, request: Request, params: tuple[str, ...], _: Subscriber,
+    def channel_info(self, request: Request, params: tuple[str, ...], _: Client,
                      ) -> Response:
         self._authorize(request)
         self._ready()
@@ -281,20 +288,20 @@ class Handlers:
                 "subscribers": self.service.hub.waiting_on(channel.name)}
         return Response(200, _channel_json(channel, info))
 
-    def health(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def health(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         if self.service.draining:
             raise errors.ShuttingDown("the node is draining for shutdown")
         self._ready()
         return Response(200, dumps({"status": "ok", "node_id": self.service.store.origin.node_id}))
 
-    def stats(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, dumps(self._stats()))
 
-    def metrics(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def metrics(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         content_type, text = self._metrics()
         return Response(200, text, content_type)
 
-    def client_js(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def client_js(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         """The browser client (clients/js/ in the repository)."""
         return _CLIENT_JS
 
@@ -311,13 +318,13 @@ class Handlers:
             raise _unsigned()
         return peers
 
-    def peer_messages(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def peer_messages(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         received = self._peer(request).receive(decode_batch(request.body))
         if isinstance(received, Applied):
             return Response(200, dumps({"horizon": received.horizon}))
         return Response(409, dumps({"expected": received.expected}))
 
-    def peer_snapshot(self, request: Request, _: tuple[str, ...], __: Subscriber) -> Response:
+    def peer_snapshot(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, self._peer(request).snapshot())
 
 

@@ -78,6 +78,7 @@ class Node:
                            send_timeout=config.send_timeout)
         self.service.on_fanout_done.append(self.front.release)
         self.port: IListeningPort | None = None
+        self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
 
     def listen(self, reuse_port: bool = False) -> int:
@@ -136,9 +137,8 @@ class Node:
         self.service.drain()
         self.front.close_all()  # idle and answered connections go now, not after the flush
         yield self.backplane.stop(PEER_FLUSH)
-        private = getattr(self, "private_port", None)
-        if private is not None:
-            yield private.stopListening()
+        if self.private_port is not None:
+            yield self.private_port.stopListening()
         closed = self.front.close_all()
         left = max(0.0, DRAIN_LIMIT - (self.reactor.seconds() - started))
         closed.addTimeout(left, self.reactor)

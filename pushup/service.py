@@ -1,7 +1,7 @@
 """The node's behaviour over time: publish, hold, answer, expire, drain.
 
 ``Service`` owns the store, the hub and the counters, and is driven by an
-injected clock (``IReactorTime``): one timer for every subscriber timeout,
+injected clock (``IReactorTime``, typed as ``Clock``): one timer for every subscriber timeout,
 one for retention. It builds response bodies (each message's JSON was
 serialised once at publish; equal queries share one body) and hands them to
 the subscriber objects the HTTP layer gives it. It parses no HTTP.
@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
-
 from pushup.errors import ShuttingDown
 from pushup.hub import Hub, Waiter
 from pushup.metrics import Counters
@@ -24,6 +22,23 @@ from pushup.store import Channel, Result, Store
 
 SLICE = 1000  # subscribers answered per reactor turn during a fan-out (~20 ms)
 SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
+
+
+class DelayedCall(Protocol):
+    """What ``Clock.callLater`` returns (Twisted's ``DelayedCall``, as far as we use it)."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The injected clock: Twisted's ``IReactorTime`` (the reactor, or ``task.Clock``)."""
+
+    def seconds(self) -> float: ...
+
+    def callLater(self, delay: float, f: Callable[..., object],  # noqa: N802 (Twisted's)
+                  *args: object) -> DelayedCall: ...
 
 
 class Subscriber(Protocol):
@@ -52,10 +67,10 @@ def render(query: Query, result: Result, closed: Sequence[str] = ()) -> bytes:
 class Alarm:
     """One timer that fires ``callback(deadline)`` no later than asked."""
 
-    def __init__(self, clock: IReactorTime, callback: Callable[[int], None]) -> None:
+    def __init__(self, clock: Clock, callback: Callable[[int], None]) -> None:
         self._clock = clock
         self._callback = callback
-        self._call: IDelayedCall | None = None
+        self._call: DelayedCall | None = None
         self._at = 0
 
     def set(self, deadline: int | None, now: int) -> None:
@@ -75,7 +90,7 @@ class Alarm:
 
 
 class Service:
-    def __init__(self, store: Store, clock: IReactorTime, max_timeout: float) -> None:
+    def __init__(self, store: Store, clock: Clock, max_timeout: float) -> None:
         self.store = store
         self.hub = Hub()
         self.counters = Counters()
@@ -87,9 +102,9 @@ class Service:
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
         self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
-        self._flushing: IDelayedCall | None = None
+        self._flushing: DelayedCall | None = None
         self._arrivals: list[Message] = []  # stored, waiters not yet woken
-        self._arriving: IDelayedCall | None = None
+        self._arriving: DelayedCall | None = None
 
     def now(self) -> int:
         return round(self.clock.seconds() * 1_000_000)
