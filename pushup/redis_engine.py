@@ -58,19 +58,34 @@ BLOCK_MS = 20_000  # an idle tail asks again this often
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
 
 
-# KEYS: log, meta, channels. ARGV: the epoch to start if the log has none,
-# MAXLEN, then per entry: kind ("m" message, "o" operation), c, d. An
-# operation's d is {"op": "create"|"renew"|"delete", "ttl", "expires_at"}.
-# Returns {epoch, seq1, ts1, seq2, ts2, ...}; or an error before writing
-# anything if a create names an explicit channel that exists.
-PUBLISH = """
+# Both scripts begin by checking the log against the calling node: KEYS log,
+# meta; ARGV the epoch to start, MAXLEN, the epoch the node holds ("" if
+# none) and its horizon in it. A log with no meta (Redis restarted empty), or
+# with fewer entries than the node already read (a restart with appendfsync
+# everysec, a failover to a replica that lagged), starts again under a new
+# epoch, so no sequence number is ever reused for another message.
+_CHECKED = """
 local epoch = redis.call('HGET', KEYS[2], 'e')
-if not epoch then
+local seq = tonumber(redis.call('HGET', KEYS[2], 's') or '0')
+if (not epoch) or (epoch == ARGV[3] and seq < tonumber(ARGV[4])) then
   epoch = ARGV[1]
+  seq = 0
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[2], 'e', epoch, 's', 0, 't', 0)
+  redis.call('HSET', KEYS[2], 'e', epoch, 's', 0)
+  redis.call('HSETNX', KEYS[2], 't', 0)
 end
-for i = 3, #ARGV, 3 do
+"""
+
+# Returns {epoch, seq}.
+CHECK = _CHECKED + "return {epoch, seq}"
+
+# KEYS: log, meta, channels. ARGV after the four above, per entry: kind ("m"
+# message, "o" operation), c, d. An operation's d is {"op": "create"|"renew"|
+# "delete", "ttl", "expires_at"}. Appends every entry or none; returns
+# {epoch, seq1, ts1, seq2, ts2, ...}, or an error before writing anything if a
+# create names an explicit channel that exists.
+PUBLISH = _CHECKED + """
+for i = 5, #ARGV, 3 do
   if ARGV[i] == 'o' and cjson.decode(ARGV[i + 2])['op'] == 'create'
       and redis.call('HEXISTS', KEYS[3], ARGV[i + 1]) == 1 then
     return redis.error_reply('EXISTS ' .. ARGV[i + 1])
@@ -78,10 +93,9 @@ for i = 3, #ARGV, 3 do
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local seq = tonumber(redis.call('HGET', KEYS[2], 's'))
 local last = tonumber(redis.call('HGET', KEYS[2], 't'))
 local out = {epoch}
-for i = 3, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   seq = seq + 1
   if now <= last then now = last + 1 end
   last = now
@@ -101,24 +115,6 @@ for i = 3, #ARGV, 3 do
 end
 redis.call('HSET', KEYS[2], 's', seq, 't', string.format('%d', last))
 return out
-"""
-
-# KEYS: meta, log. ARGV: the epoch to start if the log has none, the epoch
-# this node holds ("" if none) and its horizon in it. A log that has fewer
-# entries than a node already holds lost acknowledged writes (a restart with
-# fsync everysec, or a failover): it starts again under a new epoch, so no
-# sequence number is ever reused for another message. Returns {epoch, seq}.
-CHECK = """
-local epoch = redis.call('HGET', KEYS[1], 'e')
-local seq = tonumber(redis.call('HGET', KEYS[1], 's') or '0')
-if (not epoch) or (epoch == ARGV[2] and seq < tonumber(ARGV[3])) then
-  epoch = ARGV[1]
-  seq = 0
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 's', 0)
-  redis.call('HSETNX', KEYS[1], 't', 0)
-end
-return {epoch, seq}
 """
 _PUBLISH_SHA = script_sha(PUBLISH)
 _CHECK_SHA = script_sha(CHECK)
@@ -249,9 +245,14 @@ class RedisEngine:
             return defer.fail(errors.EngineUnavailable("Redis is unreachable; nothing was "
                                                        "published"))
         d = self.commands.evalsha(_PUBLISH_SHA, PUBLISH, (LOG, META, CHANNELS),
-                                  (new_epoch(), self.maxlen, *entries), timeout=self.timeout)
+                                  (*self._held(), *entries), timeout=self.timeout)
         d.addErrback(_unavailable)
         return d
+
+    def _held(self) -> tuple[str, int, str, int]:
+        """The scripts' first arguments: what the log is checked against."""
+        held = self.store.horizon.get(self.origin, 0) if self.epoch else 0
+        return new_epoch(), self.maxlen, self.epoch, held
 
     def stats(self) -> dict[str, Any]:
         return {"engine": self.engine, "peers": [], "redis": {
@@ -284,9 +285,8 @@ class RedisEngine:
     @defer.inlineCallbacks
     def _follow(self) -> Any:
         """Check the epoch, load what we lack, then read the log as it grows."""
-        held = self.store.horizon.get(self.origin, 0) if self.epoch else 0
-        reply = yield self.tail.evalsha(_CHECK_SHA, CHECK, (META, LOG),
-                                        (new_epoch(), self.epoch, held), timeout=self.timeout)
+        reply = yield self.tail.evalsha(_CHECK_SHA, CHECK, (LOG, META), self._held(),
+                                        timeout=self.timeout)
         epoch = reply[0].decode()
         if epoch != self.epoch:
             if self.epoch:

@@ -224,3 +224,41 @@ def test_a_bad_engine_setting_is_refused_at_start(flag):
                            "--cluster-secret", "s", *flag], capture_output=True, timeout=30)
     assert done.returncode == 2
     assert b"--engine" in done.stderr or b"--peer" in done.stderr
+
+
+def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_cluster,
+                                                                      redis_server):
+    # As after a failover to a replica that lagged, or a restart with
+    # appendfsync everysec: Redis comes back holding an older state of the log.
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    ch = uniq("older")
+    kept = [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
+    assert redis_server.cli("SAVE") == b"OK"  # the state Redis will come back with
+    lost = [publish(c.bases[0], [ch], i)["id"] for i in range(3, 5)]
+    for base in c.bases:
+        wait_until(lambda b=base: lost[-1] in retained(b, [ch]), 10, 0.05, "both nodes read")
+    _, behind = subscribe(c.bases[1], [ch], since="0", timeout=0, limit=3)
+    assert [m["id"] for m in behind["messages"]] == kept
+    redis_server.kill()
+    redis_server.restart()  # loads the saved dump: the log ends at message 3
+    assert int(redis_server.cli("HGET", "pushup:{p0}:meta", "s")) == 3
+    new: list[str] = []
+
+    def published() -> bool:
+        status, body = jrequest("POST", c.bases[0] + "/publish", {"channels": [ch], "data": 9})
+        if status == 201:
+            new.append(body["id"])
+        return status == 201
+
+    wait_until(published, 20, 0.1, "publishing works again")
+    # Sequence numbers 4 and 5 are never reused for another message: a new epoch.
+    assert new[0].rsplit("-", 1)[0] != kept[0].rsplit("-", 1)[0]
+    for base in c.bases:
+        wait_until(lambda b=base: new[0] in retained(b, [ch]), 10, 0.05, "the new log is read")
+        _, body = subscribe(base, [ch], since=behind["cursor"], timeout=0)
+        # The messages both nodes hold are still served, once, then a gap for
+        # the log that is gone, and what came after.
+        assert [m["id"] for m in body["messages"]] == [*lost, *new]
+        assert body["gap"] is True
+        _, again = subscribe(base, [ch], since=body["cursor"], timeout=0)
+        assert "gap" not in again and again["messages"] == []
