@@ -120,6 +120,7 @@ class Fleet:
             "worker": self.index, "node_id": own["node_id"], "origin": own["origin"],
             "pid": os.getpid(), "restarts": self._restarts, "uptime_s": own["uptime_s"],
             "written_at": self._wall(), "peers": own["peers"],
+            "engine": own.get("engine", "mesh"),
         }
         for key in COUNTERS:
             entry[key] = self._base[key] + own[key]
@@ -153,6 +154,8 @@ class Fleet:
         for key in REPLICATED:
             stats[key] = max((w[key] for w in live), default=0)
         stats["peers"] = []  # the node's own peers: none (--workers cannot have --peer)
+        # The workers' engine: redis when they share a Redis log, else they are a mesh.
+        stats["engine"] = workers[0]["engine"] if workers else "mesh"
         stats["answered_by"] = self.index
         stats["workers"] = workers
         return stats
