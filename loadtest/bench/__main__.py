@@ -1,5 +1,5 @@
-"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,nchan]
-[--quick]`.
+"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,nchan,
+engines] [--quick]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -7,6 +7,8 @@ CPU use, client counters, machine load) to loadtest/out/bench-<timestamp>.json.
 `nchan` runs fan-out, publish rate and memory side by side against PushUp (1
 process), PushUp `--workers 2` and nginx + nchan (compare.py) and prints the
 figures with their ratios; it needs `make bench-packages` (nginx, nchan).
+`engines` measures a 3-node cluster on the mesh and on Redis side by side
+(engines.py; needs redis-server, `make system-packages`).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -25,24 +27,27 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, report, scenarios
+from . import cluster, compare, engines, report, scenarios
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
-CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "nchan"]
+CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "nchan",
+           "engines"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
         "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0,
         "cluster_nodes": [1, 2, 4], "cluster_n": 10000, "cluster_publishes": 10,
-        "lag_samples": 200}
+        "lag_samples": 200, "engines_publish_seconds": 8.0, "engines_reps": 3,
+        "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5]}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
          "cluster_nodes": [1, 2], "cluster_n": 400, "cluster_publishes": 2,
-         "lag_samples": 20}
+         "lag_samples": 20, "engines_publish_seconds": 2.0, "engines_reps": 1,
+         "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1]}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -149,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, cfg["fanout_n"], cfg["fanout_publishes"], cfg["round_timeout"],
                 args.publishers, cfg["publish_seconds"], cfg["publish_reps"],
                 cfg["memory_reps"])))
+        if "engines" in args.only:
+            plan.append(("engines", lambda: engines.bench_engines(
+                ctx, args.publishers, cfg["engines_publish_seconds"], cfg["engines_reps"],
+                cfg["lag_samples"], cfg["engines_n"], cfg["engines_publishes"],
+                cfg["round_timeout"], cfg["engines_scaling"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -170,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(side, dict) and "labels" in side:
         record["side_by_side"] = {"figures": report.compare_rows(side),
                                   "targets": report.compare_targets(side)}
+    eng = results.get("engines")
+    if isinstance(eng, dict) and "engines" in eng:
+        record["engines_side_by_side"] = engines.rows(eng)
     path = OUT / f"bench-{stamp}.json"
     path.write_text(json.dumps(record, indent=2, default=str))
     if rows:  # (none when only the side-by-side comparison ran)
@@ -180,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     if "side_by_side" in record:
         print()
         print(report.compare_table(side, quick=args.quick))
+    if "engines_side_by_side" in record:
+        print()
+        print(engines.table(eng))
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

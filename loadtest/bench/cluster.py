@@ -57,15 +57,21 @@ def _waiting(nodes: list[Control]) -> int:
 
 
 def _cpu(cluster: LocalCluster) -> float:
-    return sum(procfs.cpu_seconds(p.pid) for p in cluster.nodes if p is not None)
+    """CPU seconds of every node, and of the cluster's own redis-server if it has one."""
+    pids = [p.pid for p in cluster.nodes if p is not None]
+    return sum(procfs.cpu_seconds(pid) for pid in pids
+               + ([cluster.redis.pid] if cluster.redis is not None else []))
 
 
 def bench_cluster_fanout(ctx: Context, node_counts: list[int], n: int, publishes: int,
-                         round_timeout: float) -> dict[str, Any]:
+                         round_timeout: float, engine: str = "mesh") -> dict[str, Any]:
+    """`engine` as `LocalCluster` takes it; with "redis" the CPU includes redis-server."""
     out: dict[str, Any] = {}
     for k in node_counts:
-        workdir = ctx.out_dir / f"cluster-{ctx.stamp}-{k}"
-        with LocalCluster(k, haproxy=False, node_args=NODE_ARGS, workdir=str(workdir)) as c:
+        tag = k if engine == "mesh" else f"{engine}-{k}"
+        workdir = ctx.out_dir / f"cluster-{ctx.stamp}-{tag}"
+        with LocalCluster(k, haproxy=False, node_args=NODE_ARGS, workdir=str(workdir),
+                          engine=engine) as c:
             nodes = [Control(port) for port in c.node_ports]
             channel = f"bench-cluster-{k}"
             for i, share in enumerate(split(n, k)):
