@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -56,6 +56,11 @@ CHANNELS = f"pushup:{{{PARTITION}}}:channels"
 PAGE = 1000  # log entries per XRANGE / XREAD reply
 BLOCK_MS = 20_000  # an idle tail asks again this often
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
+# After a reply with entries, the tail waits this long before it reads again,
+# so a busy log comes in batches: each XREAD round trip costs a reading node
+# about as much as applying several entries (measured: ~4 entries a reply
+# without it at 3,700 publishes/s). An idle log is read at once.
+TAIL_LINGER = 0.001
 
 
 # Both scripts begin by checking the log against the calling node: KEYS log,
@@ -139,6 +144,7 @@ class RedisEngine:
     def __init__(self, service: Service, config: Config, reactor: Any) -> None:
         self.service = service
         self.store = service.store
+        self.clock = reactor
         self.url = parse_url(config.engine)
         self.maxlen = config.redis_maxlen
         self.timeout = COMMAND_TIMEOUT
@@ -146,6 +152,7 @@ class RedisEngine:
         self.tail = RedisConnection(self.url, reactor)
         self.tail.on_connect.append(self._tail_connected)
         self.epoch = ""  # the log's epoch this node holds ("": none yet)
+        self._spare_epoch = new_epoch()  # the one to start, should the log need one
         self.ready = False
         self.stopped = False
         self._loaded: defer.Deferred[None] = defer.Deferred()
@@ -183,7 +190,7 @@ class RedisEngine:
         return d
 
     def _published(self, reply: list[Any], drafts: Sequence[Draft]) -> list[Message]:
-        epoch, stamps = reply[0].decode(), reply[1:]
+        epoch, stamps = self._epoch_of(reply), reply[1:]
         origin = f"{PARTITION}.{epoch}"
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
@@ -226,7 +233,7 @@ class RedisEngine:
         d = self._append(["o", name, op])
 
         def done(reply: list[Any]) -> Channel:
-            epoch, seq = reply[0].decode(), int(reply[1])
+            epoch, seq = self._epoch_of(reply), int(reply[1])
             if epoch == self.epoch and seq == self.store.horizon.get(self.origin, 0) + 1:
                 self._apply_op(seq, name, op)
             elif epoch != self.epoch:
@@ -252,7 +259,14 @@ class RedisEngine:
     def _held(self) -> tuple[str, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
         held = self.store.horizon.get(self.origin, 0) if self.epoch else 0
-        return new_epoch(), self.maxlen, self.epoch, held
+        return self._spare_epoch, self.maxlen, self.epoch, held
+
+    def _epoch_of(self, reply: list[Any]) -> str:
+        """A script's epoch; once the spare one is taken, make another."""
+        epoch: str = reply[0].decode()
+        if epoch == self._spare_epoch:
+            self._spare_epoch = new_epoch()
+        return epoch
 
     def stats(self) -> dict[str, Any]:
         return {"engine": self.engine, "peers": [], "redis": {
@@ -287,7 +301,7 @@ class RedisEngine:
         """Check the epoch, load what we lack, then read the log as it grows."""
         reply = yield self.tail.evalsha(_CHECK_SHA, CHECK, (LOG, META), self._held(),
                                         timeout=self.timeout)
-        epoch = reply[0].decode()
+        epoch = self._epoch_of(reply)
         if epoch != self.epoch:
             if self.epoch:
                 self._lost_epoch(epoch)
@@ -305,7 +319,10 @@ class RedisEngine:
                 "XREAD", "COUNT", PAGE, "BLOCK", BLOCK_MS, "STREAMS", LOG, f"{after}-0",
                 timeout=BLOCK_MS / 1000 + self.timeout)
             if reply:
-                self._apply_entries(reply[0][1])
+                entries = reply[0][1]
+                self._apply_entries(entries)
+                if len(entries) < PAGE:
+                    yield task.deferLater(self.clock, TAIL_LINGER, lambda: None)
 
     def _lost_epoch(self, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap."""
@@ -345,12 +362,12 @@ class RedisEngine:
         now = self.service.now()
         arrived = []
         for ident, fields in entries:
-            seq = int(ident.split(b"-", 1)[0])
+            seq = int(ident[:-2])  # "<seq>-0"
+            have = store.horizon.get(origin, 0)
+            if seq <= have:  # e.g. our own publish, applied when Redis answered
+                continue
             f = dict(zip(fields[::2], fields[1::2], strict=True))
             ts = int(f[b"t"])
-            have = store.horizon.get(origin, 0)
-            if seq <= have:
-                continue
             if seq > have + 1:  # trimmed before we read it
                 store.skip_to(origin, seq - 1, ts - 1)
             if f[b"k"] == b"m":

@@ -113,6 +113,8 @@ def test_a_restarted_node_loads_the_log_before_it_is_healthy(fresh_cluster, redi
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
     ch = uniq("boot")
     receipts = publish_batch(c.bases[0], [([ch], i) for i in range(50)])
+    # Node 2 reads the log a moment after node 1's 201, as a mesh peer would.
+    wait_until(lambda: receipts[-1]["id"] in retained(c.bases[1], [ch]), 10, 0.02, "read")
     _, first = subscribe(c.bases[1], [ch], since="0", timeout=0, limit=20)
     assert [m["id"] for m in first["messages"]] == [r["id"] for r in receipts[:20]]
     c.kill(1)  # SIGKILL
@@ -163,6 +165,7 @@ def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis_
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
     ch = uniq("empty")
     old = [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
+    wait_until(lambda: old[-1] in retained(c.bases[1], [ch]), 10, 0.02, "node 2 read them")
     _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
     assert [m["id"] for m in seen["messages"]] == old
     redis_server.kill()
@@ -196,6 +199,7 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
                           node_args=["--redis-maxlen", "20"])
         ch = uniq("trim")
         first = publish(c.bases[0], [ch], "first")
+        wait_until(lambda: first["id"] in retained(c.bases[1], [ch]), 10, 0.02, "read")
         _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
         assert [m["id"] for m in seen["messages"]] == [first["id"]]
         c.nodes[1].send_signal(signal.SIGSTOP)  # node 2 reads nothing meanwhile
