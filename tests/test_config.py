@@ -159,6 +159,18 @@ def test_peer_without_cluster_secret_is_refused(source):
     assert "cluster-secret" in message
 
 
+def test_data_dir_comes_from_flag_env_and_file():
+    assert serve("--data-dir", "/var/lib/pushup").data_dir == "/var/lib/pushup"
+    assert serve(env={"PUSHUP_DATA_DIR": "/d"}).data_dir == "/d"
+    assert serve(toml='data_dir = "/t"').data_dir == "/t"
+
+
+@pytest.mark.parametrize("flags", [("--peer", "http://127.0.0.1:8081", "--cluster-secret", "s"),
+                                   ("--cluster-secret", "s"), ("--workers", "2")])
+def test_data_dir_is_refused_beside_a_cluster(flags):
+    assert "--data-dir is for a single node" in refused("--data-dir", "/d", *flags)
+
+
 def test_peer_that_is_not_an_http_url_is_refused():
     refused("--peer", "127.0.0.1:8081", "--cluster-secret", "s")
     refused("--peer", "ftp://x", "--cluster-secret", "s")
