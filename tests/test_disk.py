@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import START, Harness
 from twisted.internet.task import Clock
 
-from pushup.config import Config
 from pushup.disk import DataDir, DataDirError
 from pushup.model import Draft
 
-
-def boot(path: Path, at: float = START, **settings: Any) -> Harness:
-    """A node on ``path`` whose clock reads ``at``, started (data loaded)."""
-    clock = Clock()
-    clock.advance(at)
-    h = Harness(Config(data_dir=str(path), **settings), clock=clock)
-    h.node.start()
-    return h
+START = 1_763_800_000.0
 
 
-def crash(h: Harness) -> None:
+@pytest.fixture
+def boot(make_node: Callable[..., Any]) -> Callable[..., Any]:
+    """``boot(path, at=START, **config)``: a node on data dir ``path`` whose
+    clock reads ``at``, started (its data read back)."""
+    def start(path: Path, at: float = START, **settings: Any) -> Any:
+        clock = Clock()
+        clock.advance(at)
+        h = make_node(clock=clock, data_dir=str(path), **settings)
+        h.node.start()
+        return h
+    return start
+
+
+def crash(h: Any) -> None:
     """The process dies: nothing more is written (its clock is dropped), the lock goes."""
     assert h.node.data is not None
     h.node.data.close()
@@ -35,7 +40,7 @@ def rows(path: Path, table: str) -> int:
         return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
-def test_a_publish_is_acknowledged_only_once_its_transaction_committed(tmp_path):
+def test_a_publish_is_acknowledged_only_once_its_transaction_committed(boot, tmp_path):
     h = boot(tmp_path)
     acked = h.node.backplane.publish([Draft(("a",), b"1")])
     assert not acked.called and rows(tmp_path, "messages") == 0
@@ -43,7 +48,7 @@ def test_a_publish_is_acknowledged_only_once_its_transaction_committed(tmp_path)
     assert acked.called and rows(tmp_path, "messages") == 1
 
 
-def test_the_publishes_of_one_turn_share_one_transaction(tmp_path, monkeypatch):
+def test_the_publishes_of_one_turn_share_one_transaction(boot, tmp_path, monkeypatch):
     h = boot(tmp_path)
     writes = []
     real = DataDir.write
@@ -54,7 +59,7 @@ def test_the_publishes_of_one_turn_share_one_transaction(tmp_path, monkeypatch):
     assert rows(tmp_path, "messages") == 20
 
 
-def test_acknowledged_messages_and_channels_survive_a_crash_with_their_ids(tmp_path):
+def test_acknowledged_messages_and_channels_survive_a_crash_with_their_ids(boot, tmp_path):
     h = boot(tmp_path)
     assert h.post("/channels", {"name": "kept", "ttl": 7200}).status == 201
     ids = [h.publish("a", i).json["id"] for i in range(5)]
@@ -71,7 +76,7 @@ def test_acknowledged_messages_and_channels_survive_a_crash_with_their_ids(tmp_p
     assert again.get("/channels/kept").json["expires_at"] == pytest.approx(START + 7200)
 
 
-def test_a_restart_applies_retention_as_of_now_and_reports_the_gap(tmp_path):
+def test_a_restart_applies_retention_as_of_now_and_reports_the_gap(boot, tmp_path):
     h = boot(tmp_path, message_ttl=60)
     h.publish("a", 1)
     cursor = h.subscribe("a", since=0, timeout=0).response.json["cursor"]
@@ -84,7 +89,7 @@ def test_a_restart_applies_retention_as_of_now_and_reports_the_gap(tmp_path):
     assert not again.subscribe("a", since=first["cursor"], timeout=0).response.json.get("gap")
 
 
-def test_evicted_messages_leave_the_disk_and_deleted_channels_stay_deleted(tmp_path):
+def test_evicted_messages_leave_the_disk_and_deleted_channels_stay_deleted(boot, tmp_path):
     h = boot(tmp_path, max_messages_per_channel=3)
     for i in range(10):
         h.publish(["a", "b"], i)
@@ -112,7 +117,7 @@ def test_a_new_epoch_supersedes_the_old_even_if_the_clock_went_back(tmp_path):
     data.close()
 
 
-def test_fifty_restarts_with_a_data_dir_keep_the_cursor_short_and_exact(tmp_path):
+def test_fifty_restarts_with_a_data_dir_keep_the_cursor_short_and_exact(boot, tmp_path):
     at, cursor, seen = START, None, []
     for k in range(50):
         h = boot(tmp_path, at=at, message_ttl=60)

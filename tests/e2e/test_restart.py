@@ -10,8 +10,8 @@ def started():
     """Nodes a test starts itself (on a port of its choosing); stopped at teardown."""
     nodes = []
     yield nodes
-    for n in nodes:
-        stop(n)
+    codes = [stop(n) for n in nodes]
+    assert all(rc in (0, -9) for rc in codes), codes  # -9: killed by the test
 
 
 def kill(node) -> None:
@@ -53,9 +53,11 @@ def test_with_a_data_dir_every_acknowledged_message_survives_a_crash(started, tm
     r = n.publish_batch([{"channels": [ch], "data": {"i": i}} for i in range(20)])
     assert r.status == 201, r
     batch = [m["id"] for m in r.json["messages"]]
+    node_id = n.stats()["node_id"]  # random (--port 0), and stored in the data dir
     kill(n)  # at once after the 201s
     again = spawn("--data-dir", data)
     started.append(again)
+    assert again.stats()["node_id"] == node_id
     everything = again.subscribe(ch, since="0", limit=1000)
     assert [m["id"] for m in everything["messages"]] == early + batch
     assert [m["data"] for m in everything["messages"]][3:] == [{"i": i} for i in range(20)]
