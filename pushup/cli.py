@@ -136,11 +136,16 @@ def serve(config: Config) -> int:
     from twisted.internet.task import LoopingCall
 
     from pushup._libc import release_free_memory
+    from pushup.disk import DataDirError
     from pushup.fleet import BOARD_ENV, join
     from pushup.node import Node
     from pushup.workers import FD_ENV, REUSE_ENV
 
-    node = Node(config, reactor)
+    try:
+        node = Node(config, reactor)
+    except DataDirError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
+        return 2
     try:
         port = node.listen(reuse_port=os.environ.get(REUSE_ENV) == "1")
         if os.environ.get(FD_ENV):

@@ -30,7 +30,7 @@ class ConfigError(Exception):
 class Config:
     host: str = "127.0.0.1"
     port: int = 8080
-    node_id: str = ""  # empty: a random one is made at start
+    node_id: str = ""  # empty: the data dir's, else <hostname>-<port> (random with port 0)
     peer: tuple[str, ...] = ()
     engine: str = "mesh"
     redis_maxlen: int = 100_000
@@ -58,6 +58,7 @@ class Config:
     peer_queue: int = 10_000
     log_level: str = "info"
     log_format: str = "text"
+    data_dir: str = ""  # empty: the cache lives in memory only
 
 
 REACTORS = ("epoll", "poll", "select")
@@ -66,7 +67,9 @@ LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
 _HELP: dict[str, tuple[str, str | None]] = {
     "host": ("address to listen on", "HOST"),
     "port": ("port to listen on (0: any free port)", "PORT"),
-    "node_id": ("this node's id (letters, digits, _ and -); default random", "ID"),
+    "node_id": ("this node's id (letters, digits, _ and -); default: the one stored in "
+                "--data-dir, else HOSTNAME-PORT (random with --port 0), so a restart keeps "
+                "it", "ID"),
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
     "engine": ("what carries the cluster: mesh (peers, --peer) or redis://HOST:PORT[/DB]",
                "ENGINE"),
@@ -99,6 +102,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
     "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
+    "data_dir": ("keep the cache in SQLite in this directory, so a restart loses nothing "
+                 "acknowledged and retained (single node only; one process at a time)", "DIR"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
@@ -314,6 +319,11 @@ def validate(c: Config) -> Config:
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(not c.peer or bool(c.cluster_secret),
          "--peer needs --cluster-secret: peers always authenticate each other")
+    need(not c.data_dir or not (c.peer or c.cluster_secret or c.workers > 1),
+         "--data-dir is for a single node: it cannot be combined with --peer, "
+         "--cluster-secret or --workers (see README, Data directory)")
+    need(not c.data_dir or c.engine == "mesh",
+         "--data-dir is for a single node: with --engine redis, Redis keeps the log")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
          f"refusing to listen on {c.host} with publishing open: "
          "set --publish-token or --allow-open-publish")

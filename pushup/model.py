@@ -20,6 +20,7 @@ MAX_TIME_S = 1e11  # year 5138: any time past this is a client's mistake, not a 
 # No whitespace (str.isspace covers Unicode spaces), no control characters, no comma.
 _BAD_NAME_CHAR = re.compile(r"[\s,\x00-\x1f\x7f-\x9f]")
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_EPOCH = re.compile(r"[0-9a-z]{1,16}")
 
 
 def check_channel_name(name: object) -> str:
@@ -53,6 +54,26 @@ def check_node_id(node_id: str) -> str:
     if not _NODE_ID.fullmatch(node_id):
         raise ValueError("a node id is 1-64 letters, digits, '_' or '-'")
     return node_id
+
+
+def parse_origin(name: str) -> tuple[str, int] | None:
+    """An origin name's (node id, epoch in ms), or None if it is not one we make."""
+    node_id, dot, epoch = name.rpartition(".")
+    if not dot or not _NODE_ID.fullmatch(node_id) or not _EPOCH.fullmatch(epoch):
+        return None
+    return node_id, int(epoch, 36)
+
+
+def default_node_id(hostname: str, port: int, random_suffix: str) -> str:
+    """The node id used when none is configured: the machine's name and the
+    port, so a node restarted on the same machine and port keeps its id (and
+    its old origin is known as its own, superseded: see ``Store``). With port
+    0 there is nothing stable to go by: ``"n" + random_suffix``."""
+    if port == 0:
+        return "n" + random_suffix
+    host = re.sub(r"[^A-Za-z0-9_-]+", "-", hostname).strip("-") or "host"
+    suffix = f"-{port}"
+    return host[: 61 - len(suffix)] + suffix  # room for a worker's "-63"
 
 
 def format_time(us: int) -> str:
@@ -175,14 +196,17 @@ class Message:
 class Origin:
     """Hands out (seq, ts) for messages accepted on this node.
 
-    An origin is a node id plus a boot epoch, so a restarted node never reuses
-    a sequence number. Timestamps never go backwards, even if the wall clock
-    does: each is at least one microsecond after the last.
+    An origin is a node id plus a boot epoch (``<node_id>.<boot ms in base
+    36>``), so a restarted node never reuses a sequence number, and a newer
+    epoch of the same node id supersedes the older ones (:func:`parse_origin`).
+    Timestamps never go backwards, even if the wall clock does: each is at
+    least one microsecond after the last.
     """
 
     def __init__(self, node_id: str, boot_us: int) -> None:
         self.node_id = check_node_id(node_id)
         self.name = f"{node_id}.{_base36(boot_us // 1000)}"
+        self.epoch = boot_us // 1000
         self.seq = 0
         self.last_ts = 0
 

@@ -22,11 +22,12 @@ from twisted.logger import Logger
 from pushup.backplane import Alone, Backplane
 from pushup.cluster import PEER_FLUSH, Cluster
 from pushup.config import Config
+from pushup.disk import DataDir, Durable
 from pushup.exchange import Writer
 from pushup.fleet import Fleet
 from pushup.handlers import Handlers
 from pushup.metrics import prometheus_text, registry_for, rss_bytes
-from pushup.model import Origin
+from pushup.model import Origin, default_node_id
 from pushup.params import max_target
 from pushup.peers import http_client
 from pushup.protocol import Front
@@ -44,8 +45,14 @@ class Node:
     def __init__(self, config: Config, reactor: Any) -> None:
         self.config = config
         self.reactor = reactor
-        node_id = config.node_id or "n" + secrets.token_hex(4)
-        origin = Origin(node_id, time.time_ns() // 1000)
+        self.data = DataDir(config.data_dir) if config.data_dir else None
+        stored = self.data.node_id if self.data is not None else None
+        node_id = config.node_id or stored or default_node_id(
+            socket.gethostname(), config.port, secrets.token_hex(4))
+        boot_us = time.time_ns() // 1000
+        if self.data is not None:
+            boot_us = self.data.begin(node_id, boot_us)
+        origin = Origin(node_id, boot_us)
         retention = Retention(
             message_ttl=round(config.message_ttl * 1e6),
             channel_ttl=round(config.channel_ttl * 1e6),
@@ -63,6 +70,8 @@ class Node:
         elif config.peer or config.cluster_secret:
             self.cluster = self.backplane = Cluster(self.service, config, reactor,
                                                     http_client(reactor))
+        elif self.data is not None:
+            self.backplane = Durable(self.service, self.data, reactor)
         else:
             self.backplane = Alone(self.service)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,

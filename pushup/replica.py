@@ -98,8 +98,8 @@ def import_snapshot(store: Store, body: bytes, now: int) -> int:
     for origin, (seq, ts) in raw["lost"].items():
         store.lost[origin] = (seq, ts)
     for origin, seq in raw["horizon"].items():
-        if origin != store.origin.name and seq > store.horizon.get(origin, 0):
-            store.horizon[origin] = seq
+        if origin != store.origin.name:
+            store.raise_horizon(origin, seq)
     return len(raw["messages"])
 
 

@@ -7,6 +7,14 @@ channels by ``(timestamp, id)``, returns each message once, and computes the
 cursor that comes after it. A global index ordered by ``(timestamp, id)``
 drives retention: message ttl and the total-bytes cap evict oldest first.
 
+Origins come and go with restarts (``<node_id>.<epoch>``): a cursor position
+for an origin whose node the store knows at a newer epoch, but which the
+store does not hold, is history lost with a restart (a gap, reported once);
+a superseded origin that holds no message any more is *retired* and dropped
+from the cursors the store returns. So an issued cursor names at most the
+origins holding cached messages, the newest origin of each node id, and
+origins of nodes this store has not heard of (cut to ``MAX_ORIGINS``).
+
 This module never touches a socket and never reads the clock: every method
 that depends on time takes ``now`` (integer microseconds).
 """
@@ -20,12 +28,14 @@ from operator import attrgetter
 
 from sortedcontainers import SortedKeyList
 
-from pushup.cursor import Cursor
+from pushup.cursor import MAX_ORIGINS, Cursor
 from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
-from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name
+from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name, parse_origin
 from pushup.run import Run
 
 _by_time = attrgetter("sort_key")
+READ_THROUGH = 1 << 63  # the position of a retired origin a cursor has moved past
+Position = Callable[[str], int]  # a cursor's position for an origin, as the store reads it
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +87,53 @@ class Channel:
         heads = [run[0] for run in self.runs.values()]
         return min(heads, key=_by_time) if heads else None
 
-    def has_gap(self, since: Cursor | int) -> bool:
+    def has_gap(self, since: Cursor | int, position: Position | None = None) -> bool:
         if isinstance(since, Cursor):
-            return any(seq > since.position(o) for o, seq in self.evicted.items())
+            at = since.position if position is None else position
+            return any(seq > at(o) for o, seq in self.evicted.items())
         return self.evicted_ts > since
+
+
+class Changes:
+    """What changed in a Store since a journal last wrote it down.
+
+    Keys only point at the store's live state: a journal reads the current
+    message, channel or origin when it writes (a message no channel holds any
+    more is deleted, so is a channel the store no longer has). ``on_first``
+    runs when the first change comes in after :meth:`clear`, so the journal
+    can schedule one write for everything one reactor turn changes.
+    """
+
+    __slots__ = ("channels", "messages", "on_first", "origins")
+
+    def __init__(self, on_first: Callable[[], None]) -> None:
+        self.on_first = on_first
+        self.messages: dict[str, Message] = {}  # id -> message
+        self.channels: set[str] = set()
+        self.origins: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.messages or self.channels or self.origins)
+
+    def message(self, m: Message) -> None:
+        if not self:
+            self.on_first()
+        self.messages[m.id] = m
+
+    def channel(self, name: str) -> None:
+        if not self:
+            self.on_first()
+        self.channels.add(name)
+
+    def origin(self, name: str) -> None:
+        if not self:
+            self.on_first()
+        self.origins.add(name)
+
+    def clear(self) -> None:
+        self.messages = {}
+        self.channels = set()
+        self.origins = set()
 
 
 class Store:
@@ -107,6 +160,13 @@ class Store:
         self._holders: dict[str, int] = {}  # message id -> channels holding it
         self._deadlines: list[tuple[int, str]] = []  # lazy channel-expiry heap
         self._generated = 0
+        self.changes: Changes | None = None  # set by a journal (pushup.disk)
+        # Origins and restarts: each origin's (node id, epoch), the newest epoch
+        # known per node id, and the superseded origins that hold no message.
+        self._parsed: dict[str, tuple[str, int] | None] = {}
+        self.newest: dict[str, int] = {}
+        self.retired: set[str] = set()
+        self._note(origin.name)
 
     # -- reading -----------------------------------------------------------
 
@@ -138,17 +198,24 @@ class Store:
         since = q.since
         if isinstance(since, Now):
             raise TypeError("resolve since=now with Store.end() first")
-        gap = self._behind_lost(since)
+        at: Position | None = None
+        if isinstance(since, Cursor):
+            at = self._reader(since)
+            gap = self._behind_lost(since, at) or any(
+                self._forgotten(o) for o, _ in since.positions)
+        else:
+            gap = self._behind_lost(since, at)
         heap: list[_Head] = []
         for name in q.channels:
             channel = self.channels.get(name)
             if channel is None:
                 continue
-            gap = gap or channel.has_gap(since)
+            gap = gap or channel.has_gap(since, at)
             for origin, run in channel.runs.items():
-                if isinstance(since, Cursor):
-                    start = run.bisect_key_right(since.position(origin))
+                if at is not None:
+                    start = run.bisect_key_right(at(origin))
                 else:
+                    assert isinstance(since, int)
                     start = _first_after(run, since)
                 if start < len(run):
                     stream = run.islice(start)
@@ -181,11 +248,11 @@ class Store:
                 pending[m.origin] = m.seq
         updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self.horizon.items()]
         base = since if isinstance(since, Cursor) else Cursor(())
-        return Result(tuple(out), base.advanced(updates), gap)
+        return Result(tuple(out), self._tidy(base.advanced(updates)), gap)
 
     def end(self) -> Cursor:
         """A cursor past everything this node holds or has skipped, every origin."""
-        return Cursor.of(self.horizon)
+        return self._tidy(Cursor.of(self.horizon))
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""
@@ -195,10 +262,95 @@ class Store:
         start = run.bisect_key_right(after)
         return list(run.islice(start, start + most))
 
-    def _behind_lost(self, since: Cursor | int) -> bool:
-        if isinstance(since, Cursor):
-            return any(since.position(o) < seq for o, (seq, _) in self.lost.items())
+    def _behind_lost(self, since: Cursor | int, at: Position | None) -> bool:
+        if at is not None:
+            return any(at(o) < seq for o, (seq, _) in self.lost.items())
+        assert isinstance(since, int)
         return any(ts > since for _, ts in self.lost.values())
+
+    # -- origins and restarts ----------------------------------------------
+
+    def _note(self, origin: str) -> None:
+        """``origin`` enters the horizon: learn its node's newest epoch, and
+        retire the origins it supersedes that hold nothing."""
+        parsed = self._parsed[origin] = parse_origin(origin)
+        if parsed is None:
+            return
+        node, epoch = parsed
+        newest = self.newest.get(node, -1)
+        if epoch > newest:
+            self.newest[node] = epoch
+            for o in self.horizon:
+                p = self._parsed.get(o)
+                if p is not None and p[0] == node and p[1] < epoch and not self._by_origin.get(o):
+                    self.retired.add(o)
+        elif epoch < newest and not self._by_origin.get(origin):
+            self.retired.add(origin)
+
+    def _superseded(self, origin: str) -> bool:
+        parsed = self._parsed.get(origin)
+        return parsed is not None and self.newest[parsed[0]] > parsed[1]
+
+    def _forgotten(self, origin: str) -> bool:
+        """A position in an origin we do not hold, though we know its node at a
+        newer epoch: its history went with a restart."""
+        if origin in self.horizon:
+            return False
+        parsed = parse_origin(origin)
+        return parsed is not None and self.newest.get(parsed[0], -1) > parsed[1]
+
+    def _newest_named(self, cursor: Cursor) -> dict[str, int]:
+        named: dict[str, int] = {}
+        for o, _ in cursor.positions:
+            parsed = self._parsed.get(o) if o in self._parsed else parse_origin(o)
+            if parsed is not None and parsed[1] > named.get(parsed[0], -1):
+                named[parsed[0]] = parsed[1]
+        return named
+
+    def _reader(self, since: Cursor) -> Position:
+        """How this store reads ``since``: a retired origin the cursor does not
+        name, while it names a newer origin of the same node, was read through
+        (a cursor we issued dropped it after reporting any gap in it)."""
+        held = since.as_dict()
+        if not self.retired:
+            return lambda o: held.get(o, 0)
+        named = self._newest_named(since)
+
+        def position(origin: str) -> int:
+            seq = held.get(origin)
+            if seq is not None:
+                return seq
+            if origin in self.retired:
+                node, epoch = self._parsed[origin]  # type: ignore[misc]
+                if named.get(node, -1) > epoch:
+                    return READ_THROUGH
+            return 0
+
+        return position
+
+    def _tidy(self, cursor: Cursor) -> Cursor:
+        """The cursor to hand out: without forgotten origins, without retired
+        ones it has moved past, and at most ``MAX_ORIGINS`` long (origins of
+        nodes we have not heard of go first: only a forged cursor has many)."""
+        named: dict[str, int] | None = None
+        known: list[tuple[str, int]] = []
+        unknown: list[tuple[str, int]] = []
+        for o, seq in cursor.positions:
+            if o in self.horizon:
+                if o in self.retired:
+                    if named is None:
+                        named = self._newest_named(cursor)
+                    node, epoch = self._parsed[o]  # type: ignore[misc]
+                    if named.get(node, -1) > epoch:
+                        continue
+                known.append((o, seq))
+            elif not self._forgotten(o):
+                unknown.append((o, seq))
+        if len(known) + len(unknown) > MAX_ORIGINS:
+            unknown = unknown[: max(0, MAX_ORIGINS - len(known))]
+        if len(known) + len(unknown) == len(cursor.positions):
+            return cursor
+        return Cursor(tuple(sorted(known + unknown)))
 
     # -- writing -----------------------------------------------------------
 
@@ -239,8 +391,31 @@ class Store:
     def skip_to(self, origin: str, seq: int, ts: int) -> None:
         """History of ``origin`` up to ``seq`` is gone everywhere: move past it."""
         if seq > self.horizon.get(origin, 0):
-            self.horizon[origin] = seq
+            self.raise_horizon(origin, seq)
             self.lost[origin] = (seq, ts)
+
+    def raise_horizon(self, origin: str, seq: int) -> None:
+        """We hold (or will never have) ``origin`` up to ``seq``."""
+        if origin not in self.horizon:
+            self.horizon[origin] = 0
+            self._note(origin)
+        if seq > self.horizon[origin]:
+            self.horizon[origin] = seq
+            if self.changes is not None:
+                self.changes.origin(origin)
+
+    def restore(self, m: Message, held: Iterable[str], now: int) -> None:
+        """Insert a message read back from disk into the channels that held it
+        (channel times kept; a channel missing is created)."""
+        names = tuple(n for n in held if n in m.channels)
+        if names and m.id not in self._holders:
+            self._insert(m, now, renew=False, into=names)
+
+    def holders_of(self, m: Message) -> list[str]:
+        """The channels that hold ``m`` now (empty once it is gone)."""
+        if m.id not in self._holders:
+            return []
+        return [n for n in m.channels if (c := self.channels.get(n)) is not None and _holds(c, m)]
 
     def load(self, m: Message, now: int) -> None:
         """Insert a message copied from a peer's snapshot (channel times kept)."""
@@ -255,9 +430,18 @@ class Store:
     def all_messages(self) -> list[Message]:
         return list(self._by_time)
 
-    def _insert(self, m: Message, now: int, renew: bool = True) -> None:
-        self.horizon[m.origin] = max(m.seq, self.horizon.get(m.origin, 0))
-        for name in m.channels:
+    def _insert(self, m: Message, now: int, renew: bool = True,
+                into: tuple[str, ...] | None = None) -> None:
+        names = m.channels if into is None else into
+        changes = self.changes
+        if changes is not None:
+            changes.message(m)
+            changes.channels.update(names)
+        if m.seq > self.horizon.get(m.origin, 0):
+            self.raise_horizon(m.origin, m.seq)
+        if self.retired:
+            self.retired.discard(m.origin)  # e.g. an old message from a snapshot
+        for name in names:
             channel = self._channel(name, now)
             run = channel.runs.get(m.origin)
             if run is None:
@@ -266,14 +450,14 @@ class Store:
             channel.count += 1
             if renew:
                 channel.expires_at = max(channel.expires_at, now + channel.ttl)
-        self._holders[m.id] = len(m.channels)
+        self._holders[m.id] = len(names)
         self._by_time.add(m)
         mine = self._by_origin.get(m.origin)
         if mine is None:
             mine = self._by_origin[m.origin] = Run()
         mine.add(m)
         self.bytes += m.size
-        for name in m.channels:
+        for name in names:
             channel = self.channels[name]
             while channel.count > self.retention.max_per_channel:
                 oldest = channel.oldest()
@@ -289,6 +473,8 @@ class Store:
             channel = Channel(name, self.retention.channel_ttl if ttl is None else ttl, now)
             self.channels[name] = channel
             self._schedule(channel)
+            if self.changes is not None:
+                self.changes.channel(name)
         return channel
 
     def touch(self, names: Iterable[str], now: int) -> bool:
@@ -331,12 +517,16 @@ class Store:
 
     def reschedule(self, channel: Channel) -> None:
         """Its expiry moved: make sure the sweep looks at it in time."""
+        if self.changes is not None:
+            self.changes.channel(channel.name)
         if channel.expires_at < channel.queued_at:
             self._schedule(channel)
 
     def delete(self, name: str) -> None:
         channel = self.get(name)
         del self.channels[name]
+        if self.changes is not None:
+            self.changes.channel(name)
         for run in channel.runs.values():
             for m in run:
                 self._release(m)
@@ -358,6 +548,8 @@ class Store:
                 continue  # deleted, or a stale entry
             if channel.expires_at <= now and busy(name):
                 channel.expires_at = now + channel.ttl
+                if self.changes is not None:
+                    self.changes.channel(name)
             if channel.expires_at > now:
                 self._schedule(channel)
                 continue
@@ -388,20 +580,30 @@ class Store:
         if m.seq > channel.evicted.get(m.origin, 0):
             channel.evicted[m.origin] = m.seq
         channel.evicted_ts = max(channel.evicted_ts, m.ts)
+        if self.changes is not None:
+            self.changes.channel(channel.name)
+            self.changes.message(m)
 
     def _release(self, m: Message) -> None:
         """One channel let go of ``m``; forget it when none holds it."""
         left = self._holders.get(m.id, 0) - 1
         if left > 0:
             self._holders[m.id] = left
+            if self.changes is not None:
+                self.changes.message(m)  # fewer channels hold it
         elif m.id in self._holders:
             self._forget(m)
 
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
             _remove(self._by_time, m)
-            self._by_origin[m.origin].remove(m)
+            mine = self._by_origin[m.origin]
+            mine.remove(m)
             self.bytes -= m.size
+            if self.changes is not None:
+                self.changes.message(m)
+            if not mine and self._superseded(m.origin):
+                self.retired.add(m.origin)
 
 
 def _remove(items: SortedKeyList, m: Message) -> None:

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from pushup.config import Config
 from pushup.fleet import BOARD_ENV, create_board
+from pushup.model import default_node_id
 
 FD_ENV = "PUSHUP_WORKER_PEER_FD"  # the inherited private socket of a worker
 REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
@@ -111,10 +112,11 @@ class Supervisor:
     def __init__(self, config: Config) -> None:
         if not config.cluster_secret:
             config = replace(config, cluster_secret=secrets.token_urlsafe(24))
-        if not config.node_id:
-            config = replace(config, node_id="w" + secrets.token_hex(3))
-        self.config = config
         self.public, self.port = _reserve_public(config)
+        if not config.node_id:  # stable across restarts, as a single node's (README)
+            config = replace(config, node_id=default_node_id(
+                socket.gethostname(), config.port, secrets.token_hex(3)))
+        self.config = config
         self.sockets = [_private_socket() for _ in range(config.workers)]
         self.urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in self.sockets]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * config.workers

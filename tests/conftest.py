@@ -151,7 +151,8 @@ class Harness:
     conns: list[Conn] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.clock.advance(START)
+        if self.clock.seconds() == 0:  # a clock given already set is kept (restarts)
+            self.clock.advance(START)
         self.node = Node(self.config, reactor=self.clock)
         assert self.node.front.clock is self.clock  # idle timeouts run on our clock too
 
@@ -267,12 +268,13 @@ def no_logged_failures(request: pytest.FixtureRequest) -> Iterator[list[dict[str
 
 @pytest.fixture
 def make_node() -> Iterator[Callable[..., Harness]]:
-    """``make_node(**config)``: a fresh in-memory node with those settings."""
+    """``make_node(**config)``: a fresh in-memory node with those settings
+    (``clock=``: on that clock, as it reads, e.g. to restart a node)."""
     made: list[Harness] = []
 
-    def make(**settings: Any) -> Harness:
+    def make(clock: Clock | None = None, **settings: Any) -> Harness:
         settings.setdefault("node_id", "test")
-        harness = Harness(Config(**settings))
+        harness = Harness(Config(**settings), clock=clock or Clock())
         made.append(harness)
         return harness
 

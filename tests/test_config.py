@@ -159,6 +159,19 @@ def test_peer_without_cluster_secret_is_refused(source):
     assert "cluster-secret" in message
 
 
+def test_data_dir_comes_from_flag_env_and_file():
+    assert serve("--data-dir", "/var/lib/pushup").data_dir == "/var/lib/pushup"
+    assert serve(env={"PUSHUP_DATA_DIR": "/d"}).data_dir == "/d"
+    assert serve(toml='data_dir = "/t"').data_dir == "/t"
+
+
+@pytest.mark.parametrize("flags", [("--peer", "http://127.0.0.1:8081", "--cluster-secret", "s"),
+                                   ("--cluster-secret", "s"), ("--workers", "2"),
+                                   ("--engine", "redis://127.0.0.1:6379")])
+def test_data_dir_is_refused_beside_a_cluster(flags):
+    assert "--data-dir is for a single node" in refused("--data-dir", "/d", *flags)
+
+
 def test_peer_that_is_not_an_http_url_is_refused():
     refused("--peer", "127.0.0.1:8081", "--cluster-secret", "s")
     refused("--peer", "ftp://x", "--cluster-secret", "s")
@@ -256,3 +269,13 @@ def test_serve_help_shows_each_default_and_environment_variable(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "[default 8080; env PUSHUP_PORT]" in text
     assert "[env PUSHUP_PUBLISH_TOKEN]" in text
+
+
+def test_the_engine_is_mesh_or_a_redis_url():
+    assert serve().engine == "mesh"
+    assert serve("--engine", "redis://10.0.0.5:6380/2").engine == "redis://10.0.0.5:6380/2"
+    assert serve(env={"PUSHUP_REDIS_MAXLEN": "500"}).redis_maxlen == 500
+    assert "--engine: bad Redis URL" in refused("--engine", "http://127.0.0.1:6379")
+    assert "--peer is for the mesh" in refused(
+        "--engine", "redis://127.0.0.1:6379", "--peer", "http://127.0.0.1:8081",
+        "--cluster-secret", "s")

@@ -72,3 +72,20 @@ def test_message_json_is_built_once_and_lists_only_subscribed_channels():
     assert m.json_for(frozenset({"x", "y", "z"})) is m.full
     assert json.loads(m.json_for(frozenset({"y"})))["channels"] == ["y"]
     assert m.data_json == b'{"k":[1,2]}'
+
+
+def test_the_default_node_id_is_the_host_name_and_port_in_the_node_id_alphabet():
+    from pushup.model import check_node_id, default_node_id
+
+    assert default_node_id("web-1.example.com", 8080, "ab12") == "web-1-example-com-8080"
+    assert default_node_id("box", 0, "ab12") == "nab12"  # no stable port: random
+    long = default_node_id("h" * 300, 65535, "x")
+    assert check_node_id(long + "-63")  # a worker's id still fits
+
+
+def test_an_origin_name_parses_into_its_node_id_and_epoch():
+    from pushup.model import Origin, parse_origin
+
+    origin = Origin("n-1", 1_763_800_000_123_456)
+    assert parse_origin(origin.name) == ("n-1", 1_763_800_000_123)
+    assert parse_origin("garbage") is None and parse_origin("a.B!") is None

@@ -181,3 +181,119 @@ def test_a_node_that_does_not_know_an_origin_keeps_the_clients_position_for_it()
     later = Message("elsewhere.x", 1, T0 + 5, ("a",), b"old")
     s.apply(later, T0 + 5)  # the origin's early history arrives later: already seen
     assert read(s, ["a"], since=r.cursor).messages == ()
+
+
+# -- restarts: origins lost, superseded and retired ---------------------------
+
+
+def boot(node="n1", at=T0, **retention):
+    """A store of node ``node`` booted at ``at`` (µs): its origin is ``node.<epoch>``."""
+    return Store(Retention(retention.get("message_ttl", 3600 * S), 3600 * S, 100, 10**9),
+                 Origin(node, at))
+
+
+def test_a_cursor_naming_an_origin_lost_with_a_restart_gets_one_gap_then_none():
+    before = boot(at=T0)
+    pub(before, "a", at=T0 + 1)
+    cursor = read(before, ["a"]).cursor
+    pub(before, "a", at=T0 + 2)  # never read: gone with the restart
+    after = boot(at=T0 + 5 * S)  # same node id, newer epoch, empty cache
+    fresh = pub(after, "a", at=T0 + 6 * S)
+    first = read(after, ["a"], since=cursor)
+    assert first.gap and first.messages == (fresh,)
+    assert before.origin.name not in first.cursor.as_dict()
+    second = read(after, ["a"], since=first.cursor)
+    assert not second.gap and second.messages == ()
+
+
+def test_an_origin_of_a_node_the_store_never_heard_of_is_kept_without_a_gap():
+    s = boot()
+    cursor = Cursor.of({"other.abc": 5})
+    r = read(s, ["a"], since=cursor)
+    assert not r.gap
+    assert r.cursor.position("other.abc") == 5
+
+
+def test_an_origin_newer_than_the_store_knows_is_kept_without_a_gap():
+    s = boot(at=T0)
+    newer = f"n1.{_epoch(T0 + 9 * S)}"  # in a cluster it may simply not have arrived
+    r = read(s, ["a"], since=Cursor.of({newer: 3}))
+    assert not r.gap and r.cursor.position(newer) == 3
+
+
+def test_a_superseded_origin_is_dropped_from_cursors_once_its_messages_are_gone():
+    s = boot(at=T0 + 10 * S, message_ttl=60 * S)
+    old = Message(f"n1.{_epoch(T0)}", 1, T0 + 1, ("a",), b"1")  # from a peer's snapshot
+    s.load(old, T0 + 10 * S)
+    r = read(s, ["a"])
+    assert r.messages == (old,)  # a superseded origin's messages still serve
+    mine = pub(s, "a", at=T0 + 11 * S)
+    cursor = read(s, ["a"], since=r.cursor).cursor
+    assert cursor.as_dict() == {old.origin: 1, s.origin.name: mine.seq}
+    s.expire(T0 + 200 * S, busy=lambda name: True)  # both messages expire
+    r = read(s, ["a"], since=cursor)
+    assert not r.gap  # the reader had both
+    assert r.cursor.as_dict() == {s.origin.name: mine.seq}
+    assert read(s, ["a"], since=r.cursor).gap is False
+    assert s.end().as_dict() == {s.origin.name: mine.seq}
+
+
+def test_a_reader_behind_a_retired_origin_is_told_of_the_gap_once():
+    s = boot(at=T0 + 10 * S, message_ttl=60 * S)
+    old = f"n1.{_epoch(T0)}"
+    s.load(Message(old, 1, T0 + 1, ("a",), b"1"), T0 + 10 * S)
+    behind = Cursor.of({old: 0})
+    pub(s, "a", at=T0 + 11 * S)
+    s.expire(T0 + 200 * S, busy=lambda name: True)
+    first = read(s, ["a"], since=behind)
+    assert first.gap and old not in first.cursor.as_dict()
+    assert not read(s, ["a"], since=first.cursor).gap
+
+
+def test_a_retired_origin_stays_in_cursors_until_its_node_names_a_newer_one():
+    s = boot(at=T0 + 10 * S, message_ttl=60 * S)
+    old = f"n1.{_epoch(T0)}"
+    s.load(Message(old, 1, T0 + 1, ("a",), b"1"), T0 + 10 * S)
+    cursor = read(s, ["a"]).cursor
+    s.expire(T0 + 200 * S, busy=lambda name: True)
+    # nothing published by the new origin yet: dropping the old one would make
+    # the next poll read it from 0 again and report its eviction a second time
+    r = read(s, ["a"], since=cursor)
+    assert not r.gap and r.cursor.as_dict() == {old: 1}
+    pub(s, "a", at=T0 + 201 * S)
+    r = read(s, ["a"], since=r.cursor)
+    assert not r.gap and set(r.cursor.as_dict()) == {s.origin.name}
+
+
+def test_two_thousand_restarts_of_one_node_keep_the_cursor_bounded():
+    from pushup.cursor import decode
+
+    cursor, gaps = Cursor(()), 0
+    for k in range(2000):
+        s = boot(at=T0 + k * S)
+        pub(s, "a", at=T0 + k * S + 1)
+        r = read(s, ["a"], since=cursor)
+        gaps += r.gap
+        cursor = decode(r.cursor.encode())  # the node accepts what it issued
+        assert len(cursor.positions) == 1
+    # Every restart without a data dir forgets the previous origin: its readers
+    # are told (the node cannot know whether they had all of it).
+    assert gaps == 1999
+
+
+def test_a_cursor_of_many_foreign_origins_stays_one_the_node_accepts():
+    from pushup.cursor import MAX_ORIGINS, decode
+
+    s = boot()
+    foreign = Cursor.of({f"x{i}.a": 1 for i in range(MAX_ORIGINS)})
+    pub(s, "a")
+    r = read(s, ["a"], since=decode(foreign.encode()))
+    assert len(r.cursor.positions) == MAX_ORIGINS
+    assert s.origin.name in r.cursor.as_dict()
+    decode(r.cursor.encode())
+
+
+def _epoch(us):
+    from pushup.model import _base36
+
+    return _base36(us // 1000)
