@@ -256,3 +256,12 @@ def test_serve_help_shows_each_default_and_environment_variable(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "[default 8080; env PUSHUP_PORT]" in text
     assert "[env PUSHUP_PUBLISH_TOKEN]" in text
+
+
+def test_publish_ack_is_peer_by_default_and_only_peer_all_or_local():
+    assert load(["serve"], {}).publish_ack == "peer"
+    assert load(["serve", "--publish-ack", "local"], {}).publish_ack == "local"
+    assert load(["serve", "--publish-ack", "all"], {}).publish_ack == "all"
+    assert load(["serve"], {"PUSHUP_PUBLISH_ACK_TIMEOUT": "0.5"}).publish_ack_timeout == 0.5
+    assert "peer, all or local" in refused("--publish-ack", "one")
+    refused("--publish-ack-timeout", "0")
