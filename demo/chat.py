@@ -57,7 +57,7 @@ class Chat:
                 "Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=5) as response:
-                    if response.status == 201:
+                    if response.status in (201, 202):  # 202: accepted, one node holds it
                         return True
             except (OSError, urllib.error.HTTPError):
                 continue

@@ -62,6 +62,16 @@ class Hole:
 Received = Applied | Hole
 
 
+class Unconfirmed(list[Message]):
+    """A publish's messages, stored by this node but held by no other yet.
+
+    A backplane that promises more than "this node has it" (the mesh with
+    ``--publish-ack peer``) fires with this when it cannot keep the promise
+    in time: the messages are published and will be delivered, but the crash
+    of this node before a peer has them would lose them. Answered 202, not 201.
+    """
+
+
 class Backplane(Protocol):
     """What a node needs of its cluster, whichever engine carries it."""
 

@@ -7,6 +7,11 @@ from a live peer's snapshot before it reports healthy; while it catches up it
 answers 503 ``catching_up``. Channel operations travel with the origin's
 messages, stamped with the origin's sequence at the time, and are applied in
 that order.
+
+A publish is acknowledged (the 201) once a peer holds it, with
+``--publish-ack peer`` (the default), once every live peer does with
+``all``, or at once with ``local``; see
+:mod:`pushup.acks` and the README, "What a 201 means".
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from twisted.internet.error import ConnectError
 from twisted.logger import Logger
 
 from pushup import errors
-from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, op_of
+from pushup.acks import Acks
+from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
 from pushup.config import Config
 from pushup.model import Draft, Message
 from pushup.peers import PeerLink
@@ -51,6 +57,10 @@ class Cluster:
                                max_ops=config.peer_queue) for url in config.peer]
         self.ready = not self.links
         self.refused = 0  # peer requests refused for a bad or missing signature
+        self.publish_ack = config.publish_ack
+        self.acks = Acks(clock, config.publish_ack_timeout)
+        for link in self.links:
+            link.on_change = self._link_changed
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -59,10 +69,39 @@ class Cluster:
     # -- out -----------------------------------------------------------------
 
     def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+        """Store and send on; fires once a peer holds the batch (``peer``),
+        once every peer not known to be down holds it (``all``), or at once
+        (``local``, or no peers configured). When no peer can hold
+        it, because every peer is ``down`` or ``refused`` or none confirmed
+        within ``--publish-ack-timeout``, it fires with ``Unconfirmed``."""
         messages = self.service.publish(drafts)
         for link in self.links:
             link.poke()
-        return defer.succeed(messages)
+        if self.publish_ack == "local" or not self.links:
+            return defer.succeed(messages)
+        if not self._confirmable():
+            # Known already (a down peer was retried DOWN_AFTER times): no wait.
+            self.acks.unconfirmed += 1
+            return defer.succeed(Unconfirmed(messages))
+        return self.acks.wait(messages)
+
+    def _confirmable(self) -> bool:
+        """Some peer may yet confirm: one that is ``up`` or still ``connecting``."""
+        return any(link.state in ("up", "connecting") for link in self.links)
+
+    def _link_changed(self, link: PeerLink) -> None:
+        """A peer confirmed more, or a link changed state: answer who can be."""
+        if not len(self.acks):
+            return
+        if self.publish_ack == "all":
+            # every peer that may yet confirm; one that went down is not waited for
+            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            if counted:
+                self.acks.confirm(min(counted))
+        else:
+            self.acks.confirm(link.after)
+        if not self._confirmable():
+            self.acks.give_up()
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
         channel = self.service.create_channel(name, ttl)
@@ -203,7 +242,9 @@ class Cluster:
             yield task.deferLater(self.clock, 0.05, lambda: None)
         for link in self.links:
             link.stop()
+        self.acks.stop()  # what no peer confirmed in time is answered 202
 
     def stats(self) -> dict[str, Any]:
         return {"engine": self.engine, "peers": [link.stats() for link in self.links],
-                "peer_refused": self.refused}
+                "peer_refused": self.refused, "publish_ack": self.publish_ack,
+                "ack_waiting": len(self.acks), "unconfirmed": self.acks.unconfirmed}

@@ -56,6 +56,8 @@ class Config:
     keepalive_timeout: float = 60.0
     send_timeout: float = 30.0
     peer_queue: int = 10_000
+    publish_ack: str = "peer"
+    publish_ack_timeout: float = 2.0
     log_level: str = "info"
     log_format: str = "text"
     data_dir: str = ""  # empty: the cache lives in memory only
@@ -63,6 +65,7 @@ class Config:
 
 REACTORS = ("epoll", "poll", "select")
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
+PUBLISH_ACKS = ("peer", "all", "local")
 # Every option: (help, metavar). Types come from the Config annotations.
 _HELP: dict[str, tuple[str, str | None]] = {
     "host": ("address to listen on", "HOST"),
@@ -100,6 +103,11 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "send_timeout": ("seconds a client may leave its answers unread before we hang up",
                      "SECONDS"),
     "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
+    "publish_ack": ("with peers, when a publish gets its 201: peer (once a peer holds it, "
+                    "so the crash of this node loses nothing acknowledged), all (once every "
+                    "peer not down holds it) or local (at once)", "WHEN"),
+    "publish_ack_timeout": ("seconds a publish waits for a peer (publish-ack peer) before "
+                            "the answer is 202: stored here only", "SECONDS"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
     "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
     "data_dir": ("keep the cache in SQLite in this directory, so a restart loses nothing "
@@ -296,8 +304,9 @@ def validate(c: Config) -> Config:
     need(c.log_format in ("text", "json"), "--log-format must be text or json")
     need(c.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     need(1 <= c.workers <= 64, "--workers must be 1-64 or auto")
+    need(c.publish_ack in PUBLISH_ACKS, "--publish-ack must be peer, all or local")
     for name in ("message_ttl", "channel_ttl", "max_timeout", "header_timeout",
-                 "keepalive_timeout", "send_timeout"):
+                 "keepalive_timeout", "send_timeout", "publish_ack_timeout"):
         need(getattr(c, name) > 0, f"--{name.replace('_', '-')} must be more than 0")
     for name in ("max_body_bytes", "max_message_bytes", "max_channels", "max_limit",
                  "max_messages_per_channel", "max_cached_bytes", "max_connections",

@@ -21,7 +21,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from pushup import errors
-from pushup.backplane import Applied, Backplane, Received
+from pushup.backplane import Applied, Backplane, Received, Unconfirmed
 from pushup.config import Config
 from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
@@ -208,9 +208,11 @@ class Handlers:
             each = [b'{"id":"%s","timestamp":%s,"channels":%s}'
                     % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
                     for m in published]
+            # 202: published, but held by this node only (README, "What a 201 means")
+            status = 202 if isinstance(published, Unconfirmed) else 201
             if batch:
-                return Response(201, b'{"messages":[' + b",".join(each) + b"]}")
-            return Response(201, each[0])
+                return Response(status, b'{"messages":[' + b",".join(each) + b"]}")
+            return Response(status, each[0])
 
         return _when(self.backplane.publish(drafts), receipts)
 

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 from twisted.internet import defer
@@ -67,6 +68,9 @@ class PeerLink:
         self._retry_now = False
         self._timer: IDelayedCall | None = None
         self.stopped = False
+        # Told when ``after`` advances or ``state`` changes (the mesh answers
+        # publishes waiting for a peer to hold them).
+        self.on_change: Callable[[PeerLink], None] | None = None
 
     # -- what the node calls ----------------------------------------------
 
@@ -161,7 +165,7 @@ class PeerLink:
                     expected = int(reply["expected"]) - 1
                     if expected == self.after:  # what we just sent: no progress
                         raise PeerError(f"asks again for {expected + 1}")
-                    self.after = expected
+                    self._confirmed(expected)
                     continue
                 if status != 200:
                     self.ops.extendleft(reversed(ops))
@@ -169,8 +173,8 @@ class PeerLink:
                     raise kind(f"answered {status}: {reply!r}")
                 horizon = int(reply["horizon"])
                 self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
-                self.after = horizon
                 self._up()
+                self._confirmed(horizon)
                 if not self.ops and self.after >= self.store.origin.seq:
                     break  # the peer has everything: no empty POST to say so
         except Exception as e:
@@ -180,11 +184,20 @@ class PeerLink:
         finally:
             self._busy = False
 
+    def _confirmed(self, after: int) -> None:
+        """The peer holds our messages up to ``after``."""
+        moved = after > self.after
+        self.after = after
+        if moved and self.on_change is not None:
+            self.on_change(self)
+
     def set_state(self, state: LinkState, why: object = None) -> None:
         """Show the peer as ``state``; the log says so only when it changes."""
         if state == self.state:
             return
         self.state = state
+        if self.on_change is not None:
+            self.on_change(self)
         if state == "up":
             log.info("peer {url} is up", url=self.url)
         elif state == "refused":

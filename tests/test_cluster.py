@@ -1,17 +1,23 @@
-"""Cluster.receive in memory: in-order apply, holes, repeats, lost history, ops."""
+"""The mesh in memory: Cluster.receive (in-order apply, holes, repeats, lost history, ops)
+and when a publish is acknowledged (a fake wire into receiving Clusters)."""
 
 import json
 
 import pytest
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 
 from pushup.backplane import Applied, ChannelOp, Hole
 from pushup.cluster import Cluster
 from pushup.config import Config
 from pushup.cursor import Cursor
+from pushup.exchange import Pending, Request, Response
 from pushup.hub import Waiter
 from pushup.model import Message, Origin, Query
-from pushup.replica import Batch
+from pushup.node import Node
+from pushup.peers import LINGER
+from pushup.replica import Batch, decode_batch
 from pushup.service import Service
 from pushup.store import Retention, Store
 
@@ -86,3 +92,191 @@ def test_nothing_is_accepted_while_catching_up(node):
     with pytest.raises(Exception) as e:
         node.receive(Batch(P, False, (msg(1),), ()))
     assert e.value.status == 503 and e.value.code == "catching_up"
+
+
+# -- when a publish is acknowledged (--publish-ack) ---------------------------
+
+class _Answer:
+    """What treq's Response offers a link: a code and its content."""
+
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self._body = code, body
+
+    def content(self):
+        return succeed(self._body)
+
+
+class Wire:
+    """A link's HTTP client, held by the test: each POST waits in ``held``
+    until ``deliver`` hands it to the peer's Cluster; with ``dead`` every
+    request fails at once (a peer that is not running), with ``status`` it is
+    answered that (e.g. 401: a peer with another secret)."""
+
+    def __init__(self, receiver: Cluster) -> None:
+        self.receiver = receiver
+        self.held: list[tuple[Deferred, bytes]] = []
+        self.dead = False
+        self.status = 0
+
+    def request(self, method, url, data=None, headers=None, timeout=None):
+        if self.dead:
+            return fail(ConnectionRefusedError())
+        if self.status:
+            return succeed(_Answer(self.status, b"{}"))
+        if method == "GET":  # a snapshot: the peer is not serving, start empty
+            return succeed(_Answer(503, b"{}"))
+        d: Deferred = Deferred()
+        self.held.append((d, data))
+        return d
+
+    def deliver(self) -> None:
+        held, self.held = self.held, []
+        for d, data in held:
+            received = self.receiver.receive(decode_batch(data))
+            assert isinstance(received, Applied), received
+            d.callback(_Answer(200, json.dumps({"horizon": received.horizon}).encode()))
+
+
+def _peer(name: str, clock: Clock) -> Cluster:
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin(name, 0))
+    return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
+
+
+def mesh(peers: int = 1, **settings) -> tuple[Node, list[Wire]]:
+    """Node "a" with ``peers`` peers behind held wires, started, links up."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    urls = tuple(f"http://p{i}" for i in range(peers))
+    node = Node(Config(node_id="a", cluster_secret="s", peer=urls, **settings), clock)
+    wires = [Wire(_peer(f"p{i}", clock)) for i in range(peers)]
+    for link, wire in zip(node.cluster.links, wires, strict=True):
+        link.http = wire
+    node.start()
+    clock.advance(0)  # each link says hello (an empty batch)...
+    for wire in wires:
+        wire.deliver()  # ...and its peer answers: up
+    assert all(link.state == "up" for link in node.cluster.links)
+    return node, wires
+
+
+def publish(node: Node, *data: int) -> Response | Pending:
+    items = [{"channels": ["c"], "data": d} for d in data]
+    body = json.dumps({"messages": items}).encode()
+    return node.handlers.handle(Request(b"POST", b"/publish", b"", {}, body), None)
+
+
+def answered(outcome: Response | Pending) -> Response | None:
+    """The response, if there is one yet."""
+    if isinstance(outcome, Response):
+        return outcome
+    got: list[Response] = []
+    outcome.answer.addCallback(lambda r: got.append(r) or r)
+    return got[0] if got else None
+
+
+def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
+    node, [wire] = mesh()
+    pending = publish(node, 1, 2)
+    assert isinstance(pending, Pending) and answered(pending) is None
+    node.reactor.advance(LINGER)  # the link sends the batch...
+    assert len(wire.held) == 1 and answered(pending) is None  # ...not confirmed yet
+    wire.deliver()
+    assert answered(pending).status == 201
+    assert wire.receiver.store.horizon[node.service.store.origin.name] == 2
+
+
+def test_with_publish_ack_local_the_201_comes_at_once():
+    node, [wire] = mesh(publish_ack="local")
+    answer = publish(node, 1)
+    assert isinstance(answer, Response) and answer.status == 201 and wire.held == []
+
+
+def test_the_first_of_two_peers_to_hold_it_is_enough():
+    node, [slow, fast] = mesh(peers=2)
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    fast.deliver()
+    assert answered(pending).status == 201 and len(slow.held) == 1
+
+
+def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms():
+    node, [wire] = mesh()
+    order: list[int] = []
+    first = publish(node, 1)
+    node.reactor.advance(LINGER)  # the first batch is on the wire: one POST at a time
+    rest = [publish(node, 2), publish(node, 3, 4)]
+    for i, p in enumerate([first, *rest]):
+        p.answer.addCallback(lambda r, i=i: order.append(i) or r)
+    wire.deliver()  # confirms the first; the link sends the other two in one batch
+    assert order == [0] and len(wire.held) == 1
+    wire.deliver()
+    assert order == [0, 1, 2] and all(answered(p).status == 201 for p in rest)
+
+
+def test_no_peer_confirming_in_time_is_answered_202_and_the_message_still_travels():
+    node, [wire] = mesh(publish_ack_timeout=2.0)
+    pending = publish(node, 1)
+    node.reactor.advance(1.9)
+    assert answered(pending) is None
+    node.reactor.advance(0.1)
+    late = answered(pending)
+    assert late.status == 202 and json.loads(late.body)["messages"][0]["id"].startswith("a.")
+    assert node.stats()["unconfirmed"] == 1
+    wire.deliver()  # stored here all along: the peer still gets it
+    assert wire.receiver.store.message_count == 1
+
+
+def test_with_every_peer_down_a_publish_is_answered_202_at_once_not_after_the_timeout():
+    node, [wire] = mesh(publish_ack_timeout=10.0)
+    wire.dead = True
+    pending = publish(node, 1)  # the link is still up: this one waits...
+    started = node.reactor.seconds()
+    for _ in range(20):
+        node.reactor.advance(0.1)
+        if answered(pending) is not None:
+            break
+    # ...until the link gives the peer up (DOWN_AFTER quick failures), not 10 s
+    assert node.cluster.links[0].state == "down"
+    assert answered(pending).status == 202 and node.reactor.seconds() - started < 2
+    again = publish(node, 2)  # the state is known: no wait at all
+    assert isinstance(again, Response) and again.status == 202
+
+
+def test_a_peer_that_refuses_us_does_not_count():
+    node, [good, refusing] = mesh(peers=2)
+    refusing.status = 401
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    assert node.cluster.links[1].state == "refused" and answered(pending) is None
+    good.dead = True  # the only peer that counts goes down too
+    good.held[0][0].errback(ConnectionRefusedError())
+    good.held.clear()
+    for _ in range(10):  # the link retries (backoff) before it calls the peer down
+        node.reactor.advance(0.1)
+    assert node.cluster.links[0].state == "down" and answered(pending).status == 202
+    assert publish(node, 2).status == 202
+
+
+def test_a_node_without_peers_acknowledges_at_once():
+    clock = Clock()
+    node = Node(Config(node_id="a", cluster_secret="s"), clock)  # the mesh, alone
+    answer = publish(node, 1)
+    assert isinstance(answer, Response) and answer.status == 201
+
+
+def test_with_publish_ack_all_every_live_peer_must_hold_it_but_a_down_one_is_not_waited_for():
+    node, [first, second] = mesh(peers=2, publish_ack="all")
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    first.deliver()
+    assert answered(pending) is None  # the second peer does not hold it yet
+    second.deliver()
+    assert answered(pending).status == 201
+    second.dead = True
+    pending = publish(node, 2)
+    node.reactor.advance(LINGER)
+    first.deliver()
+    assert node.cluster.links[1].state == "connecting" and answered(pending) is None
+    for _ in range(10):  # the second peer is called down: the first one is enough now
+        node.reactor.advance(0.1)
+    assert node.cluster.links[1].state == "down" and answered(pending).status == 201

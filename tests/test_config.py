@@ -279,3 +279,11 @@ def test_the_engine_is_mesh_or_a_redis_url():
     assert "--peer is for the mesh" in refused(
         "--engine", "redis://127.0.0.1:6379", "--peer", "http://127.0.0.1:8081",
         "--cluster-secret", "s")
+
+def test_publish_ack_is_peer_by_default_and_only_peer_all_or_local():
+    assert load(["serve"], {}).publish_ack == "peer"
+    assert load(["serve", "--publish-ack", "local"], {}).publish_ack == "local"
+    assert load(["serve", "--publish-ack", "all"], {}).publish_ack == "all"
+    assert load(["serve"], {"PUSHUP_PUBLISH_ACK_TIMEOUT": "0.5"}).publish_ack_timeout == 0.5
+    assert "peer, all or local" in refused("--publish-ack", "one")
+    refused("--publish-ack-timeout", "0")

@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,nchan,
+"""`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
 engines] [--quick]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
@@ -33,20 +33,20 @@ from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
-CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "nchan",
+CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
            "engines"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
         "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0,
         "cluster_nodes": [1, 2, 4], "cluster_n": 10000, "cluster_publishes": 10,
-        "lag_samples": 200, "engines_publish_seconds": 8.0, "engines_reps": 3,
+        "lag_samples": 200, "ack_lone": 500, "engines_publish_seconds": 8.0, "engines_reps": 3,
         "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5]}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
          "cluster_nodes": [1, 2], "cluster_n": 400, "cluster_publishes": 2,
-         "lag_samples": 20, "engines_publish_seconds": 2.0, "engines_reps": 1,
+         "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1]}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         if "propagation" in args.only:
             plan.append(("propagation", lambda: cluster.bench_propagation(
                 ctx, args.publishers, cfg["publish_seconds"], cfg["lag_samples"])))
+        if "ack" in args.only:
+            plan.append(("ack", lambda: cluster.bench_publish_ack(
+                ctx, args.publishers, cfg["publish_seconds"], cfg["ack_lone"])))
         if "nchan" in args.only:
             plan.append(("nchan", lambda: compare.bench_compare(
                 ctx, cfg["fanout_n"], cfg["fanout_publishes"], cfg["round_timeout"],

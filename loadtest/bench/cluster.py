@@ -1,4 +1,5 @@
-"""Cluster benchmarks: fan-out through 1, 2 and 4 nodes; propagation rate and lag.
+"""Cluster benchmarks: fan-out through 1, 2 and 4 nodes; propagation rate and lag;
+what ``--publish-ack`` costs a publisher.
 
 Real nodes from ``deploy.launch.LocalCluster`` (peered, signed links), driven by
 the same load workers as the single-node benchmarks. Subscribers are spread
@@ -206,3 +207,57 @@ def bench_propagation(ctx: Context, publishers: int, duration: float,
         "errors": errors[:10],
         "client_counters": counters,
     }
+
+
+def _one_by_one(port: int, count: int, channel: str) -> tuple[list[float], dict[str, int]]:
+    """``count`` publishes from one keep-alive client, each sent once the last
+    is answered: the latency a lone publisher sees (seconds), and its statuses."""
+    conn = Control(port)
+    lat: list[float] = []
+    statuses: dict[str, int] = {}
+    for i in range(count):
+        t0 = time.perf_counter()
+        status, _ = conn.request("POST", "/publish", {"channels": [channel], "data": i})
+        lat.append(time.perf_counter() - t0)
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    conn.conn.close()
+    return lat, statuses
+
+
+def bench_publish_ack(ctx: Context, publishers: int, duration: float,
+                      lone: int) -> dict[str, Any]:
+    """A 3-node mesh, once per ``--publish-ack`` setting (local: the 201 at once;
+    peer: once a peer holds the message): the latency of a lone publisher's
+    publishes on node 1, then publishes/s and latency with ``publishers``
+    keep-alive publishers on node 1 for ``duration`` s."""
+    out: dict[str, Any] = {}
+    for ack in ("local", "peer"):
+        workdir = ctx.out_dir / f"cluster-{ctx.stamp}-ack-{ack}"
+        args = [*NODE_ARGS, "--publish-ack", ack]
+        with LocalCluster(3, haproxy=False, node_args=args, workdir=str(workdir)) as c:
+            port = c.node_ports[0]
+            _one_by_one(port, 50, f"ack-warm-{ack}")  # connections to the peers, warm
+            lone_lat, statuses = _one_by_one(port, lone, f"ack-lone-{ack}")
+            cpu0 = _cpu(c)
+            loaded, counters = ctx.pool.publish(port, publishers, duration, f"ack-{ack}")
+            cpu = _cpu(c) - cpu0
+            unconfirmed = Control(port).stats().get("unconfirmed", 0)
+            ctx.pool.close_all()
+        loaded_lat = sorted(loaded)
+        ok = counters.get("publish_ok", 0)
+        out[ack] = {
+            "lone_publishes": lone, "lone_statuses": statuses,
+            "lone_p50_ms": 1000 * percentile(lone_lat, 50),
+            "lone_p99_ms": 1000 * percentile(lone_lat, 99),
+            "publishers": publishers, "duration_s": duration,
+            "per_second": ok / duration,
+            "loaded_p50_ms": 1000 * percentile(loaded_lat, 50) if loaded_lat else None,
+            "loaded_p99_ms": 1000 * percentile(loaded_lat, 99) if loaded_lat else None,
+            "cluster_cpu_s": round(cpu, 2), "unconfirmed_202": unconfirmed,
+            "client_counters": counters,
+        }
+        r = out[ack]
+        ctx.log(f"    --publish-ack {ack}: lone p50 {r['lone_p50_ms']:.2f} ms, p99 "
+                f"{r['lone_p99_ms']:.2f} ms; {r['per_second']:.0f}/s with {publishers} "
+                f"publishers, p50 {r['loaded_p50_ms']:.2f} ms")
+    return out

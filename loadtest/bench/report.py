@@ -155,6 +155,19 @@ def rows(results: dict[str, Any], targets_apply: bool) -> list[Row]:
                         prop["lag_loaded_p50_ms"], "ms", None, "lower", "", "",
                         f"p99 {prop['lag_loaded_p99_ms']:.1f} ms; samples "
                         f"{prop['lag_samples'][1]}"))
+    ack = results.get("ack")
+    if isinstance(ack, dict) and "error" not in ack:
+        for mode, a in ack.items():
+            what = ("201 once a peer holds it" if mode == "peer" else "201 at once")
+            out.append(_row(f"3-node mesh, --publish-ack {mode}: lone publish p50",
+                            a["lone_p50_ms"], "ms", None, "lower", "", "",
+                            f"{what}; p99 {a['lone_p99_ms']:.2f} ms over "
+                            f"{a['lone_publishes']} publishes, one after another"))
+            out.append(_row(f"3-node mesh, --publish-ack {mode}: publishes/s, "
+                            f"{a['publishers']} publishers", a["per_second"], "/s", None,
+                            "higher", f"{a['cluster_cpu_s']:.1f} s all nodes", "",
+                            f"latency p50 {a['loaded_p50_ms']:.2f} ms, p99 "
+                            f"{a['loaded_p99_ms']:.2f} ms; 202s {a['unconfirmed_202']}"))
     for name, res in results.items():
         if isinstance(res, dict) and "error" in res:
             out.append(_row(f"{name}: ERROR", None, "", None, "lower", note=res["error"][:200]))

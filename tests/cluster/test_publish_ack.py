@@ -1,0 +1,64 @@
+"""What a 201 promises in the mesh (issue 9): a node SIGKILLed right after it
+acknowledged a batch loses none of it (README, "What a 201 means")."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+from pushup_cluster import jrequest, retained, stats, subscribe, uniq, wait_until
+
+
+def read_all(base: str, channel: str, cursor: str) -> list[str]:
+    """Every message after ``cursor`` on ``channel``, paged (timeout 0)."""
+    ids: list[str] = []
+    for _ in range(100):
+        status, body = subscribe(base, [channel], since=cursor, timeout=0, limit=5)
+        assert status == 200 and not body.get("gap"), (base, status, body)
+        if not body["messages"]:
+            return ids
+        ids += [m["id"] for m in body["messages"]]
+        cursor = body["cursor"]
+    raise AssertionError("paging never ended")
+
+
+@pytest.mark.parametrize("ack", ["peer", "all"])
+def test_a_batch_acknowledged_then_sigkilled_at_once_is_served_by_the_survivors(
+        fresh_cluster, ack):
+    c = fresh_cluster(3, haproxy=False, node_args=["--publish-ack", ack])
+    a, b, c_ = c.bases
+    ch = uniq("ack")
+    # A reader holds a poll on A (7 at most per answer): it reads part of the
+    # batch from A before A dies, then hops with its cursor.
+    first: dict = {}
+    reader = threading.Thread(target=lambda: first.update(
+        subscribe(a, [ch], timeout=20, limit=7)[1]), daemon=True)
+    reader.start()
+    wait_until(lambda: stats(a)["waiting"] == 1, 10, 0.01, "the reader's poll held on A")
+
+    payload = {"messages": [{"channels": [ch], "data": i} for i in range(20)]}
+    status, body = jrequest("POST", a + "/publish", payload)
+    c.kill(0, signal.SIGKILL)  # at once: no drain, no flush to the peers
+    assert status == 201, body  # acknowledged: a peer held all 20 before this answer
+    ids = [m["id"] for m in body["messages"]]
+
+    holders = [base for base in (b, c_) if set(retained(base, [ch])) == set(ids)]
+    if ack == "all":
+        assert holders == [b, c_]  # every live peer held them
+    else:
+        assert holders, "no survivor holds the acknowledged batch"
+    reader.join(15)
+    assert [m["id"] for m in first["messages"]] == ids[:7]
+    # The reader hops to a survivor with its cursor: the other 13, once, in order.
+    assert read_all(holders[0], ch, first["cursor"]) == ids[7:]
+
+
+def test_with_publish_ack_local_the_201_comes_at_once_and_the_peers_still_get_it(
+        fresh_cluster):
+    c = fresh_cluster(2, haproxy=False, node_args=["--publish-ack", "local"])
+    a, b = c.bases
+    ch = uniq("local")
+    assert stats(a)["publish_ack"] == "local"
+    status, body = jrequest("POST", a + "/publish", {"channels": [ch], "data": 1})
+    assert status == 201, body
+    wait_until(lambda: list(retained(b, [ch])) == [body["id"]], 10, 0.02, "the peer has it")
