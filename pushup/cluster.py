@@ -28,14 +28,24 @@ from pushup.acks import Acks
 from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
 from pushup.config import Config
 from pushup.model import Draft, Message
-from pushup.peers import PeerLink
-from pushup.replica import Batch, export_snapshot, import_snapshot
+from pushup.peers import BATCH, PeerLink, cap_batch
+from pushup.replica import (
+    Batch,
+    decode_batch,
+    decode_repair,
+    encode_batch,
+    encode_repair,
+    export_snapshot,
+    import_snapshot,
+)
 from pushup.service import Service
 from pushup.store import Channel
 
 log = Logger()
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
 PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
+REPAIR_EVERY = 2.0  # seconds between asking a peer for what it holds and we lack
+REPAIR_ROUNDS = 100  # batches at most per repair (more waits for the next)
 
 
 class CatchingUp(errors.Unavailable):
@@ -61,6 +71,9 @@ class Cluster:
         self.acks = Acks(clock, config.publish_ack_timeout)
         for link in self.links:
             link.on_change = self._link_changed
+        self._repairs = task.LoopingCall(self._repair)
+        self._repairs.clock = clock
+        self._next_repair = 0  # the link asked next (round-robin)
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -172,6 +185,60 @@ class Cluster:
         self._peer_alive()
         return export_snapshot(self.store)
 
+    # -- repair: what a peer holds of a third origin, and we lack --------------
+    #
+    # A node sends only its own messages. If it dies after one peer got them
+    # (that peer's confirmation answered the 201) but before another did, the
+    # other survivor would never get them from it. So every REPAIR_EVERY
+    # seconds each node sends one live peer its horizon, and the peer answers
+    # with the first batch it holds past it of an origin that is neither its
+    # own (its link brings those) nor the asker's. Receiving is the usual
+    # in-order apply, so a batch that both the origin and a peer send is
+    # applied once.
+
+    def repair(self, body: bytes) -> bytes | None:
+        """A peer's repair request: a batch it lacks, or None if nothing."""
+        self.check_ready()
+        asker, theirs = decode_repair(body)
+        store = self.store
+        for origin, have in store.horizon.items():
+            after = theirs.get(origin, 0)
+            if origin in (store.origin.name, asker) or have <= after:
+                continue
+            messages = cap_batch(store.messages_of(origin, after, BATCH))
+            if messages:
+                first = messages[0].seq != after + 1
+                return encode_batch(Batch(origin, first, tuple(messages), ()))
+            lost = store.lost.get(origin)  # all of it evicted here too: skip it
+            ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
+            return encode_batch(Batch(origin, False, (), (), skip=(have, ts)))
+        return None
+
+    @defer.inlineCallbacks
+    def _repair(self) -> Any:
+        """Ask the next live peer for what it holds and we lack."""
+        live = [link for link in self.links if link.state == "up"]
+        if not live or not self.ready:
+            return
+        link = live[self._next_repair % len(live)]
+        self._next_repair += 1
+        for _ in range(REPAIR_ROUNDS):
+            body = encode_repair(self.store.origin.name, self.store.horizon)
+            try:
+                status, raw = yield link.request("POST", "/peer/repair", body)
+            except Exception as e:
+                log.debug("repair from {url} failed: {e}", url=link.url, e=e)
+                return
+            if status != 200:
+                return
+            batch = decode_batch(raw)
+            received = self.receive(batch)
+            if batch.messages:
+                log.info("repaired {n} messages of {origin} from {url}",
+                         n=len(batch.messages), origin=batch.origin, url=link.url)
+            if not isinstance(received, Applied):
+                return
+
     # -- starting ------------------------------------------------------------
 
     @defer.inlineCallbacks
@@ -182,6 +249,9 @@ class Cluster:
         self.ready = True
         for link in self.links:
             link.start()
+        if self.links:
+            self._repairs.start(REPAIR_EVERY, now=False).addErrback(
+                lambda f: log.failure("the repair loop stopped", failure=f))
 
     @defer.inlineCallbacks
     def _catch_up(self) -> Any:
@@ -242,6 +312,8 @@ class Cluster:
             yield task.deferLater(self.clock, 0.05, lambda: None)
         for link in self.links:
             link.stop()
+        if self._repairs.running:
+            self._repairs.stop()
         self.acks.stop()  # what no peer confirmed in time is answered 202
 
     def stats(self) -> dict[str, Any]:

@@ -55,6 +55,8 @@ class PeerPort(Protocol):
 
     def snapshot(self) -> bytes: ...
 
+    def repair(self, body: bytes) -> bytes | None: ...
+
 
 class Client(Subscriber, StreamClient, Protocol):
     """The HTTP front's end of one request: a held poll's or an event stream's."""
@@ -97,6 +99,7 @@ class Handlers:
             (b"pushup.js",): {b"GET": self.client_js, b"HEAD": self.client_js},
             (b"peer", b"messages"): {b"POST": self.peer_messages},
             (b"peer", b"snapshot"): {b"GET": self.peer_snapshot},
+            (b"peer", b"repair"): {b"POST": self.peer_repair},
         }
 
     # -- what the HTTP front calls ------------------------------------------
@@ -328,6 +331,10 @@ class Handlers:
 
     def peer_snapshot(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, self._peer(request).snapshot())
+
+    def peer_repair(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        batch = self._peer(request).repair(request.body)
+        return _NO_CONTENT if batch is None else Response(200, batch)
 
 
 _PREFLIGHT = Response(204, headers=(

@@ -141,7 +141,7 @@ class PeerLink:
         try:
             while not self.stopped:
                 origin = self.store.origin.name
-                messages = _cap(self.store.messages_of(origin, self.after, BATCH))
+                messages = cap_batch(self.store.messages_of(origin, self.after, BATCH))
                 # An op is stamped with our seq when it happened: it travels
                 # with (or after) the messages before it.
                 upto = messages[-1].seq if messages else self.after
@@ -235,7 +235,8 @@ class PeerLink:
         return response.code, raw
 
 
-def _cap(messages: list[Any]) -> list[Any]:
+def cap_batch(messages: list[Any]) -> list[Any]:
+    """The first messages, up to about ``BATCH_BYTES`` (always one)."""
     total = 0
     for i, m in enumerate(messages):
         total += m.size

@@ -74,6 +74,20 @@ def decode_batch(body: bytes) -> Batch:
         raise BadJSON(f"malformed peer batch: {e}") from None
 
 
+def encode_repair(asker: str, horizon: dict[str, int]) -> bytes:
+    """A repair request: who asks, and how far it holds each origin."""
+    return json.dumps({"origin": asker, "horizon": horizon}, separators=(",", ":")).encode()
+
+
+def decode_repair(body: bytes) -> tuple[str, dict[str, int]]:
+    try:
+        raw = json.loads(body)
+        horizon = {str(o): int(seq) for o, seq in raw["horizon"].items()}
+        return str(raw["origin"]), horizon
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BadJSON(f"malformed repair request: {e}") from None
+
+
 def export_snapshot(store: Store) -> bytes:
     """Everything a new node needs to serve like this one (one JSON document)."""
     channels = [{"name": c.name, "ttl": c.ttl, "expires_at": c.expires_at,

@@ -14,10 +14,10 @@ from pushup.config import Config
 from pushup.cursor import Cursor
 from pushup.exchange import Pending, Request, Response
 from pushup.hub import Waiter
-from pushup.model import Message, Origin, Query
+from pushup.model import Draft, Message, Origin, Query
 from pushup.node import Node
 from pushup.peers import LINGER
-from pushup.replica import Batch, decode_batch
+from pushup.replica import Batch, decode_batch, encode_repair
 from pushup.service import Service
 from pushup.store import Retention, Store
 
@@ -125,6 +125,8 @@ class Wire:
             return succeed(_Answer(self.status, b"{}"))
         if method == "GET":  # a snapshot: the peer is not serving, start empty
             return succeed(_Answer(503, b"{}"))
+        if url.endswith("/peer/repair"):  # it holds nothing of a third origin we lack
+            return succeed(_Answer(204, b""))
         d: Deferred = Deferred()
         self.held.append((d, data))
         return d
@@ -280,3 +282,47 @@ def test_with_publish_ack_all_every_live_peer_must_hold_it_but_a_down_one_is_not
     for _ in range(10):  # the second peer is called down: the first one is enough now
         node.reactor.advance(0.1)
     assert node.cluster.links[1].state == "down" and answered(pending).status == 201
+
+
+# -- repair: a third origin's messages, from a peer that holds them ----------------
+
+
+def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
+    # This node holds P's messages 1..3; the asker ("asker.x") holds P up to 1.
+    node.receive(Batch(P, False, (msg(1), msg(2), msg(3)), ()))
+    raw = node.repair(encode_repair("asker.x", {P: 1}))
+    batch = decode_batch(raw)
+    assert batch.origin == P and [m.seq for m in batch.messages] == [2, 3]
+    assert not batch.first
+    # Nothing more to give: the asker holds all, and our own origin is not given.
+    node.service.publish([Draft(("c",), b"0")])
+    assert node.repair(encode_repair("asker.x", {P: 3})) is None
+
+
+def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    holder = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 100, 10**9),
+                                   Origin("b", 0)), clock, 120),
+                     Config(cluster_secret="s"), clock, http=None)
+    asker = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 100, 10**9),
+                                  Origin("c", 0)), clock, 120),
+                    Config(cluster_secret="s"), clock, http=None)
+    holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
+    asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
+    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizon)))
+    assert asker.receive(repaired) == Applied(5)
+    assert asker.receive(repaired) == Applied(5)
+    assert asker.store.message_count == 5
+    assert holder.repair(encode_repair("c.0", asker.store.horizon)) is None
+
+
+def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    holder = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 2, 10**9),
+                                   Origin("b", 0)), clock, 120),
+                     Config(cluster_secret="s"), clock, http=None)
+    holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))  # keeps 4, 5
+    batch = decode_batch(holder.repair(encode_repair("c.0", {P: 1})))
+    assert batch.first and [m.seq for m in batch.messages] == [4, 5]
