@@ -139,8 +139,8 @@ class Wire:
             d.callback(_Answer(200, json.dumps({"horizon": received.horizon}).encode()))
 
 
-def _peer(name: str, clock: Clock) -> Cluster:
-    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin(name, 0))
+def _peer(name: str, clock: Clock, per_channel: int = 100) -> Cluster:
+    store = Store(Retention(3600 * S, 3600 * S, per_channel, 10**9), Origin(name, 0))
     return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
 
 
@@ -302,12 +302,7 @@ def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
 def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     clock = Clock()
     clock.advance(1_700_000_000)
-    holder = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 100, 10**9),
-                                   Origin("b", 0)), clock, 120),
-                     Config(cluster_secret="s"), clock, http=None)
-    asker = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 100, 10**9),
-                                  Origin("c", 0)), clock, 120),
-                    Config(cluster_secret="s"), clock, http=None)
+    holder, asker = _peer("b", clock), _peer("c", clock)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
     asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
     repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizon)))
@@ -320,9 +315,7 @@ def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
 def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():
     clock = Clock()
     clock.advance(1_700_000_000)
-    holder = Cluster(Service(Store(Retention(3600 * S, 3600 * S, 2, 10**9),
-                                   Origin("b", 0)), clock, 120),
-                     Config(cluster_secret="s"), clock, http=None)
+    holder = _peer("b", clock, per_channel=2)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))  # keeps 4, 5
     batch = decode_batch(holder.repair(encode_repair("c.0", {P: 1})))
     assert batch.first and [m.seq for m in batch.messages] == [4, 5]

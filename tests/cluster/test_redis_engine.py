@@ -35,6 +35,22 @@ from pushup_cluster import (
 from deploy.redis_server import RedisServer
 
 
+def publish_once_redis_answers(base: str, channel: str, data: object = 9) -> dict:
+    """Publish, retrying while the node answers 503 (Redis back, connections not yet)."""
+    done: list[dict] = []
+
+    def published() -> bool:
+        status, body = jrequest("POST", base + "/publish", {"channels": [channel], "data": data})
+        if status == 201:
+            done.append(body)
+        else:
+            assert status == 503 and body["error"]["code"] == "engine_unavailable", body
+        return status == 201
+
+    wait_until(published, 20, 0.1, "publishing works again")
+    return done[0]
+
+
 def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clients(
         fresh_cluster, redis_server):
     c = fresh_cluster(3, haproxy=True, engine=redis_server.url)
@@ -145,19 +161,10 @@ def test_while_redis_is_paused_publishes_get_503_polls_are_answered_and_all_resu
             assert status == 200 and [m["id"] for m in got["messages"]] == [before["id"]]
     finally:
         redis_server.resume()  # SIGCONT
-    # Publishing works again once Redis answers (the first tries may still fail
-    # while the dropped connection comes back).
-    after: list[dict] = []
-
-    def published() -> bool:
-        status, body = jrequest("POST", c.bases[0] + "/publish",
-                                {"channels": [ch], "data": "after"})
-        if status == 201:
-            after.append(body)
-        return status == 201
-
-    wait_until(published, 20, 0.1, "publishing works again")
-    wait_until(lambda: after[0]["id"] in retained(c.bases[1], [ch]), 10, 0.05,
+    # Publishing works again once Redis answers (the first tries may still get
+    # 503 while the dropped connection comes back).
+    after = publish_once_redis_answers(c.bases[0], ch, "after")
+    wait_until(lambda: after["id"] in retained(c.bases[1], [ch]), 10, 0.05,
                "node 2 got the publish after the pause")
 
 
@@ -170,15 +177,7 @@ def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis_
     assert [m["id"] for m in seen["messages"]] == old
     redis_server.kill()
     redis_server.restart()  # same port, nothing kept
-    new: list[str] = []
-
-    def published() -> bool:
-        status, body = jrequest("POST", c.bases[0] + "/publish", {"channels": [ch], "data": 9})
-        if status == 201:
-            new.append(body["id"])
-        return status == 201
-
-    wait_until(published, 20, 0.1, "publishing works on the new Redis")
+    new = [publish_once_redis_answers(c.bases[0], ch)["id"]]
     assert new[0].rsplit("-", 1)[0] != old[0].rsplit("-", 1)[0]  # a new epoch
     for base in c.bases:
         wait_until(lambda b=base: new[0] in retained(b, [ch]), 10, 0.05, "the new log is read")
@@ -247,15 +246,7 @@ def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_clus
     redis_server.kill()
     redis_server.restart()  # loads the saved dump: the log ends at message 3
     assert int(redis_server.cli("HGET", "pushup:{p0}:meta", "s")) == 3
-    new: list[str] = []
-
-    def published() -> bool:
-        status, body = jrequest("POST", c.bases[0] + "/publish", {"channels": [ch], "data": 9})
-        if status == 201:
-            new.append(body["id"])
-        return status == 201
-
-    wait_until(published, 20, 0.1, "publishing works again")
+    new = [publish_once_redis_answers(c.bases[0], ch)["id"]]
     # Sequence numbers 4 and 5 are never reused for another message: a new epoch.
     assert new[0].rsplit("-", 1)[0] != kept[0].rsplit("-", 1)[0]
     for base in c.bases:
