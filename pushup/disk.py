@@ -22,9 +22,10 @@ from twisted.logger import Logger
 
 from pushup import errors
 from pushup.backplane import Alone
+from pushup.changes import Changes
 from pushup.model import Draft, Message
 from pushup.service import Service
-from pushup.store import Changes, Channel, Store
+from pushup.store import Channel, Store
 
 log = Logger()
 SCHEMA_VERSION = 1

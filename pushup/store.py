@@ -7,13 +7,8 @@ channels by ``(timestamp, id)``, returns each message once, and computes the
 cursor that comes after it. A global index ordered by ``(timestamp, id)``
 drives retention: message ttl and the total-bytes cap evict oldest first.
 
-Origins come and go with restarts (``<node_id>.<epoch>``): a cursor position
-for an origin whose node the store knows at a newer epoch, but which the
-store does not hold, is history lost with a restart (a gap, reported once);
-a superseded origin that holds no message any more is *retired* and dropped
-from the cursors the store returns. So an issued cursor names at most the
-origins holding cached messages, the newest origin of each node id, and
-origins of nodes this store has not heard of (cut to ``MAX_ORIGINS``).
+Which origins a returned cursor names, and which history went with a
+restart, is :mod:`pushup.origins`.
 
 This module never touches a socket and never reads the clock: every method
 that depends on time takes ``now`` (integer microseconds).
@@ -28,14 +23,14 @@ from operator import attrgetter
 
 from sortedcontainers import SortedKeyList
 
-from pushup.cursor import MAX_ORIGINS, Cursor
+from pushup.changes import Changes
+from pushup.cursor import Cursor
 from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
-from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name, parse_origin
+from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name
+from pushup.origins import Origins, Position
 from pushup.run import Run
 
 _by_time = attrgetter("sort_key")
-READ_THROUGH = 1 << 63  # the position of a retired origin a cursor has moved past
-Position = Callable[[str], int]  # a cursor's position for an origin, as the store reads it
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,48 +89,6 @@ class Channel:
         return self.evicted_ts > since
 
 
-class Changes:
-    """What changed in a Store since a journal last wrote it down.
-
-    Keys only point at the store's live state: a journal reads the current
-    message, channel or origin when it writes (a message no channel holds any
-    more is deleted, so is a channel the store no longer has). ``on_first``
-    runs when the first change comes in after :meth:`clear`, so the journal
-    can schedule one write for everything one reactor turn changes.
-    """
-
-    __slots__ = ("channels", "messages", "on_first", "origins")
-
-    def __init__(self, on_first: Callable[[], None]) -> None:
-        self.on_first = on_first
-        self.messages: dict[str, Message] = {}  # id -> message
-        self.channels: set[str] = set()
-        self.origins: set[str] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.messages or self.channels or self.origins)
-
-    def message(self, m: Message) -> None:
-        if not self:
-            self.on_first()
-        self.messages[m.id] = m
-
-    def channel(self, name: str) -> None:
-        if not self:
-            self.on_first()
-        self.channels.add(name)
-
-    def origin(self, name: str) -> None:
-        if not self:
-            self.on_first()
-        self.origins.add(name)
-
-    def clear(self) -> None:
-        self.messages = {}
-        self.channels = set()
-        self.origins = set()
-
-
 class Store:
     """Channels and cached messages of every origin, with retention.
 
@@ -161,12 +114,9 @@ class Store:
         self._deadlines: list[tuple[int, str]] = []  # lazy channel-expiry heap
         self._generated = 0
         self.changes: Changes | None = None  # set by a journal (pushup.disk)
-        # Origins and restarts: each origin's (node id, epoch), the newest epoch
-        # known per node id, and the superseded origins that hold no message.
-        self._parsed: dict[str, tuple[str, int] | None] = {}
-        self.newest: dict[str, int] = {}
-        self.retired: set[str] = set()
-        self._note(origin.name)
+        # Which origins a cursor may name, and which were lost with a restart.
+        self.origins = Origins(self.horizon, lambda o: bool(self._by_origin.get(o)))
+        self.origins.note(origin.name)
 
     # -- reading -----------------------------------------------------------
 
@@ -200,9 +150,9 @@ class Store:
             raise TypeError("resolve since=now with Store.end() first")
         at: Position | None = None
         if isinstance(since, Cursor):
-            at = self._reader(since)
+            at = self.origins.reader(since)
             gap = self._behind_lost(since, at) or any(
-                self._forgotten(o) for o, _ in since.positions)
+                self.origins.forgotten(o) for o, _ in since.positions)
         else:
             gap = self._behind_lost(since, at)
         heap: list[_Head] = []
@@ -248,11 +198,11 @@ class Store:
                 pending[m.origin] = m.seq
         updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self.horizon.items()]
         base = since if isinstance(since, Cursor) else Cursor(())
-        return Result(tuple(out), self._tidy(base.advanced(updates)), gap)
+        return Result(tuple(out), self.origins.tidy(base.advanced(updates)), gap)
 
     def end(self) -> Cursor:
         """A cursor past everything this node holds or has skipped, every origin."""
-        return self._tidy(Cursor.of(self.horizon))
+        return self.origins.tidy(Cursor.of(self.horizon))
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""
@@ -267,90 +217,6 @@ class Store:
             return any(at(o) < seq for o, (seq, _) in self.lost.items())
         assert isinstance(since, int)
         return any(ts > since for _, ts in self.lost.values())
-
-    # -- origins and restarts ----------------------------------------------
-
-    def _note(self, origin: str) -> None:
-        """``origin`` enters the horizon: learn its node's newest epoch, and
-        retire the origins it supersedes that hold nothing."""
-        parsed = self._parsed[origin] = parse_origin(origin)
-        if parsed is None:
-            return
-        node, epoch = parsed
-        newest = self.newest.get(node, -1)
-        if epoch > newest:
-            self.newest[node] = epoch
-            for o in self.horizon:
-                p = self._parsed.get(o)
-                if p is not None and p[0] == node and p[1] < epoch and not self._by_origin.get(o):
-                    self.retired.add(o)
-        elif epoch < newest and not self._by_origin.get(origin):
-            self.retired.add(origin)
-
-    def _superseded(self, origin: str) -> bool:
-        parsed = self._parsed.get(origin)
-        return parsed is not None and self.newest[parsed[0]] > parsed[1]
-
-    def _forgotten(self, origin: str) -> bool:
-        """A position in an origin we do not hold, though we know its node at a
-        newer epoch: its history went with a restart."""
-        if origin in self.horizon:
-            return False
-        parsed = parse_origin(origin)
-        return parsed is not None and self.newest.get(parsed[0], -1) > parsed[1]
-
-    def _newest_named(self, cursor: Cursor) -> dict[str, int]:
-        named: dict[str, int] = {}
-        for o, _ in cursor.positions:
-            parsed = self._parsed.get(o) if o in self._parsed else parse_origin(o)
-            if parsed is not None and parsed[1] > named.get(parsed[0], -1):
-                named[parsed[0]] = parsed[1]
-        return named
-
-    def _reader(self, since: Cursor) -> Position:
-        """How this store reads ``since``: a retired origin the cursor does not
-        name, while it names a newer origin of the same node, was read through
-        (a cursor we issued dropped it after reporting any gap in it)."""
-        held = since.as_dict()
-        if not self.retired:
-            return lambda o: held.get(o, 0)
-        named = self._newest_named(since)
-
-        def position(origin: str) -> int:
-            seq = held.get(origin)
-            if seq is not None:
-                return seq
-            if origin in self.retired:
-                node, epoch = self._parsed[origin]  # type: ignore[misc]
-                if named.get(node, -1) > epoch:
-                    return READ_THROUGH
-            return 0
-
-        return position
-
-    def _tidy(self, cursor: Cursor) -> Cursor:
-        """The cursor to hand out: without forgotten origins, without retired
-        ones it has moved past, and at most ``MAX_ORIGINS`` long (origins of
-        nodes we have not heard of go first: only a forged cursor has many)."""
-        named: dict[str, int] | None = None
-        known: list[tuple[str, int]] = []
-        unknown: list[tuple[str, int]] = []
-        for o, seq in cursor.positions:
-            if o in self.horizon:
-                if o in self.retired:
-                    if named is None:
-                        named = self._newest_named(cursor)
-                    node, epoch = self._parsed[o]  # type: ignore[misc]
-                    if named.get(node, -1) > epoch:
-                        continue
-                known.append((o, seq))
-            elif not self._forgotten(o):
-                unknown.append((o, seq))
-        if len(known) + len(unknown) > MAX_ORIGINS:
-            unknown = unknown[: max(0, MAX_ORIGINS - len(known))]
-        if len(known) + len(unknown) == len(cursor.positions):
-            return cursor
-        return Cursor(tuple(sorted(known + unknown)))
 
     # -- writing -----------------------------------------------------------
 
@@ -398,7 +264,7 @@ class Store:
         """We hold (or will never have) ``origin`` up to ``seq``."""
         if origin not in self.horizon:
             self.horizon[origin] = 0
-            self._note(origin)
+            self.origins.note(origin)
         if seq > self.horizon[origin]:
             self.horizon[origin] = seq
             if self.changes is not None:
@@ -439,8 +305,8 @@ class Store:
             changes.channels.update(names)
         if m.seq > self.horizon.get(m.origin, 0):
             self.raise_horizon(m.origin, m.seq)
-        if self.retired:
-            self.retired.discard(m.origin)  # e.g. an old message from a snapshot
+        if self.origins.retired:
+            self.origins.retired.discard(m.origin)  # e.g. an old message from a snapshot
         for name in names:
             channel = self._channel(name, now)
             run = channel.runs.get(m.origin)
@@ -602,8 +468,8 @@ class Store:
             self.bytes -= m.size
             if self.changes is not None:
                 self.changes.message(m)
-            if not mine and self._superseded(m.origin):
-                self.retired.add(m.origin)
+            if not mine and self.origins.superseded(m.origin):
+                self.origins.retired.add(m.origin)
 
 
 def _remove(items: SortedKeyList, m: Message) -> None:
