@@ -19,9 +19,10 @@ from typing import IO, Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from pushup import errors
-from pushup.backplane import Alone
+from pushup.backplane import Alone, Unconfirmed
 from pushup.changes import Changes
 from pushup.model import Draft, Message
 from pushup.service import Service
@@ -220,7 +221,15 @@ class Durable(Alone):
 
     def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
         messages = self.service.publish(drafts)
-        return self._written().addCallback(lambda _: messages)
+
+        def not_on_disk(failure: Failure) -> list[Message] | Failure:
+            # Stored and delivered, but not durable: 202, as a mesh publish no
+            # peer holds (a 5xx would invite a republish, a duplicate).
+            if isinstance(failure.value, errors.Unavailable):
+                return Unconfirmed(messages)
+            return failure
+
+        return self._written().addCallbacks(lambda _: messages, not_on_disk)
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
         channel = self.service.create_channel(name, ttl)

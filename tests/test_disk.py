@@ -48,6 +48,24 @@ def test_a_publish_is_acknowledged_only_once_its_transaction_committed(boot, tmp
     assert acked.called and rows(tmp_path, "messages") == 1
 
 
+def test_a_publish_the_disk_refuses_is_answered_202_and_written_when_it_can(
+        boot, tmp_path, monkeypatch):
+    h = boot(tmp_path)
+    real = DataDir.write
+
+    def full(self, *args):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(DataDir, "write", full)
+    conn = h.open("POST", "/publish", {"channels": ["a"], "data": 1})
+    # Published (its subscribers have it) but not durable: not a 201, not a 5xx.
+    assert conn.response.status == 202 and conn.response.json["id"].endswith("-1")
+    assert rows(tmp_path, "messages") == 0
+    monkeypatch.setattr(DataDir, "write", real)
+    h.clock.advance(1.0)  # the write is tried again
+    assert rows(tmp_path, "messages") == 1
+
+
 def test_the_publishes_of_one_turn_share_one_transaction(boot, tmp_path, monkeypatch):
     h = boot(tmp_path)
     writes = []
