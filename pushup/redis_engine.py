@@ -157,7 +157,6 @@ class RedisEngine:
         self.ready = False
         self.stopped = False
         self._loaded: defer.Deferred[None] = defer.Deferred()
-        self._reading: defer.Deferred[Any] | None = None
         self.lost_epochs = 0  # times the log was found to have lost what we held
 
     @property
@@ -224,9 +223,7 @@ class RedisEngine:
 
     def delete_channel(self, name: str) -> defer.Deferred[None]:
         self.store.get(name)
-        d = self._operate("delete", name, 0)
-        d.addCallback(lambda _: None)
-        return d  # type: ignore[return-value]
+        return self._operate("delete", name, 0).addCallback(lambda _: None)
 
     def _operate(self, kind: OpKind, name: str, ttl: int) -> defer.Deferred[Channel]:
         expires_at = self.service.now() + ttl
@@ -251,7 +248,7 @@ class RedisEngine:
         """Append entries to the log in one script call (all or nothing)."""
         if not self.commands.connected:
             return defer.fail(errors.EngineUnavailable("Redis is unreachable; nothing was "
-                                                       "published"))
+                                                       "acknowledged"))
         d = self.commands.evalsha(_PUBLISH_SHA, PUBLISH, (LOG, META, CHANNELS),
                                   (*self._held(), *entries), timeout=self.timeout)
         d.addErrback(_unavailable)
