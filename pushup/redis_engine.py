@@ -327,6 +327,12 @@ class RedisEngine:
         self.lost_epochs += 1
         old = self.origin
         held = self.store.horizon.get(old, 0)
+        if held == 0:
+            # We read nothing of it: a cursor naming it is told of the gap as
+            # one naming any origin lost with a restart (pushup.origins).
+            log.warn("redis: the log {old} is gone; now reading {new}", old=old,
+                     new=f"{PARTITION}.{epoch}")
+            return
         self.store.skip_to(old, held + 1, self.service.now())
         log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
                  "failed over); now reading {new}; readers behind {old}:{seq} get a gap",

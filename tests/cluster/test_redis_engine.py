@@ -280,3 +280,15 @@ def test_workers_share_the_redis_log_instead_of_peering(redis_server):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, redis_server):
+    c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
+    ch = uniq("quiet")
+    _, start = subscribe(c.bases[0], [ch], since="now", timeout=0)
+    redis_server.kill()
+    redis_server.restart()  # a new epoch; the old log held nothing
+    new = publish_once_redis_answers(c.bases[0], ch)
+    wait_until(lambda: new["id"] in retained(c.bases[0], [ch]), 10, 0.05, "read")
+    _, body = subscribe(c.bases[0], [ch], since=start["cursor"], timeout=0)
+    assert [m["id"] for m in body["messages"]] == [new["id"]] and "gap" not in body
