@@ -145,6 +145,11 @@ class Cluster:
         self._peer_alive()
         now = self.service.now()
         store = self.store
+        if batch.origin not in store.horizon:
+            # Even an empty batch (a link's hello) says which epoch its node
+            # runs: its older origins are superseded, and a cursor naming one
+            # we do not hold is told of the gap now (pushup.origins).
+            store.raise_horizon(batch.origin, 0)
         ops = sorted(batch.ops, key=lambda op: op.at_seq)
         if batch.skip is not None:
             store.skip_to(batch.origin, *batch.skip)

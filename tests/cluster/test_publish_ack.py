@@ -91,3 +91,35 @@ def test_a_survivor_that_missed_a_dead_nodes_batch_gets_it_from_the_other(fresh_
     # A will never send the batch to C: C gets it from B, its live peer.
     wait_until(lambda: set(retained(c_, [ch])) == set(ids), 15, 0.05, "C repaired from B")
     assert read_all(c_, ch, "0") == ids
+
+
+def test_a_whole_cluster_restarted_tells_a_client_behind_of_the_gap_once(fresh_cluster):
+    c = fresh_cluster(2, haproxy=False)
+    a, b = c.bases
+    ch = uniq("restart")
+    for base in (a, b):
+        jrequest("POST", base + "/publish", {"channels": [ch], "data": "read"})
+    wait_until(lambda: len(retained(a, [ch])) == 2, 10, 0.02, "both messages on A")
+    _, read = subscribe(a, [ch], since="0", timeout=0)
+    for base in (a, b):  # published after the client read: lost with the restart
+        jrequest("POST", base + "/publish", {"channels": [ch], "data": "unread"})
+    c.kill(0, signal.SIGKILL)
+    c.kill(1, signal.SIGKILL)
+    c.start_node(0)
+    c.start_node(1)
+    # Each node knows the other's new epoch once its link said hello (both up).
+    wait_until(lambda: all(p["state"] == "up" for x in (a, b) for p in stats(x)["peers"]),
+               10, 0.02, "both links up")
+    cursors = {}
+    for base in (a, b):
+        _, body = subscribe(base, [ch], since=read["cursor"], timeout=0)
+        assert body["gap"] is True and body["messages"] == [], (base, body)
+        cursors[base] = body["cursor"]
+    # Then both restarted nodes publish, each becoming known to the other at
+    # its new epoch: the client gets the news, and is not told twice.
+    new = [jrequest("POST", base + "/publish", {"channels": [ch], "data": "new"})[1]["id"]
+           for base in (a, b)]
+    for base in (a, b):
+        wait_until(lambda b_=base: set(new) <= set(retained(b_, [ch])), 10, 0.02, "both")
+        _, body = subscribe(base, [ch], since=cursors[base], timeout=0)
+        assert "gap" not in body and [m["id"] for m in body["messages"]] == new, (base, body)
