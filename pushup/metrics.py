@@ -43,6 +43,20 @@ FIGURES = (
     ("refused", "pushup_refused_connections", "counter", "Connections refused, overloaded"),
 )
 
+# Figures only some backplanes have (the mesh's acknowledgements; Redis's
+# state, under the "redis" key): the same layout, shown when present.
+ENGINE_FIGURES = (
+    ("ack_waiting", "pushup_ack_waiting", "gauge", "Publishes waiting for a peer to hold them"),
+    ("unconfirmed", "pushup_unconfirmed", "counter",
+     "Publishes answered 202: no peer held them in time"),
+)
+REDIS_FIGURES = (
+    ("up", "pushup_redis_up", "gauge", "1 if both connections to Redis are up"),
+    ("horizon", "pushup_redis_horizon", "gauge", "How far this node has read the Redis log"),
+    ("lost_epochs", "pushup_redis_lost_epochs", "counter",
+     "Times the Redis log was found to have lost what this node read"),
+)
+
 
 def rss_bytes() -> int:
     """Resident memory of this process (Linux /proc; 0 where unavailable)."""
@@ -61,9 +75,11 @@ class Collector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self._snapshot()
-        for key, name, kind, text in FIGURES:
-            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            yield family(name, text, value=stats[key])
+        yield from _families(FIGURES, stats)
+        yield from _families([f for f in ENGINE_FIGURES if f[0] in stats], stats)
+        if "redis" in stats:
+            yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
+                                                 if k in ("up", "horizon", "lost_epochs")})
         queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",
                                    labels=["peer"])
         sent = CounterMetricFamily("pushup_peer_sent", "Messages delivered to a peer",
@@ -74,6 +90,12 @@ class Collector:
             sent.add_metric([peer["url"]], peer["sent"])
             up.add_metric([peer["url"]], 1 if peer["state"] == "up" else 0)
         yield from (queued, sent, up)
+
+
+def _families(figures: Any, values: dict[str, Any]) -> Iterator[Metric]:
+    for key, name, kind, text in figures:
+        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        yield family(name, text, value=values[key])
 
 
 def registry_for(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:

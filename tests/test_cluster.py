@@ -224,6 +224,8 @@ def test_no_peer_confirming_in_time_is_answered_202_and_the_message_still_travel
     late = answered(pending)
     assert late.status == 202 and json.loads(late.body)["messages"][0]["id"].startswith("a.")
     assert node.stats()["unconfirmed"] == 1
+    _, text = node.metrics()
+    assert b"pushup_unconfirmed_total 1.0" in text and b"pushup_ack_waiting 0.0" in text
     wire.deliver()  # stored here all along: the peer still gets it
     assert wire.receiver.store.message_count == 1
 

@@ -293,3 +293,14 @@ def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, re
     wait_until(lambda: new["id"] in retained(c.bases[0], [ch]), 10, 0.05, "read")
     _, body = subscribe(c.bases[0], [ch], since=start["cursor"], timeout=0)
     assert [m["id"] for m in body["messages"]] == [new["id"]] and "gap" not in body
+
+
+def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_cluster,
+                                                                       redis_server):
+    c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
+    publish_batch(c.bases[0], [([uniq("m")], i) for i in range(3)])
+    status, _, text = request("GET", c.bases[0] + "/metrics")
+    assert status == 200
+    lines = set(text.decode().splitlines())
+    assert {"pushup_redis_up 1.0", "pushup_redis_horizon 3.0",
+            "pushup_redis_lost_epochs_total 0.0"} <= lines
