@@ -42,7 +42,7 @@ from pushup.sse import EventStream, StreamClient
 from pushup.store import Channel
 from pushup.tokens import Verifier
 
-PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see peers.BATCH_BYTES)
+PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (see replica.BATCH_BYTES)
 
 
 class PeerPort(Protocol):
@@ -361,15 +361,17 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
     A ``PushUpError`` on the way (e.g. 503 while Redis is unreachable) is
     answered as itself; anything else is a bug the front logs and answers 500.
     """
-    acknowledged.addCallback(answer)
-    acknowledged.addErrback(_error_answer)
     if not acknowledged.called:
+        acknowledged.addCallback(answer)
+        acknowledged.addErrback(_error_answer)
         return Pending(acknowledged)
-    done: list[Response | Failure] = []
+    done: list[Any] = []  # acknowledged already (a single node): answer now
     acknowledged.addBoth(done.append)
     if isinstance(done[0], Failure):
+        if isinstance(done[0].value, PushUpError):
+            return error_response(done[0].value)
         done[0].raiseException()
-    return done[0]
+    return answer(done[0])
 
 
 def _error_answer(failure: Failure) -> Response | Failure:
