@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.redis_server import RedisServer  # noqa: E402  (run as a script too)
+from deploy.redis_server import RedisServer, free_port  # noqa: E402,F401  (run as a script too)
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "haproxy.cfg.template"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",

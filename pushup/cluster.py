@@ -28,9 +28,10 @@ from pushup.acks import Acks
 from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
 from pushup.config import Config
 from pushup.model import Draft, Message
-from pushup.peers import BATCH, PeerLink, cap_batch
+from pushup.peers import PeerLink
 from pushup.replica import (
     Batch,
+    backlog,
     decode_batch,
     decode_repair,
     encode_batch,
@@ -46,10 +47,6 @@ CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
 PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
 REPAIR_EVERY = 2.0  # seconds between asking a peer for what it holds and we lack
 REPAIR_ROUNDS = 100  # batches at most per repair (more waits for the next)
-
-
-class CatchingUp(errors.Unavailable):
-    code = "catching_up"
 
 
 class Cluster:
@@ -77,7 +74,7 @@ class Cluster:
 
     def check_ready(self) -> None:
         if not self.ready:
-            raise CatchingUp("this node is catching up with its peers; retry shortly")
+            raise errors.CatchingUp("this node is catching up with its peers; retry shortly")
 
     # -- out -----------------------------------------------------------------
 
@@ -210,13 +207,9 @@ class Cluster:
             after = theirs.get(origin, 0)
             if origin in (store.origin.name, asker) or have <= after:
                 continue
-            messages = cap_batch(store.messages_of(origin, after, BATCH))
-            if messages:
-                first = messages[0].seq != after + 1
-                return encode_batch(Batch(origin, first, tuple(messages), ()))
-            lost = store.lost.get(origin)  # all of it evicted here too: skip it
+            lost = store.lost.get(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
-            return encode_batch(Batch(origin, False, (), (), skip=(have, ts)))
+            return encode_batch(backlog(store, origin, after, (have, ts)))
         return None
 
     @defer.inlineCallbacks

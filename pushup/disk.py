@@ -185,10 +185,6 @@ class DataDir:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
 
-class LoadingDataDir(errors.Unavailable):
-    code = "starting"
-
-
 class Durable(Alone):
     """One node with a data directory: what it accepts is acknowledged once
     the transaction holding it committed (at the end of the reactor turn)."""
@@ -204,7 +200,7 @@ class Durable(Alone):
 
     def check_ready(self) -> None:
         if not self.ready:
-            raise LoadingDataDir("this node is loading its data directory; retry shortly")
+            raise errors.CatchingUp("this node is loading its data directory; retry shortly")
 
     def start(self) -> defer.Deferred[None]:
         """Load the directory, apply retention as of now, start journaling."""

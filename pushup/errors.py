@@ -110,5 +110,12 @@ class EngineUnavailable(Unavailable):
     retry_after = 1
 
 
+class CatchingUp(Unavailable):
+    """A node that is loading what it must hold before it serves: its peers'
+    cache, the Redis log or its data directory."""
+
+    code = "catching_up"
+
+
 class ShuttingDown(Unavailable):
     code = "shutting_down"

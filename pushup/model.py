@@ -205,7 +205,7 @@ class Origin:
 
     def __init__(self, node_id: str, boot_us: int) -> None:
         self.node_id = check_node_id(node_id)
-        self.name = f"{node_id}.{_base36(boot_us // 1000)}"
+        self.name = f"{node_id}.{base36(boot_us // 1000)}"
         self.epoch = boot_us // 1000
         self.seq = 0
         self.last_ts = 0
@@ -216,7 +216,8 @@ class Origin:
         return self.seq, self.last_ts
 
 
-def _base36(n: int) -> str:
+def base36(n: int) -> str:
+    """``n`` (>= 0) in base 36, lower case: the epoch part of an origin's name."""
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
     while True:

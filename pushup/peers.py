@@ -16,6 +16,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from twisted.internet import defer
@@ -24,12 +25,10 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from pushup.backplane import ChannelOp
-from pushup.replica import Batch, encode_batch, sign
+from pushup.replica import backlog, encode_batch, sign
 from pushup.store import Store
 
 log = Logger()
-BATCH = 1000  # messages per POST at most
-BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
@@ -140,20 +139,16 @@ class PeerLink:
         self._busy = True
         try:
             while not self.stopped:
-                origin = self.store.origin.name
-                messages = cap_batch(self.store.messages_of(origin, self.after, BATCH))
+                ours = self.store.origin
+                batch = backlog(self.store, ours.name, self.after, (ours.seq, ours.last_ts))
+                messages = batch.messages
                 # An op is stamped with our seq when it happened: it travels
                 # with (or after) the messages before it.
                 upto = messages[-1].seq if messages else self.after
                 ops = []
                 while self.ops and self.ops[0].at_seq <= upto and len(ops) < 100:
                     ops.append(self.ops.popleft())
-                first = bool(messages) and messages[0].seq != self.after + 1
-                skip = None
-                if not messages and self.after < self.store.origin.seq:
-                    # Everything the peer lacks was evicted here: say so.
-                    skip = (self.store.origin.seq, self.store.origin.last_ts)
-                body = encode_batch(Batch(origin, first, tuple(messages), tuple(ops), skip))
+                body = encode_batch(replace(batch, ops=tuple(ops)))
                 try:
                     status, raw = yield self.request("POST", "/peer/messages", body)
                     reply = json.loads(raw) if status in (200, 409) else raw[:200]
@@ -233,16 +228,6 @@ class PeerLink:
                                            headers=headers, timeout=self.timeout)
         raw = yield response.content()
         return response.code, raw
-
-
-def cap_batch(messages: list[Any]) -> list[Any]:
-    """The first messages, up to about ``BATCH_BYTES`` (always one)."""
-    total = 0
-    for i, m in enumerate(messages):
-        total += m.size
-        if total > BATCH_BYTES and i:
-            return messages[:i]
-    return messages
 
 
 class _Endpoints:

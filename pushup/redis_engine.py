@@ -43,7 +43,7 @@ from twisted.python.failure import Failure
 from pushup import errors
 from pushup.backplane import OpKind
 from pushup.config import Config
-from pushup.model import Draft, Message, check_channel_name, dumps
+from pushup.model import Draft, Message, base36, check_channel_name, dumps
 from pushup.redis import RedisConnection, RedisError, RedisGone, parse_url, script_sha
 from pushup.service import Service
 from pushup.store import Channel, check_ttl
@@ -128,13 +128,7 @@ _CHECK_SHA = script_sha(CHECK)
 
 def new_epoch() -> str:
     """Milliseconds now in base 36, plus randomness: distinct per (re)start."""
-    n = time.time_ns() // 1_000_000 * 1296 + secrets.randbelow(1296)
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while n:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-    return out
+    return base36(time.time_ns() // 1_000_000 * 1296 + secrets.randbelow(1296))
 
 
 class RedisEngine:
@@ -167,8 +161,7 @@ class RedisEngine:
 
     def check_ready(self) -> None:
         if not self.ready:
-            raise errors.Unavailable("this node is loading the log from Redis; retry shortly",
-                                     code="catching_up")
+            raise errors.CatchingUp("this node is loading the log from Redis; retry shortly")
 
     def start(self) -> defer.Deferred[None]:
         self.commands.start()

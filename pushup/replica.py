@@ -37,6 +37,28 @@ class Batch:
     skip: tuple[int, int] | None = None
 
 
+BATCH = 1000  # messages per batch at most
+BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
+
+
+def backlog(store: Store, origin: str, after: int, end: tuple[int, int]) -> Batch:
+    """What ``store`` holds of ``origin`` past ``after``, as one batch: up to
+    ``BATCH`` messages and about ``BATCH_BYTES`` (always one), ``first`` when
+    it no longer holds the one right after ``after``. When it holds none but
+    the origin went on to ``end`` (seq, ts), everything up to there was
+    evicted here: the batch says to ``skip`` to it."""
+    messages = store.messages_of(origin, after, BATCH)
+    total = 0
+    for i, m in enumerate(messages):
+        total += m.size
+        if total > BATCH_BYTES and i:
+            messages = messages[:i]
+            break
+    if messages:
+        return Batch(origin, messages[0].seq != after + 1, tuple(messages), ())
+    return Batch(origin, False, (), (), skip=end if after < end[0] else None)
+
+
 def _wire(m: Message) -> list[Any]:
     return [m.seq, m.ts, list(m.channels), m.data_json.decode()]
 

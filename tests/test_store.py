@@ -294,6 +294,6 @@ def test_a_cursor_of_many_foreign_origins_stays_one_the_node_accepts():
 
 
 def _epoch(us):
-    from pushup.model import _base36
+    from pushup.model import base36
 
-    return _base36(us // 1000)
+    return base36(us // 1000)
