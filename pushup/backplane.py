@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from twisted.internet import defer
 
+from pushup.idempotency import Idem
 from pushup.model import Draft, Message
 from pushup.service import Service
 from pushup.store import Channel
@@ -80,8 +81,16 @@ class Backplane(Protocol):
     def check_ready(self) -> None:
         """Raise ``errors.Unavailable`` while the node cannot serve (catching up)."""
 
-    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
-        """Accept a batch (all or nothing); fires once it is acknowledged."""
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        """Accept a batch (all or nothing); fires once it is acknowledged.
+
+        With ``idem``, a key remembered anywhere in the cluster within its
+        window stores nothing and fires with the first attempt's messages
+        (``idempotency.Replayed``), once they are acknowledged as the first
+        attempt's would be; the key with another body fails with
+        ``errors.KeyReused``.
+        """
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]: ...
 
@@ -114,8 +123,9 @@ class Alone:
     def check_ready(self) -> None:
         pass
 
-    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
-        return defer.succeed(self.service.publish(drafts))
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        return defer.succeed(self.service.publish(drafts, idem))
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
         return defer.succeed(self.service.create_channel(name, ttl))

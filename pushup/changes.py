@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pushup.idempotency import Remembered
 from pushup.model import Message
 
 
@@ -22,16 +23,17 @@ class Changes:
     can schedule one write for everything one reactor turn changes.
     """
 
-    __slots__ = ("channels", "messages", "on_first", "origins")
+    __slots__ = ("channels", "keys", "messages", "on_first", "origins")
 
     def __init__(self, on_first: Callable[[], None]) -> None:
         self.on_first = on_first
         self.messages: dict[str, Message] = {}  # id -> message
         self.channels: set[str] = set()
         self.origins: set[str] = set()
+        self.keys: list[Remembered] = []  # keyed publishes (written once: never change)
 
     def __bool__(self) -> bool:
-        return bool(self.messages or self.channels or self.origins)
+        return bool(self.messages or self.channels or self.origins or self.keys)
 
     def message(self, m: Message) -> None:
         if not self:
@@ -48,7 +50,13 @@ class Changes:
             self.on_first()
         self.origins.add(name)
 
+    def key(self, record: Remembered) -> None:
+        if not self:
+            self.on_first()
+        self.keys.append(record)
+
     def clear(self) -> None:
+        self.keys = []
         self.messages = {}
         self.channels = set()
         self.origins = set()

@@ -11,7 +11,9 @@ that order.
 A publish is acknowledged (the 201) once a peer holds it, with
 ``--publish-ack peer`` (the default), once every live peer does with
 ``all``, or at once with ``local``; see
-:mod:`pushup.acks` and the README, "What a 201 means".
+:mod:`pushup.acks` and the README, "What a 201 means". A keyed publish's
+record travels with its last message (:mod:`pushup.replica`), so a retry on
+any node that holds it stores nothing new.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pushup import errors
 from pushup.acks import Acks
 from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
 from pushup.config import Config
+from pushup.idempotency import Idem, Replayed
 from pushup.model import Draft, Message
 from pushup.peers import PeerLink
 from pushup.replica import (
@@ -78,22 +81,46 @@ class Cluster:
 
     # -- out -----------------------------------------------------------------
 
-    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
         """Store and send on; fires once a peer holds the batch (``peer``),
         once every peer not known to be down holds it (``all``), or at once
         (``local``, or no peers configured). When no peer can hold
         it, because every peer is ``down`` or ``refused`` or none confirmed
-        within ``--publish-ack-timeout``, it fires with ``Unconfirmed``."""
-        messages = self.service.publish(drafts)
+        within ``--publish-ack-timeout``, it fires with ``Unconfirmed``.
+
+        A retry of a keyed publish (``Replayed``) stores nothing; it fires
+        on the same terms for the first attempt's messages: at once when a
+        peer took them (another origin's, or ours already confirmed)."""
+        messages = self.service.publish(drafts, idem)
+        if isinstance(messages, Replayed):
+            return self._replayed(messages)
         for link in self.links:
             link.poke()
         if self.publish_ack == "local" or not self.links:
             return defer.succeed(messages)
+        return self._acknowledged(messages)
+
+    def _acknowledged(self, messages: list[Message]) -> defer.Deferred[list[Message]]:
         if not self._confirmable():
             # Known already (a down peer was retried DOWN_AFTER times): no wait.
             self.acks.unconfirmed += 1
             return defer.succeed(Unconfirmed(messages))
         return self.acks.wait(messages)
+
+    def _replayed(self, messages: Replayed) -> defer.Deferred[list[Message]]:
+        last = messages[-1]
+        if self.publish_ack == "local" or not self.links \
+                or last.origin != self.store.origin.name or self._confirmed() >= last.seq:
+            return defer.succeed(messages)
+        return self._acknowledged(messages)
+
+    def _confirmed(self) -> int:
+        """How far our origin is confirmed as ``--publish-ack`` counts it."""
+        if self.publish_ack == "all":
+            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            return min(counted, default=0)
+        return max(link.after for link in self.links)
 
     def _confirmable(self) -> bool:
         """Some peer may yet confirm: one that is ``up`` or still ``connecting``."""
@@ -165,6 +192,9 @@ class Cluster:
                 hole = True
                 break
         horizon = store.horizon.get(batch.origin, 0)
+        for record in batch.keys:  # a keyed publish we hold all of: its key is known here
+            if record.stamps[-1][0] <= horizon:
+                store.remember(record, now)
         while ops and ops[0].at_seq <= horizon:
             self._apply_op(ops.pop(0), now)
         self.service.arrived(applied, now)

@@ -58,6 +58,7 @@ class Config:
     peer_queue: int = 10_000
     publish_ack: str = "peer"
     publish_ack_timeout: float = 2.0
+    idempotency_window: float = 600.0  # seconds an Idempotency-Key is remembered
     log_level: str = "info"
     log_format: str = "text"
     data_dir: str = ""  # empty: the cache lives in memory only
@@ -108,6 +109,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
                     "peer not down holds it) or local (at once)", "WHEN"),
     "publish_ack_timeout": ("seconds a publish waits for a peer (publish-ack peer) before "
                             "the answer is 202: stored here only", "SECONDS"),
+    "idempotency_window": ("seconds a publish's Idempotency-Key is remembered: a retry with "
+                           "it within this time stores nothing new", "SECONDS"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
     "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
     "data_dir": ("keep the cache in SQLite in this directory, so a restart loses nothing "
@@ -306,7 +309,8 @@ def validate(c: Config) -> Config:
     need(1 <= c.workers <= 64, "--workers must be 1-64 or auto")
     need(c.publish_ack in PUBLISH_ACKS, "--publish-ack must be peer, all or local")
     for name in ("message_ttl", "channel_ttl", "max_timeout", "header_timeout",
-                 "keepalive_timeout", "send_timeout", "publish_ack_timeout"):
+                 "keepalive_timeout", "send_timeout", "publish_ack_timeout",
+                 "idempotency_window"):
         need(getattr(c, name) > 0, f"--{name.replace('_', '-')} must be more than 0")
     for name in ("max_body_bytes", "max_message_bytes", "max_channels", "max_limit",
                  "max_messages_per_channel", "max_cached_bytes", "max_connections",

@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from pushup import errors
 from pushup.backplane import Alone, Unconfirmed
 from pushup.changes import Changes
+from pushup.idempotency import Idem, Remembered
 from pushup.model import Draft, Message
 from pushup.service import Service
 from pushup.store import Channel, Store
@@ -48,6 +49,10 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE TABLE IF NOT EXISTS channels (
     name TEXT PRIMARY KEY, ttl INTEGER NOT NULL, expires_at INTEGER NOT NULL,
     evicted TEXT NOT NULL, evicted_ts INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS keys (  -- keyed publishes (pushup.idempotency), in their window
+    key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, origin TEXT NOT NULL,
+    stamps TEXT NOT NULL,    -- JSON list of [seq, ts]: each message the publish stored
+    since INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS origins (
     origin TEXT PRIMARY KEY, horizon INTEGER NOT NULL,
     lost_seq INTEGER, lost_ts INTEGER) WITHOUT ROWID;
@@ -130,6 +135,11 @@ class DataDir:
             store.raise_horizon(origin, horizon)
             if lost_seq is not None:
                 store.lost[origin] = (lost_seq, lost_ts)
+        for key, fingerprint, origin, stamps, _ in self.db.execute(
+                "SELECT key, fingerprint, origin, stamps, since FROM keys ORDER BY since"):
+            record = Remembered(key, fingerprint, origin,
+                                tuple((int(seq), int(ts)) for seq, ts in json.loads(stamps)))
+            store.remember(record, now)
         last_ts = self._meta("last_ts")
         if last_ts:  # timestamps never go backwards on this node, across restarts too
             store.origin.last_ts = max(store.origin.last_ts, int(last_ts))
@@ -158,8 +168,14 @@ class DataDir:
             lost = store.lost.get(origin)
             origins.append((origin, store.horizon.get(origin, 0),
                             lost[0] if lost else None, lost[1] if lost else None))
+        keys = [(r.key, r.fingerprint, r.origin, json.dumps(r.stamps), r.since)
+                for r in changes.keys]
         with self.db:
             self.db.execute("BEGIN")
+            if keys:  # with the messages they name: a restart knows both or neither
+                self.db.execute("DELETE FROM keys WHERE since <= ?",
+                                (store.origin.last_ts - store.keys.window,))
+                self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?)", keys)
             self.db.executemany("DELETE FROM messages WHERE origin = ? AND seq = ?", gone)
             self.db.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?)",
                                 rows)
@@ -215,8 +231,10 @@ class Durable(Alone):
                  path=self.data.path, n=count, kept=self.store.message_count)
         return defer.succeed(None)
 
-    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
-        messages = self.service.publish(drafts)
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        # A retry (Replayed) waits for the same commit as its first attempt.
+        messages = self.service.publish(drafts, idem)
 
         def not_on_disk(failure: Failure) -> list[Message] | Failure:
             # Stored and delivered, but not durable: 202, as a mesh publish no

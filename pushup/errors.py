@@ -40,6 +40,10 @@ class TooManyChannels(BadRequest):
     code = "too_many_channels"
 
 
+class BadIdempotencyKey(BadRequest):
+    code = "bad_idempotency_key"
+
+
 class Unauthorized(PushUpError):
     status = 401
     code = "unauthorized"
@@ -95,6 +99,13 @@ class HeadersTooLarge(TooLarge):
     status = 431
 
 
+class KeyReused(PushUpError):
+    """422: an ``Idempotency-Key`` already used for a publish with another body."""
+
+    status = 422
+    code = "idempotency_key_reused"
+
+
 class Unavailable(PushUpError):
     """503: work the node cannot hold right now."""
 
@@ -108,6 +119,15 @@ class EngineUnavailable(Unavailable):
 
     code = "engine_unavailable"
     retry_after = 1
+
+
+class OutcomeUnknown(PushUpError):
+    """504: the engine was asked to store it and did not say whether it did
+    (Redis did not answer in time, or the connection went while it was
+    asked). It may be stored: retry with the same ``Idempotency-Key``."""
+
+    status = 504
+    code = "outcome_unknown"
 
 
 class CatchingUp(Unavailable):

@@ -26,6 +26,7 @@ from pushup.config import Config
 from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
 from pushup.exchange import Held, Pending, Request, Response, error_response
+from pushup.idempotency import Idem, check_key, fingerprint
 from pushup.model import (
     Draft,
     Message,
@@ -195,6 +196,7 @@ class Handlers:
         self._authorize(request)
         self._ready()
         self.service.check_open()
+        key = check_key(request.headers.get(b"idempotency-key"))
         body = json_object(request.body)
         if "messages" in body:
             items = body["messages"]
@@ -206,18 +208,21 @@ class Handlers:
         else:
             drafts = [self._draft(body, "")]
         batch = "messages" in body
+        idem = None if key is None else Idem(key, fingerprint(drafts, batch))
 
         def receipts(published: list[Message]) -> Response:
             each = [b'{"id":"%s","timestamp":%s,"channels":%s}'
                     % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
                     for m in published]
-            # 202: published, but held by this node only (README, "What a 201 means")
+            # 202: published, but held by this node only (README, "What a 201 means").
+            # A retry with the key of a stored publish (Replayed) gets the same
+            # receipts, 201 once the first attempt's messages are acknowledged.
             status = 202 if isinstance(published, Unconfirmed) else 201
             if batch:
                 return Response(status, b'{"messages":[' + b",".join(each) + b"]}")
             return Response(status, each[0])
 
-        return _when(self.backplane.publish(drafts), receipts)
+        return _when(self.backplane.publish(drafts, idem), receipts)
 
     def _draft(self, item: object, where: str) -> Draft:
         prefix = f"{where}: " if where else ""
@@ -339,7 +344,7 @@ class Handlers:
 
 _PREFLIGHT = Response(204, headers=(
     (b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
-    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type"),
+    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, Idempotency-Key"),
     (b"Access-Control-Max-Age", b"86400")))
 _NO_CONTENT = Response(204)
 _CLIENT_JS = Response(200, files("pushup").joinpath("static/pushup.js").read_bytes(),

@@ -58,6 +58,7 @@ class Node:
             channel_ttl=round(config.channel_ttl * 1e6),
             max_per_channel=config.max_messages_per_channel,
             max_bytes=config.max_cached_bytes,
+            key_window=round(config.idempotency_window * 1e6),
         )
         self.service = Service(Store(retention, origin), reactor, config.max_timeout)
         self.registry = registry_for(self.stats)

@@ -9,8 +9,9 @@ URL and replaces it after a loss, with capped exponential backoff. While it has 
 command asks for one, so a blocking ``XREAD`` may wait as long as it likes.
 
 Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
-``RedisGone`` means no reply will come (the command may or may not have run), and
-``RedisTimeout`` is the ``RedisGone`` of a command that outlived its ``timeout``.
+``RedisGone`` means no reply will come (the command may or may not have run),
+``RedisTimeout`` is the ``RedisGone`` of a command that outlived its ``timeout``, and
+``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class RedisGone(Exception):
 
 class RedisTimeout(RedisGone):
     """No reply within the command's ``timeout``; the connection was dropped for it."""
+
+
+class RedisNotSent(RedisGone):
+    """Not connected when the command was issued: it was never written, so never ran."""
 
 
 # --- URLs ---------------------------------------------------------------------------
@@ -203,7 +208,7 @@ class RedisProtocol(Protocol):
         # as having one element.)
         command = hiredis.pack_command(args)  # type: ignore[arg-type]
         if self._gone is not None or self._transport is None:
-            return defer.fail(RedisGone(self._gone or "not connected yet"))
+            return defer.fail(RedisNotSent(self._gone or "not connected yet"))
         waiting: Deferred[Any] = Deferred()
         self._waiting.append(waiting)
         self._transport.write(command)  # queued to the turn's end: a pipeline is one send()
@@ -333,7 +338,7 @@ class RedisConnection:
     def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
         """``RedisProtocol.execute`` on the current connection, or ``RedisGone`` now."""
         if not self.connected or self._protocol is None:
-            return defer.fail(RedisGone(f"not connected to {self.url}"))
+            return defer.fail(RedisNotSent(f"not connected to {self.url}"))
         return self._protocol.execute(*args, timeout=timeout)
 
     def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Arg], args: Sequence[Arg],

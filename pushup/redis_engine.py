@@ -17,7 +17,12 @@ Keys, all in one cluster slot (``{p0}``):
 - ``pushup:{p0}:meta``: a hash: ``e`` the log's epoch, ``s`` its last
   sequence number, ``t`` its last timestamp;
 - ``pushup:{p0}:channels``: a hash of explicit channels, name → JSON
-  ``{"ttl", "expires_at"}``, so they outlive the log's trimming.
+  ``{"ttl", "expires_at"}``, so they outlive the log's trimming;
+- ``pushup:{p0}:key:<Idempotency-Key>``: a keyed publish, JSON ``{"e": the
+  log's epoch, "f": the body's fingerprint, "r": [seq, ts, ...]}``, expiring
+  after the idempotency window. The publish script checks it before it
+  appends, in the same atomic call: a retry, on any node, even one sent while
+  the first attempt still waited in Redis's socket, stores nothing new.
 
 Cursors keep their format: the origin is the log, ``p0.<epoch>``. A new epoch
 means Redis lost what it had acknowledged (restarted empty, or failed over
@@ -43,8 +48,16 @@ from twisted.python.failure import Failure
 from pushup import errors
 from pushup.backplane import OpKind
 from pushup.config import Config
+from pushup.idempotency import Idem, Replayed
 from pushup.model import Draft, Message, base36, check_channel_name, dumps
-from pushup.redis import RedisConnection, RedisError, RedisGone, parse_url, script_sha
+from pushup.redis import (
+    RedisConnection,
+    RedisError,
+    RedisGone,
+    RedisNotSent,
+    parse_url,
+    script_sha,
+)
 from pushup.service import Service
 from pushup.store import Channel, check_ttl
 
@@ -53,6 +66,7 @@ PARTITION = "p0"
 LOG = f"pushup:{{{PARTITION}}}:log"
 META = f"pushup:{{{PARTITION}}}:meta"
 CHANNELS = f"pushup:{{{PARTITION}}}:channels"
+KEY = f"pushup:{{{PARTITION}}}:key:"  # + the Idempotency-Key
 PAGE = 1000  # log entries per XRANGE / XREAD reply
 BLOCK_MS = 20_000  # an idle tail asks again this often
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
@@ -85,13 +99,32 @@ end
 # Returns {epoch, seq}.
 CHECK = _CHECKED + "return {epoch, seq}"
 
-# KEYS: log, meta, channels. ARGV after the four above, per entry: kind ("m"
-# message, "o" operation), c, d. An operation's d is {"op": "create"|"renew"|
-# "delete", "ttl", "expires_at"}. Appends every entry or none; returns
-# {epoch, seq1, ts1, seq2, ts2, ...}, or an error before writing anything if a
-# create names an explicit channel that exists.
+# KEYS: log, meta, channels, and for a keyed publish its key's entry. ARGV
+# after the four above: the body's fingerprint ("" for no key), the window in
+# ms; then per entry: kind ("m" message, "o" operation), c, d. An operation's
+# d is {"op": "create"|"renew"|"delete", "ttl", "expires_at"}. Appends every
+# entry or none; returns {epoch, seq1, ts1, seq2, ts2, ...}, or an error
+# before writing anything if a create names an explicit channel that exists.
+# A key already used in this epoch appends nothing: it returns the first
+# attempt's reply with "again" at its end, or the error REUSED if that
+# attempt had another body.
 PUBLISH = _CHECKED + """
-for i = 5, #ARGV, 3 do
+if ARGV[5] ~= '' then
+  local prior = redis.call('GET', KEYS[4])
+  if prior then
+    local first = cjson.decode(prior)
+    if first['e'] == epoch then
+      if first['f'] ~= ARGV[5] then
+        return redis.error_reply('REUSED the key was used for another body')
+      end
+      local out = {epoch}
+      for _, v in ipairs(first['r']) do out[#out + 1] = v end
+      out[#out + 1] = 'again'
+      return out
+    end
+  end
+end
+for i = 7, #ARGV, 3 do
   if ARGV[i] == 'o' and cjson.decode(ARGV[i + 2])['op'] == 'create'
       and redis.call('HEXISTS', KEYS[3], ARGV[i + 1]) == 1 then
     return redis.error_reply('EXISTS ' .. ARGV[i + 1])
@@ -101,7 +134,7 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local last = tonumber(redis.call('HGET', KEYS[2], 't'))
 local out = {epoch}
-for i = 5, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   seq = seq + 1
   if now <= last then now = last + 1 end
   last = now
@@ -120,6 +153,12 @@ for i = 5, #ARGV, 3 do
   out[#out + 1] = t
 end
 redis.call('HSET', KEYS[2], 's', seq, 't', string.format('%d', last))
+if ARGV[5] ~= '' then
+  local stamps = {}
+  for j = 2, #out do stamps[#stamps + 1] = out[j] end
+  redis.call('SET', KEYS[4], cjson.encode({e = epoch, f = ARGV[5], r = stamps}),
+             'PX', ARGV[6])
+end
 return out
 """
 _PUBLISH_SHA = script_sha(PUBLISH)
@@ -143,6 +182,7 @@ class RedisEngine:
         self.url = parse_url(config.engine)
         self.maxlen = config.redis_maxlen
         self.timeout = COMMAND_TIMEOUT
+        self.key_window_ms = max(1, round(config.idempotency_window * 1000))
         self.commands = RedisConnection(self.url, reactor)
         self.tail = RedisConnection(self.url, reactor)
         self.tail.on_connect.append(self._tail_connected)
@@ -174,20 +214,25 @@ class RedisEngine:
         self.stopped = True
         yield defer.DeferredList([self.commands.stop(), self.tail.stop()])
 
-    def publish(self, drafts: Sequence[Draft]) -> defer.Deferred[list[Message]]:
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
         entries: list[bytes | str] = []
         for draft in drafts:
             entries += ["m", dumps(list(draft.channels)), draft.data]
-        d = self._append(entries)
+        d = self._append(entries, idem)
         d.addCallback(self._published, drafts)
         return d
 
     def _published(self, reply: list[Any], drafts: Sequence[Draft]) -> list[Message]:
-        epoch, stamps = self._epoch_of(reply), reply[1:]
+        again = reply[-1] == b"again"  # a retry: the first attempt's entries
+        epoch, stamps = self._epoch_of(reply), reply[1:-1] if again else reply[1:]
         origin = f"{PARTITION}.{epoch}"
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
-        self.service.counters.published += len(messages)
+        if again:
+            messages = Replayed(messages)
+        else:
+            self.service.counters.published += len(messages)
         if epoch == self.epoch:
             self._apply_own(messages)
         else:
@@ -237,13 +282,20 @@ class RedisEngine:
         d.addCallback(done)
         return d
 
-    def _append(self, entries: list[bytes | str]) -> defer.Deferred[Any]:
-        """Append entries to the log in one script call (all or nothing)."""
+    def _append(self, entries: list[bytes | str], idem: Idem | None = None,
+                ) -> defer.Deferred[Any]:
+        """Append entries to the log in one script call (all or nothing);
+        with ``idem``, once per key within the window."""
         if not self.commands.connected:
             return defer.fail(errors.EngineUnavailable("Redis is unreachable; nothing was "
                                                        "acknowledged"))
-        d = self.commands.evalsha(_PUBLISH_SHA, PUBLISH, (LOG, META, CHANNELS),
-                                  (*self._held(), *entries), timeout=self.timeout)
+        keys: tuple[str, ...] = (LOG, META, CHANNELS)
+        keyed: tuple[str, int] = ("", 0)
+        if idem is not None:
+            keys += (KEY + idem.key,)
+            keyed = (idem.fingerprint, self.key_window_ms)
+        d = self.commands.evalsha(_PUBLISH_SHA, PUBLISH, keys,
+                                  (*self._held(), *keyed, *entries), timeout=self.timeout)
         d.addErrback(_unavailable)
         return d
 
@@ -384,13 +436,23 @@ class RedisEngine:
 
 
 def _unavailable(failure: Failure) -> Any:
-    """Redis did not take it: 503, and the publisher may retry elsewhere."""
-    if isinstance(failure.value, RedisGone):
-        raise errors.EngineUnavailable(f"Redis did not answer ({failure.getErrorMessage()}); "
+    """What the publisher is told when Redis did not take it: 503 when the
+    command never left this node (nothing can have been stored, retry
+    anywhere), 504 when it was sent and no reply came (it may run yet:
+    retry with the same Idempotency-Key)."""
+    if isinstance(failure.value, RedisNotSent):
+        raise errors.EngineUnavailable(f"Redis is unreachable ({failure.getErrorMessage()}); "
                                        "nothing was acknowledged")
+    if isinstance(failure.value, RedisGone):
+        raise errors.OutcomeUnknown(f"Redis did not answer ({failure.getErrorMessage()}); "
+                                    "the publish may or may not be stored: retry it with "
+                                    "the same Idempotency-Key")
     if isinstance(failure.value, RedisError):
         message = str(failure.value)
         if message.startswith("EXISTS "):  # the script refused a create
             raise errors.ChannelExists(f"channel {message[7:]!r} exists")
+        if message.startswith("REUSED "):
+            raise errors.KeyReused("this Idempotency-Key was used for a publish with another "
+                                   "body; use a new key for a new publish")
         raise errors.EngineUnavailable(f"Redis refused the publish: {message}")
     return failure

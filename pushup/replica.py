@@ -1,5 +1,9 @@
 """What nodes tell each other: message batches, channel operations, snapshots.
 
+A keyed publish's record (:mod:`pushup.idempotency`) travels with its last
+message, in the same batch, so a retry on any node that holds the message
+finds the key.
+
 Pure encoding and decoding of peer payloads, and applying a snapshot to a
 store. A message's data travels as the exact JSON text its origin accepted,
 so every node serves byte-identical messages. No sockets, no clock.
@@ -16,6 +20,7 @@ from typing import Any
 
 from pushup.backplane import ChannelOp
 from pushup.errors import BadJSON, BadRequest
+from pushup.idempotency import Remembered, check_key
 from pushup.model import Message, check_channel_name
 from pushup.store import Channel, Store
 
@@ -35,6 +40,8 @@ class Batch:
     # (seq, ts): the origin holds nothing up to seq any more (no messages
     # follow yet); a receiver behind it skips there and reports the gap.
     skip: tuple[int, int] | None = None
+    # The records of the keyed publishes whose last message is in ``messages``.
+    keys: tuple[Remembered, ...] = ()
 
 
 BATCH = 1000  # messages per batch at most
@@ -55,7 +62,8 @@ def backlog(store: Store, origin: str, after: int, end: tuple[int, int]) -> Batc
             messages = messages[:i]
             break
     if messages:
-        return Batch(origin, messages[0].seq != after + 1, tuple(messages), ())
+        keys = tuple(r for m in messages if (r := store.keys.ending_at(m.id)) is not None)
+        return Batch(origin, messages[0].seq != after + 1, tuple(messages), (), keys=keys)
     return Batch(origin, False, (), (), skip=end if after < end[0] else None)
 
 
@@ -79,6 +87,8 @@ def encode_batch(batch: Batch) -> bytes:
     }
     if batch.skip is not None:
         raw["skip"] = list(batch.skip)
+    if batch.keys:
+        raw["keys"] = [_wire_key(r) for r in batch.keys]
     return json.dumps(raw, separators=(",", ":")).encode()
 
 
@@ -91,7 +101,8 @@ def decode_batch(body: bytes) -> Batch:
         skip = raw.get("skip")
         if skip is not None:
             skip = (int(skip[0]), int(skip[1]))
-        return Batch(origin, bool(raw.get("first")), messages, ops, skip)
+        keys = tuple(_key(origin, row) for row in raw.get("keys", ()))
+        return Batch(origin, bool(raw.get("first")), messages, ops, skip, keys)
     except (ValueError, KeyError, TypeError) as e:
         raise BadJSON(f"malformed peer batch: {e}") from None
 
@@ -116,8 +127,9 @@ def export_snapshot(store: Store) -> bytes:
                  "evicted": c.evicted, "evicted_ts": c.evicted_ts}
                 for c in store.channels.values()]
     messages = [[m.origin, *_wire(m)] for m in store.all_messages()]
+    keys = [[r.origin, *_wire_key(r)] for r in store.keys.records()]
     return json.dumps({"horizon": store.horizon, "lost": store.lost, "channels": channels,
-                       "messages": messages}, separators=(",", ":")).encode()
+                       "messages": messages, "keys": keys}, separators=(",", ":")).encode()
 
 
 def import_snapshot(store: Store, body: bytes, now: int) -> int:
@@ -136,7 +148,25 @@ def import_snapshot(store: Store, body: bytes, now: int) -> int:
     for origin, seq in raw["horizon"].items():
         if origin != store.origin.name:
             store.raise_horizon(origin, seq)
+    for row in raw.get("keys", ()):
+        store.remember(_key(row[0], row[1:]), now)
     return len(raw["messages"])
+
+
+# On the wire a keyed publish's record is [key, fingerprint, [[seq, ts], ...]]
+# (its origin is the batch's, or the first item of a snapshot's row).
+def _wire_key(record: Remembered) -> list[Any]:
+    return [record.key, record.fingerprint, [list(stamp) for stamp in record.stamps]]
+
+
+def _key(origin: str, row: Any) -> Remembered:
+    key, fingerprint, stamps = row
+    if not (isinstance(key, str) and isinstance(fingerprint, str) and isinstance(stamps, list)
+            and stamps):
+        raise BadRequest("malformed idempotency key row")
+    check_key(key.encode("ascii"))
+    return Remembered(key, fingerprint, origin,
+                      tuple((int(seq), int(ts)) for seq, ts in stamps))
 
 
 def sign(secret: str, method: str, path: str, when: int, body: bytes) -> str:

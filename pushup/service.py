@@ -16,6 +16,7 @@ from typing import Protocol
 
 from pushup.errors import ShuttingDown
 from pushup.hub import Hub, Waiter
+from pushup.idempotency import Idem, replay
 from pushup.metrics import Counters
 from pushup.model import Draft, Message, Now, Query, dumps
 from pushup.store import Channel, Result, Store
@@ -111,13 +112,22 @@ class Service:
 
     # -- publishing --------------------------------------------------------
 
-    def publish(self, drafts: Sequence[Draft]) -> list[Message]:
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None) -> list[Message]:
         """Accept drafts from a publisher (all validated) as this node's own
         messages: store them and answer their subscribers. (The backplane
-        decides when the publisher hears back and tells the cluster.)"""
+        decides when the publisher hears back and tells the cluster.)
+
+        With ``idem``, a key this node remembers (from any node of the
+        cluster) stores nothing: the answer is the first attempt's messages,
+        as ``Replayed``; the key with another body raises ``KeyReused``.
+        """
         self.check_open()
         now = self.now()
-        messages = self.store.publish(drafts, now)
+        if idem is not None:
+            record = self.store.keys.recall(idem, now)
+            if record is not None:
+                return replay(record, drafts)
+        messages = self.store.publish(drafts, now, idem)
         self.counters.published += len(messages)
         self.arrived(messages, now)
         return messages

@@ -26,6 +26,7 @@ from sortedcontainers import SortedKeyList
 from pushup.changes import Changes
 from pushup.cursor import Cursor
 from pushup.errors import BadRequest, ChannelExists, NoSuchChannel
+from pushup.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, record_of
 from pushup.model import Draft, Message, Now, Origin, Query, check_channel_name
 from pushup.origins import Origins, Position
 from pushup.run import Run
@@ -41,6 +42,7 @@ class Retention:
     channel_ttl: int
     max_per_channel: int
     max_bytes: int
+    key_window: int = round(DEFAULT_WINDOW * 1e6)  # how long an Idempotency-Key is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,8 @@ class Store:
         self._deadlines: list[tuple[int, str]] = []  # lazy channel-expiry heap
         self._generated = 0
         self.changes: Changes | None = None  # set by a journal (pushup.disk)
+        # Keyed publishes of every origin, for their window (pushup.idempotency).
+        self.keys = Keys(retention.key_window)
         # Which origins a cursor may name, and which were lost with a restart.
         self.origins = Origins(self.horizon, lambda o: bool(self._by_origin.get(o)))
         self.origins.note(origin.name)
@@ -220,15 +224,25 @@ class Store:
 
     # -- writing -----------------------------------------------------------
 
-    def publish(self, drafts: Iterable[Draft], now: int) -> list[Message]:
-        """Accept validated drafts from a publisher, in order; returns the messages."""
+    def publish(self, drafts: Iterable[Draft], now: int, idem: Idem | None = None,
+                ) -> list[Message]:
+        """Accept validated drafts from a publisher, in order; returns the
+        messages. With ``idem``, the publish is remembered under its key (the
+        caller checked that the key is not remembered yet)."""
         messages = []
         for draft in drafts:
             seq, ts = self.origin.next(now)
             m = Message(self.origin.name, seq, ts, draft.channels, draft.data)
             self._insert(m, now)
             messages.append(m)
+        if idem is not None and messages:
+            self.remember(record_of(idem, messages), now)
         return messages
+
+    def remember(self, record: Remembered, now: int) -> None:
+        """Keep a keyed publish's record (ours, a peer's or read back from disk)."""
+        if self.keys.remember(record, now) and self.changes is not None:
+            self.changes.key(record)
 
     def apply(self, m: Message, now: int) -> bool:
         """Apply another origin's message; False if already applied.

@@ -6,13 +6,16 @@ import json
 import hiredis
 import pytest
 
-from pushup.redis_engine import CHANNELS, CHECK, LOG, META, PUBLISH
+from pushup.redis_engine import CHANNELS, CHECK, KEY, LOG, META, PUBLISH
 
 
-def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000):
+def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000, key=None,
+            fingerprint="f1", window_ms=60_000):
     flat = [x for entry in entries for x in entry]
-    return redis.cli("EVAL", PUBLISH, 3, LOG, META, CHANNELS, epoch, maxlen, held_epoch, held,
-                     *flat)
+    keys = [LOG, META, CHANNELS] + ([KEY + key] if key is not None else [])
+    keyed = [fingerprint, window_ms] if key is not None else ["", 0]
+    return redis.cli("EVAL", PUBLISH, len(keys), *keys, epoch, maxlen, held_epoch, held,
+                     *keyed, *flat)
 
 
 def msg(data, *channels):
@@ -63,3 +66,30 @@ def test_the_check_keeps_a_log_that_holds_what_the_node_read(redis_server):
     assert redis_server.cli("EVAL", CHECK, 2, *check, "e1", 3) == [b"e9", 0]
     redis_server.cli("FLUSHALL")
     assert redis_server.cli("EVAL", CHECK, 2, LOG, META, "e10", 1000, "e9", 0) == [b"e10", 0]
+
+
+def test_a_retry_with_the_key_appends_nothing_and_gets_the_first_reply(redis_server):
+    first = publish(redis_server, "", 0, msg(1), msg(2), key="k1")
+    again = publish(redis_server, "e1", 2, msg(1), msg(2), key="k1")
+    assert again == [*first, b"again"]
+    assert redis_server.cli("XLEN", LOG) == 2 and redis_server.cli("HGET", META, "s") == b"2"
+    ttl = redis_server.cli("PTTL", KEY + "k1")
+    assert 0 < ttl <= 60_000  # the window
+    other = publish(redis_server, "e1", 2, msg(3), key="k2")
+    assert other[1] == 3 and other[-1] != b"again"
+
+
+def test_the_key_with_another_body_is_refused_and_writes_nothing(redis_server):
+    publish(redis_server, "", 0, msg(1), key="k1", fingerprint="f1")
+    with pytest.raises(hiredis.ReplyError, match="REUSED"):
+        publish(redis_server, "e1", 1, msg(2), key="k1", fingerprint="f2")
+    assert redis_server.cli("XLEN", LOG) == 1
+
+
+def test_a_key_of_a_lost_log_is_no_retry(redis_server):
+    publish(redis_server, "", 0, msg(1), msg(2), key="k1")
+    # The node read five entries of e1: the log lost some; e2 starts, and the
+    # key's publish (gone with e1) is stored again.
+    reply = publish(redis_server, "e1", 5, msg(1), msg(2), key="k1", epoch="e2")
+    assert reply[0] == b"e2" and reply[1:3:1][0] == 1 and reply[-1] != b"again"
+    assert publish(redis_server, "e2", 2, msg(1), msg(2), key="k1")[-1] == b"again"
