@@ -151,3 +151,17 @@ def test_fifty_restarts_with_a_data_dir_keep_the_cursor_short_and_exact(boot, tm
         crash(h)
         at += 61  # what it held expires while it is down
     assert len(seen) == len(set(seen)) == 50
+
+
+def test_a_restart_remembers_the_idempotency_keys_of_its_publishes(boot, tmp_path):
+    h = boot(tmp_path)
+    key = {"Idempotency-Key": "order-5"}
+    first = h.publish("a", 1, headers=key)
+    h.clock.advance(0)  # written, with its key
+    crash(h)
+    again = boot(tmp_path, at=h.clock.seconds() + 1)
+    retried = again.publish("a", 1, headers=key)
+    assert retried.status == 201 and retried.json == first.json
+    assert again.publish("a", 2, headers=key).status == 422  # the key is taken
+    body = again.subscribe("a", since=0, timeout=0).response.json
+    assert [m["id"] for m in body["messages"]] == [first.json["id"]]

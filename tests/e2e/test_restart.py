@@ -70,6 +70,21 @@ def test_with_a_data_dir_every_acknowledged_message_survives_a_crash(started, tm
     assert [m["id"] for m in last["messages"]] == [fresh["id"]] and not last.get("gap")
 
 
+def test_with_a_data_dir_a_retry_after_a_crash_finds_its_idempotency_key(started, tmp_path):
+    data = str(tmp_path / "data")
+    n = spawn("--data-dir", data)
+    started.append(n)
+    ch, key = uniq(), {"Idempotency-Key": uniq("key")}
+    first = n.publish_raw([ch], {"n": 1}, headers=key)
+    assert first.status == 201, first
+    kill(n)  # at once after the 201: the publisher never saw it, say, and retries
+    again = spawn("--data-dir", data)
+    started.append(again)
+    retried = again.publish_raw([ch], {"n": 1}, headers=key)
+    assert retried.status == 201 and retried.json == first.json
+    assert [m["id"] for m in again.subscribe(ch, since="0")["messages"]] == [first.json["id"]]
+
+
 def test_a_data_dir_in_use_is_refused_with_exit_2(started, tmp_path):
     data = str(tmp_path / "data")
     started.append(spawn("--data-dir", data))
