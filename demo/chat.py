@@ -15,6 +15,7 @@ import hmac
 import http.server
 import json
 import random
+import secrets
 import threading
 import time
 import urllib.error
@@ -49,12 +50,17 @@ class Chat:
         return name if hmac.compare_digest(self.sign(name), value.value) else None
 
     def publish(self, user: str, text: str) -> bool:
-        """Publish to any live node (a node may be down: try the others)."""
+        """Publish to any live node (a node may be down: try the others).
+
+        Every try carries the same Idempotency-Key: a node that timed out or
+        hung up may have stored the line, and the retry must not say it twice.
+        """
         body = json.dumps({"channels": [CHANNEL], "data": {"user": user, "text": text}}).encode()
+        key = secrets.token_urlsafe(16)  # one per line said, whatever node takes it
         for url in random.sample(self.node_urls, len(self.node_urls)):
             request = urllib.request.Request(url + "/publish", data=body, method="POST", headers={
                 "Authorization": f"Bearer {self.publish_token}",
-                "Content-Type": "application/json"})
+                "Content-Type": "application/json", "Idempotency-Key": key})
             try:
                 with urllib.request.urlopen(request, timeout=5) as response:
                     if response.status in (201, 202):  # 202: accepted, one node holds it
