@@ -39,6 +39,8 @@ def test_a_retry_with_the_same_key_stores_nothing_and_gets_the_first_answer(node
     assert again.json == first.json  # the same id, timestamp and channels
     assert [m["id"] for m in stored(node)] == [first.json["id"]]
     assert node.stats()["published"] == 1
+    other = keyed(node, "order-18", {"total": 3})  # another key: another publish
+    assert other.json["id"] != first.json["id"] and len(stored(node)) == 2
 
 
 def test_a_batch_retry_gets_every_first_receipt(node):
@@ -47,11 +49,6 @@ def test_a_batch_retry_gets_every_first_receipt(node):
     again = node.post("/publish", body, headers={"Idempotency-Key": "b1"})
     assert first.status == again.status == 201 and again.json == first.json
     assert [m["data"] for m in stored(node)] == [0, 1, 2]
-
-
-def test_another_key_is_another_publish(node):
-    one, two = keyed(node, "k1"), keyed(node, "k2")
-    assert one.json["id"] != two.json["id"] and len(stored(node)) == 2
 
 
 def test_the_same_key_with_another_body_is_refused_422_and_stores_nothing(node, check_error):
