@@ -115,7 +115,8 @@ class Unavailable(PushUpError):
 
 
 class EngineUnavailable(Unavailable):
-    """The cluster's engine (Redis) does not answer: nothing was acknowledged."""
+    """The cluster's engine (Redis) is unreachable: the command was never sent,
+    so nothing was stored (one sent and not answered is ``OutcomeUnknown``)."""
 
     code = "engine_unavailable"
     retry_after = 1
