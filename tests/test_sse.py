@@ -90,7 +90,7 @@ def test_drain_names_the_position_then_ends_the_stream(node):
     node.node.service.drain()
     got = events(conn)
     assert got[-1]["event"] == "cursor"
-    assert Cursor is not None and got[-1]["id"] == got[-2]["id"]  # the position after "x"
+    assert got[-1]["id"] == got[-2]["id"]  # the position just after "x"
     assert ended(conn)
 
 
