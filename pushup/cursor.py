@@ -58,10 +58,14 @@ EMPTY = Cursor(())
 
 
 def decode(token: str) -> Cursor:
-    """Parse a cursor this cluster issued; 400 ``bad_parameter`` otherwise."""
+    """Parse a cursor this cluster issued; 400 ``bad_parameter`` otherwise.
+
+    What follows a second dot is not the cursor's: an event stream's ids carry
+    more there, and an id is accepted wherever a cursor is.
+    """
     if not token.startswith(PREFIX):
         raise BadRequest("since is neither a time nor a cursor issued by this service")
-    body = token[len(PREFIX) :]
+    body = token[len(PREFIX) :].partition(".")[0]  # an event stream's id may go on (pushup.sse)
     try:
         padded = (body + "=" * (-len(body) % 4)).encode("ascii")
         text = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")

@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from pushup import errors
 from pushup.backplane import Applied, Backplane, Received, Unconfirmed
 from pushup.config import Config
+from pushup.cursor import Cursor
 from pushup.cursor import decode as decode_cursor
 from pushup.errors import PushUpError
 from pushup.exchange import Held, Pending, Request, Response, error_response
@@ -39,7 +40,7 @@ from pushup.model import (
 from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
-from pushup.sse import EventStream, StreamClient
+from pushup.sse import EventStream, StreamClient, closed_in
 from pushup.store import Channel
 from pushup.tokens import Verifier
 
@@ -242,25 +243,35 @@ class Handlers:
                   ) -> Response | Held:
         self._ready()
         query, timeout, token = self._subscribe_query(request.query)
+        expires = None
         if self._tokens is not None:
             if token is None:
                 bearer = request.header(b"authorization")
                 token = bearer[7:] if bearer.startswith("Bearer ") else None
-            self._tokens.check(token, query.channels, self.service.now() / 1e6)
+            expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
         if b"text/event-stream" in request.headers.get(b"accept", b""):
-            return self._stream(request, query, client)
+            return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)
         if isinstance(outcome, bytes):
             return Response(200, outcome)
         return Held(outcome)
 
-    def _stream(self, request: Request, query: Query, client: Client) -> Held:
-        """SSE: a reconnect's Last-Event-ID (a cursor we issued) wins over since."""
-        last = request.headers.get(b"last-event-id")
+    def _stream(self, request: Request, query: Query, client: Client,
+                expires: float | None) -> Response | Held:
+        """SSE: a reconnect's Last-Event-ID (an id we issued) wins over since,
+        and the channels an id says were closed stay closed. 204 when there is
+        nothing to stream (every channel closed, or until past and nothing
+        left): that stops an EventSource for good."""
+        last = request.header(b"last-event-id")
         if last:
-            query = replace(query, since=decode_cursor(last.decode("latin-1")))
+            query = replace(query, since=decode_cursor(last))
+        elif isinstance(query.since, Cursor):
+            last = Args(query_args(request.query)).get("since") or ""
+        stream = EventStream(self.service, query, client, closed=closed_in(last),
+                             expires=expires)
+        if stream.has_nothing_to_send():
+            return _NO_CONTENT
         client.open_stream()
-        stream = EventStream(self.service, query, client)
         stream.start()
         return Held(stream)
 

@@ -32,6 +32,7 @@ from pushup.params import max_target
 from pushup.peers import http_client
 from pushup.protocol import Front
 from pushup.service import Service
+from pushup.sse import max_event_id
 from pushup.store import Retention, Store
 
 log = Logger()
@@ -85,7 +86,8 @@ class Node:
                            reactor, limit=limit, max_target=max_target(config),
                            header_timeout=config.header_timeout,
                            keepalive_timeout=config.keepalive_timeout,
-                           send_timeout=config.send_timeout)
+                           send_timeout=config.send_timeout,
+                           max_event_id=max_event_id(config.max_channels))
         self.service.on_fanout_done.append(self.front.release)
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings

@@ -11,6 +11,7 @@ counts connections and answers those past the limit with a 503 of its own.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 from typing import Protocol as TypingProtocol
 
@@ -26,6 +27,7 @@ from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http import toChunk
 
 from pushup import errors
 from pushup._twisted import write_now
@@ -83,6 +85,8 @@ class HTTPProtocol(Protocol):
         self._timer: IDelayedCall | None = None
         self._stamp = 0.0  # last read or answer
         self._keep = (True, False, False)  # keep-alive, HTTP/1.0, HEAD of the current
+        self._chunked = False  # an event stream's body is framed in chunks
+        self._on_writable: Callable[[], None] | None = None  # a stream waits for the client
         self._new_message()
 
     def _new_message(self) -> None:
@@ -133,7 +137,8 @@ class HTTPProtocol(Protocol):
             self._refuse(error_response(
                 errors.BadRequest("malformed HTTP request", code="bad_request"), close=True))
         if self._in_head:
-            if self._head_bytes - len(self._url) > MAX_HEADER_BYTES:  # a header in the making
+            # a header in the making (a Last-Event-ID has its own allowance)
+            if self._head_bytes - len(self._url) > MAX_HEADER_BYTES + self.front.max_event_id:
                 self._refuse(_HEADERS_TOO_LARGE)
             elif not self._broken:
                 self._arm(self._head_began + self.front.header_timeout)
@@ -162,6 +167,9 @@ class HTTPProtocol(Protocol):
 
     def resumeProducing(self) -> None:
         self._blocked_since = None
+        if self._on_writable is not None:  # an event stream's next page
+            callback, self._on_writable = self._on_writable, None
+            self.front.clock.callLater(0, self._writable, callback)
         self._dispatch()
 
     def stopProducing(self) -> None:
@@ -181,10 +189,13 @@ class HTTPProtocol(Protocol):
                 "the request line is longer than any valid request needs"), close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise _Refuse(_HEADERS_TOO_LARGE)
         name = name.lower()
+        if name == b"last-event-id" and len(value) <= self.front.max_event_id:
+            pass  # any id an event stream issued comes back (its size: sse.max_event_id)
+        else:
+            self._header_bytes += len(name) + len(value) + 4
+            if self._header_bytes > MAX_HEADER_BYTES:
+                raise _Refuse(_HEADERS_TOO_LARGE)
         headers = self._headers
         if name in headers:
             value = headers[name] + b", " + value
@@ -339,20 +350,38 @@ class HTTPProtocol(Protocol):
     # An event stream (pushup.sse) writes through these; it ends with the connection.
 
     def open_stream(self) -> None:
-        """Answer 200 text/event-stream, delimited by the connection's close."""
+        """Answer 200 text/event-stream: chunked on HTTP/1.1 (each write reaches
+        a reader as it comes), delimited by the close on HTTP/1.0."""
         front = self.front
         front.writer.tick(front.clock.seconds())
-        self._write(front.writer.head(200, b"text/event-stream; charset=utf-8", None,
+        self._chunked = not self._keep[1]
+        extra = ((b"Transfer-Encoding", b"chunked"),) if self._chunked else ()
+        self._write(front.writer.head(200, b"text/event-stream; charset=utf-8", None, extra,
                                       connection=b"close"))
 
     def send_events(self, data: bytes) -> bool:
         if self._closing:
             return False
-        self._write(data)
+        self._write(b"".join(toChunk(data)) if self._chunked else data)
         return True
 
     def end_stream(self) -> None:
-        self.close()
+        if not self._closing:
+            if self._chunked:
+                self._write(b"".join(toChunk(b"")))
+            self.close()
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """``callback`` on a later turn, once the transport has taken what was
+        written (see ``resumeProducing``); never if the connection goes first."""
+        if self._blocked_since is None:
+            self.front.clock.callLater(0, self._writable, callback)
+        else:
+            self._on_writable = callback
+
+    def _writable(self, callback: Callable[[], None]) -> None:
+        if not self._closing:
+            callback()
 
     def release(self) -> None:
         """The fan-out that held us is done: answer what is queued."""
@@ -447,13 +476,14 @@ class Front(Factory):
 
     def __init__(self, app: App, writer: Writer, counters: Counters, clock: Any, *,
                  limit: int, max_target: int, header_timeout: float,
-                 keepalive_timeout: float, send_timeout: float) -> None:
+                 keepalive_timeout: float, send_timeout: float, max_event_id: int = 0) -> None:
         self.app = app
         self.writer = writer
         self.counters = counters
         self.clock = clock
         self.limit = limit
         self.max_target = max_target
+        self.max_event_id = max_event_id  # a Last-Event-ID this long is not counted
         self.header_timeout = header_timeout
         self.keepalive_timeout = keepalive_timeout
         self.send_timeout = send_timeout

@@ -42,9 +42,9 @@ class Verifier:
         self._secret = secret
         self._grants: OrderedDict[str, Grant] = OrderedDict()
 
-    def check(self, token: str | None, channels: Iterable[str], now: float) -> None:
-        """Raise 401 for a missing, invalid or expired token, 403 for a channel
-        it does not grant."""
+    def check(self, token: str | None, channels: Iterable[str], now: float) -> float:
+        """When the token expires (Unix seconds); raise 401 for a missing,
+        invalid or expired token, 403 for a channel it does not grant."""
         if not token:
             raise Unauthorized("subscribing needs a token: token=... or Authorization: Bearer")
         grant = self._grants.get(token)
@@ -56,6 +56,7 @@ class Verifier:
         for channel in channels:
             if not grant.allows(channel):
                 raise Forbidden(f"the token does not grant channel {channel[:100]!r}")
+        return grant.expires
 
     def _verify(self, token: str) -> Grant:
         try:

@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.node import Node
+from tests.sse_client import dechunk
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
 JSON_CT = "application/json; charset=utf-8"
@@ -51,7 +52,8 @@ class Response:
 
 def parse_responses(raw: bytes, head_only: Callable[[int], bool] = lambda i: False,
                     ) -> tuple[list[Response], bytes]:
-    """Complete HTTP responses in ``raw`` (Content-Length framed), and the rest."""
+    """Complete HTTP responses in ``raw`` (Content-Length framed, or chunked: an
+    event stream), and the rest."""
     out = []
     while b"\r\n\r\n" in raw:
         head, rest = raw.split(b"\r\n\r\n", 1)
@@ -62,9 +64,18 @@ def parse_responses(raw: bytes, head_only: Callable[[int], bool] = lambda i: Fal
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers.setdefault(name.strip().lower(), []).append(value.strip())
-        assert "transfer-encoding" not in headers, "PushUp always sends Content-Length"
         if status == 100:
             raw = rest
+            continue
+        if "transfer-encoding" in headers:  # only an event stream is chunked
+            assert headers["transfer-encoding"] == ["chunked"], headers
+            assert "content-length" not in headers, headers
+            assert headers["content-type"] == ["text/event-stream; charset=utf-8"], headers
+            body, end = dechunk(rest)
+            if end is None:
+                break
+            out.append(Response(status, headers, body))
+            raw = rest[end:]
             continue
         length = int(headers.get("content-length", ["0"])[0])
         if head_only(len(out)) or status in (204, 304):

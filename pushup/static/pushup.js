@@ -131,29 +131,12 @@ export function subscribe(baseUrl, channels, options = {}) {
     if (!stopped && !paused) poll();
   }
 
-  // EventSource reconnects by itself (with Last-Event-ID); it gives up on a
-  // non-200 answer, and then a plain request tells a 4xx from a 5xx.
-  async function openSource() {
-    if (cursor === null && since === 'now') {
-      // "now" moves: pin it to a cursor first, so that the browser's own
-      // reconnects (same URL until an event carries an id) lose nothing.
-      const ctl = new AbortController();
-      controller = ctl;
-      let response;
-      try {
-        response = await fetch(url('&timeout=0&limit=1'), { cache: 'no-store', signal: ctl.signal });
-        if (response.status >= 400 && response.status < 500) return fail(await httpError(response));
-        if (!response.ok) throw await httpError(response);
-        const body = await response.json();
-        if (controller !== ctl || stopped) return;
-        cursor = body.cursor;
-      } catch (error) {
-        if (controller !== ctl || stopped) return;
-        return retry(error, response);
-      } finally {
-        if (controller === ctl) controller = null;
-      }
-    }
+  // EventSource reconnects by itself (with Last-Event-ID: the stream names its
+  // position before any message, so a reconnect loses nothing); it gives up on
+  // a non-200 answer (a 204 when the stream has nothing left: every channel
+  // closed, or until past), and then a plain request tells a 4xx from a 5xx.
+  let open = names.split(','); // the channels not reported closed
+  function openSource() {
     const es = new EventSource(url());
     source = es;
     es.onopen = () => { failures = 0; };
@@ -161,18 +144,41 @@ export function subscribe(baseUrl, channels, options = {}) {
       if (e.lastEventId) cursor = e.lastEventId;
       safely(onMessage, JSON.parse(e.data));
     };
+    const position = (e) => { if (e.lastEventId) cursor = e.lastEventId; };
+    es.addEventListener('cursor', position);
     es.addEventListener('gap', (e) => {
-      cursor = e.data;
+      position(e);
       safely(onGap, e.data);
     });
-    es.addEventListener('closed', (e) => safely(onClosed, JSON.parse(e.data)));
+    es.addEventListener('closed', (e) => {
+      position(e);
+      const gone = JSON.parse(e.data);
+      safely(onClosed, gone);
+      open = open.filter((name) => !gone.includes(name));
+      if (!open.length) stop(); // the server ended the stream: nothing is left to follow
+    });
+    es.addEventListener('end', (e) => { position(e); stop(); }); // until has passed
+    es.addEventListener('expired', (e) => {
+      position(e);
+      const body = JSON.parse(e.data);
+      const error = new Error(`401 ${body.error.code}: ${body.error.message}`);
+      error.status = 401;
+      error.code = body.error.code;
+      fail(error);
+    });
     es.onerror = async () => {
       if (source !== es || es.readyState !== 2 /* CLOSED */) return;
       source = null;
+      // The same request as a plain fetch tells why: 204 (nothing left to
+      // stream), a 4xx, or something worth retrying.
+      const ctl = new AbortController();
       let response;
       try {
-        response = await fetch(url('&timeout=0&limit=1'), { cache: 'no-store' });
+        response = await fetch(url(), { cache: 'no-store', signal: ctl.signal,
+                                        headers: { Accept: 'text/event-stream' } });
+        if (response.status === 204) return stop();
         if (response.status >= 400 && response.status < 500) return fail(await httpError(response));
+        if (response.ok) ctl.abort(); // an open stream: we only wanted its status
         retry(response.ok ? new Error('event stream closed') : await httpError(response), response);
       } catch (error) {
         retry(error, response);
