@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test demo bench bench-packages cluster loadtest experiments lint setup system-packages clean
+.PHONY: run test demo bench bench-packages cluster loadtest experiments lint setup system-packages \
+        npm-clients conformance clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
@@ -24,13 +25,23 @@ $(STAMP): pyproject.toml
 # client's tests). Installed only when missing; we run as root.
 system-packages:
 	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
-	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  && command -v npm >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
 	  && command -v redis-server >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs chromium chromium-driver strace iproute2 redis-server >/dev/null; }
+	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server >/dev/null; }
 
-setup: $(STAMP) system-packages
+setup: $(STAMP) system-packages npm-clients
+
+# The npm clients tests/conformance/ runs (npm `eventsource`), pinned by the lock file
+# and installed into tests/conformance/clients/node_modules (git-ignored); the network
+# is used only when the lock file changed or nothing is installed yet.
+NPM_CLIENTS := tests/conformance/clients
+$(NPM_CLIENTS)/node_modules/.installed: $(NPM_CLIENTS)/package.json $(NPM_CLIENTS)/package-lock.json
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
+	npm ci --prefix $(NPM_CLIENTS) --no-audit --no-fund --loglevel=error
+	touch $@
+npm-clients: $(NPM_CLIENTS)/node_modules/.installed
 
 # nginx with the nchan module, which `make bench` measures PushUp against (only the
 # benchmark needs it). Installed only when missing. The package must not start
@@ -59,6 +70,14 @@ cluster: setup
 
 test: setup bench-packages
 	$(PY) -m pytest
+
+# The external checks, longer than `make test` runs them: the SSE clients (npm
+# `eventsource`, httpx-sse, aiohttp-sse-client, sseclient-py) and long polls get 200
+# messages exactly once across 3 node restarts and a reconnect before their first
+# event, and the HTTP vectors (smuggler, Http11Probe, RFC 9112) are replayed.
+conformance: setup
+	PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
+	  $(PY) -m pytest tests/conformance --timeout 600
 
 bench: setup bench-packages
 	$(PY) -m loadtest.bench
