@@ -1,9 +1,11 @@
 """``pushup serve``: parse the configuration, install the reactor first, run.
 Also ``pushup token`` (a subscriber token) and ``pushup --version``.
 
-Invalid configuration is one line on stderr and exit code 2. The reactor is
-installed before anything imports ``twisted.internet.reactor``; the first line
-on stdout is ``listening on http://HOST:PORT`` once connections are accepted.
+Invalid configuration, or a data directory that cannot be used, is one line
+on stderr and exit code 2. The reactor is installed before anything imports
+``twisted.internet.reactor``; the first line on stdout is ``listening on
+http://HOST:PORT`` once connections are accepted (for a worker of
+``--workers``: on its private port; the shared one follows its catch-up).
 """
 
 from __future__ import annotations
@@ -143,23 +145,31 @@ def serve(config: Config) -> int:
 
     try:
         node = Node(config, reactor)
+        # A data directory is read back here, before listening: one it cannot
+        # read is refused like bad configuration, not found by the first request.
+        started = node.start()
     except DataDirError as e:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
+    # A worker of --workers takes no connection on the shared port until it has
+    # caught up (the kernel gives them to its siblings meanwhile); its siblings
+    # and the supervisor reach it on its private port at once.
+    worker = os.environ.get(REUSE_ENV) == "1"
     try:
-        port = node.listen(reuse_port=os.environ.get(REUSE_ENV) == "1")
         if os.environ.get(FD_ENV):
             node.adopt(int(os.environ[FD_ENV]))
+        port = config.port if worker else node.listen()
         if os.environ.get(BOARD_ENV):
             node.fleet = join(os.environ[BOARD_ENV], node.worker_stats, reactor)
     except CannotListenError as e:
         print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
               f"{e.socketError}", file=sys.stderr)
         return 1
+    if worker:
+        started.addCallback(lambda _: node.listen_once(reuse_port=True))
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
-    node.start()
     # After a burst of large answers, give the pages malloc keeps back (README).
     trimmer = LoopingCall(release_free_memory)
     trimmer.clock = reactor

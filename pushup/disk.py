@@ -79,20 +79,25 @@ class DataDir:
             self._lock.close()
             raise DataDirError(f"--data-dir {path} is in use by another pushup process "
                                "(only one may use a data directory)") from None
+        file = os.path.join(path, "pushup.sqlite3")
         try:
-            self.db = sqlite3.connect(os.path.join(path, "pushup.sqlite3"),
-                                      isolation_level=None)  # transactions are ours
+            self.db = sqlite3.connect(file, isolation_level=None)  # transactions are ours
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise DataDirError(f"--data-dir {path} was written by a newer pushup "
                                    f"(schema {version})")
+            # Damage anywhere in the file is found now, before the node listens,
+            # not when reading it back finds it (quick_check reads every page).
+            problem = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise sqlite3.DatabaseError(problem)
             self.db.executescript(_SCHEMA)
             self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as e:
             self.close()
-            raise DataDirError(f"--data-dir {path}: {e}") from None
+            raise DataDirError(_unusable(path, file, e)) from None
 
     @property
     def node_id(self) -> str | None:
@@ -105,17 +110,28 @@ class DataDir:
         clock went back, so the new origin always supersedes the old ones."""
         last = self._meta("epoch_ms")
         boot_ms = max(boot_us // 1000, int(last) + 1 if last else 0)
-        with self.db:
-            self.db.execute("BEGIN")
-            self._set_meta("node_id", node_id)
-            self._set_meta("epoch_ms", str(boot_ms))
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                self._set_meta("node_id", node_id)
+                self._set_meta("epoch_ms", str(boot_ms))
+        except sqlite3.Error as e:  # a full disk, typically
+            raise DataDirError(f"--data-dir {self.path}: {e}") from None
         return boot_ms * 1000 if boot_ms > boot_us // 1000 else boot_us
 
     def load(self, store: Store, now: int) -> int:
         """Put what the directory holds into an empty store; returns messages read.
 
         Retention is not applied here: the caller expires what is due now.
+        Raises ``DataDirError`` if what it holds cannot be read back.
         """
+        try:
+            return self._load(store, now)
+        except (sqlite3.Error, ValueError, TypeError) as e:
+            raise DataDirError(_unusable(self.path, os.path.join(self.path, "pushup.sqlite3"),
+                                         e)) from None
+
+    def _load(self, store: Store, now: int) -> int:
         for name, ttl, expires_at, evicted, evicted_ts in self.db.execute(
                 "SELECT name, ttl, expires_at, evicted, evicted_ts FROM channels"):
             channel = Channel(name, ttl, now)
@@ -199,6 +215,15 @@ class DataDir:
 
     def _set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+def _unusable(path: str, file: str, e: Exception) -> str:
+    """The one line telling the operator why the directory cannot be used."""
+    why = " ".join(str(e).split())  # quick_check's report spans lines
+    if isinstance(e, sqlite3.OperationalError):  # the disk is full, unreadable...
+        return f"--data-dir {path}: {why}"
+    return (f"--data-dir {path}: the database is damaged ({why}); move {file} (and its "
+            "-wal and -shm files) away to start empty, or restore it from a backup")
 
 
 class Durable(Alone):

@@ -108,6 +108,7 @@ class Writer:
              extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"") -> bytes:
         """Status line and headers, ending with the blank line."""
         parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
+                 b"X-Content-Type-Options: nosniff\r\n"
                  % (status, _REASONS.get(status, b"Unknown"), self._date)]
         if content_type is not None:
             parts.append(b"Content-Type: " + content_type + b"\r\n")

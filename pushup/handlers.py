@@ -13,7 +13,6 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import replace
-from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Protocol
 
@@ -37,7 +36,15 @@ from pushup.model import (
     encode_data,
     format_time,
 )
-from pushup.params import Args, json_object, path_name, query_args, subscribe_query, ttl_of
+from pushup.params import (
+    Args,
+    ParsedQueries,
+    json_object,
+    path_name,
+    query_args,
+    subscribe_query,
+    ttl_of,
+)
 from pushup.replica import Batch, decode_batch, verify
 from pushup.service import Service, Subscriber
 from pushup.sse import EventStream, StreamClient, closed_in
@@ -84,9 +91,8 @@ class Handlers:
         self.peers = peers  # the mesh's /peer/ endpoints, when it runs
         self._stats = stats
         self._metrics = metrics
-        # A fan-out's clients all re-poll with the same query string (same
-        # channels, same new cursor): parse each distinct one once.
-        self._subscribe_query = lru_cache(maxsize=4096)(_parse_subscribe(config))
+        self._parse_subscribe = _parse_subscribe(config)
+        self.parsed_queries: ParsedQueries[tuple[Query, float, str | None]] = ParsedQueries()
         self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
@@ -242,13 +248,17 @@ class Handlers:
     def subscribe(self, request: Request, _: tuple[str, ...], client: Client,
                   ) -> Response | Held:
         self._ready()
-        query, timeout, token = self._subscribe_query(request.query)
+        cached = self.parsed_queries.get(request.query)
+        parsed = cached or self._parse_subscribe(request.query)
+        query, timeout, token = parsed
         expires = None
         if self._tokens is not None:
             if token is None:
                 bearer = request.header(b"authorization")
                 token = bearer[7:] if bearer.startswith("Bearer ") else None
             expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+        if cached is None:  # kept only once authorised
+            self.parsed_queries.put(request.query, parsed)
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)

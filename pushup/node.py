@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.tcp import makeBinding
 from twisted.logger import Logger
@@ -105,6 +106,18 @@ class Node:
         self.port = self.reactor.listenTCP(port, self.front, backlog=4096,
                                            interface=self.config.host)
         return self.port.getHost().port  # type: ignore[no-any-return]
+
+    def listen_once(self, reuse_port: bool = False) -> None:
+        """``listen``, unless the node is draining already (a worker that is
+        stopped before it caught up never takes the shared port)."""
+        if self.service.draining:
+            return
+        try:
+            self.listen(reuse_port)
+        except CannotListenError as e:  # the supervisor restarts us
+            log.error("cannot listen on {host}:{port}: {e}; stopping", host=self.config.host,
+                      port=self.config.port, e=e.socketError)
+            self.reactor.stop()
 
     def adopt(self, fd: int) -> None:
         """Also serve on an inherited listening socket (a worker's private port)."""

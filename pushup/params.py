@@ -8,7 +8,8 @@ the thread-per-request baseline in ``loadtest/`` parses exactly as we do.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Generic, TypeVar
 from urllib.parse import unquote_to_bytes
 
 from pushup import errors
@@ -33,6 +34,10 @@ _WHOLE = re.compile(r"[0-9]+")
 # The longest cursor we issue: MAX_ORIGINS of "<64>.<16>:<18 digits>;", base64.
 MAX_CURSOR_CHARS = len(CURSOR_PREFIX) + (MAX_ORIGINS * (64 + 1 + 16 + 1 + 18 + 1) * 4 + 2) // 3
 _SLACK = 8 * 1024  # timeout, limit, until, a cache-buster, a token...
+QUERY_CACHE_BYTES = 4 * 1024 * 1024  # parsed subscribe queries kept, by the bytes they hold
+QUERY_CACHE_ENTRIES = 4096
+_QUERY_OVERHEAD = 512  # a parsed query's objects, besides what is as long as its text
+T = TypeVar("T")
 
 
 def max_target(config: Config) -> int:
@@ -156,3 +161,46 @@ class Args:
         if not _WHOLE.fullmatch(text) or not digits:
             raise errors.BadRequest(f"{name} must be a whole number, 1 or more")
         return int(digits) if len(digits) < 19 else 10**18  # the caller caps it anyway
+
+
+class ParsedQueries(Generic[T]):
+    """Parsed query strings, keyed by the raw query, within a byte budget.
+
+    A fan-out's clients all re-poll with the same query string (same
+    channels, same new cursor), so each distinct one is parsed once. The
+    caller stores a query only once it is authorised, so refused requests
+    leave nothing here. An entry is charged twice its length (the key, and
+    what was parsed from it) plus an overhead; the least recently used go
+    first, and a query over an eighth of the budget is never kept.
+    """
+
+    def __init__(self, budget: int = QUERY_CACHE_BYTES,
+                 entries: int = QUERY_CACHE_ENTRIES) -> None:
+        self.budget = budget
+        self._entries = entries
+        self._kept: OrderedDict[bytes, T] = OrderedDict()
+        self.bytes = 0  # what the entries kept are charged
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, raw: bytes) -> T | None:
+        value = self._kept.get(raw)
+        if value is not None:
+            self._kept.move_to_end(raw)
+        return value
+
+    def put(self, raw: bytes, value: T) -> None:
+        cost = _cost(raw)
+        if raw in self._kept or cost * 8 > self.budget:
+            return
+        kept = self._kept
+        while kept and (self.bytes + cost > self.budget or len(kept) >= self._entries):
+            oldest, _ = kept.popitem(last=False)
+            self.bytes -= _cost(oldest)
+        kept[raw] = value
+        self.bytes += cost
+
+
+def _cost(raw: bytes) -> int:
+    return 2 * len(raw) + _QUERY_OVERHEAD

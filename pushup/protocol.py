@@ -10,6 +10,7 @@ counts connections and answers those past the limit with a 503 of its own.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,10 @@ DISCARD_CAP = 16 * 1024 * 1024  # past this much of an oversized body, hang up
 REFUSING_AT_ONCE = 1024  # refusals being answered at a time; past that, hang up
 REFUSAL_LINGER = 2.0  # seconds a refused client has to read its 503
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# RFC 9112 §3.2 and RFC 3986 §3.2.2: uri-host [ ":" port ], at least one character
+_HOST = re.compile(rb"(\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|[0-9A-Za-z._~%!$&'()*+,;=-]+)(:[0-9]*)?")
+_BAD_HOST = error_response(errors.BadRequest(
+    "an HTTP/1.1 request needs exactly one valid Host header", code="bad_request"), close=True)
 _HEADERS_TOO_LARGE = error_response(errors.HeadersTooLarge(
     f"a request's headers are at most {MAX_HEADER_BYTES} bytes in at most {MAX_HEADERS} "
     "lines; give a large token as token= in the query"), close=True)
@@ -62,9 +67,10 @@ class App(TypingProtocol):
 
 
 class _Refuse(Exception):
-    """Raised from a parser callback: answer ``response`` and close."""
+    """Raised from a parser callback: answer ``response`` and close (``None``:
+    the answer is queued already)."""
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response | None) -> None:
         self.response = response
 
 
@@ -103,6 +109,9 @@ class HTTPProtocol(Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._too_large = False
+        # a 413 queued before its body came; the body is still read, and dropped
+        self._refused_early: Response | None = None
+        self._hosts = 0
         self._continue = False
 
     # -- Twisted calls these -------------------------------------------------
@@ -196,6 +205,8 @@ class HTTPProtocol(Protocol):
             self._header_bytes += len(name) + len(value) + 4
             if self._header_bytes > MAX_HEADER_BYTES:
                 raise _Refuse(_HEADERS_TOO_LARGE)
+        if name == b"host":
+            self._hosts += 1
         headers = self._headers
         if name in headers:
             value = headers[name] + b", " + value
@@ -205,6 +216,11 @@ class HTTPProtocol(Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        http10 = self._parser.get_http_version() == "1.0"
+        host = self._headers.get(b"host")
+        if (self._hosts > 1 or (host is None and not http10)
+                or (host is not None and not _HOST.fullmatch(host))):
+            raise _Refuse(_BAD_HOST)
         url = self._url
         if url[:1] == b"/":
             path, _, query = url.partition(b"?")
@@ -222,12 +238,20 @@ class HTTPProtocol(Protocol):
         if isinstance(verdict, Response):
             raise _Refuse(verdict)
         self._limit = verdict
-        expects = self._headers.get(b"expect", b"").lower() == b"100-continue"
+        # an HTTP/1.0 client may not know 100 Continue: its expectation is ignored
+        expects = (not http10
+                   and self._headers.get(b"expect", b"").lower() == b"100-continue")
         length = self._headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > verdict:
+            refusal = error_response(self.front.app.too_large(path), close=True)
+            if expects:  # the client waits before sending the body: no body comes
+                raise _Refuse(refusal)
+            # Answer now; the body is still read (and dropped, up to DISCARD_CAP)
+            # before the close, as closing on unread bytes would send a reset
+            # that can destroy the answer before the client reads it.
             self._too_large = True
-            if expects:  # the client waits before sending the body: answer now
-                raise _Refuse(error_response(self.front.app.too_large(path), close=True))
+            self._refused_early = refusal
+            self._queue.append(refusal)
         elif expects:
             if not self._queue and not self._busy:
                 self._write(_CONTINUE)
@@ -243,10 +267,16 @@ class HTTPProtocol(Protocol):
             self._too_large = True
             self._body = []
         if self._body_bytes > DISCARD_CAP:
+            if self._refused_early is not None:
+                raise _Refuse(None)  # answered already: stop reading
             raise _Refuse(error_response(self.front.app.too_large(self._path), close=True))
 
     def on_message_complete(self) -> None:
-        if self._too_large:
+        if self._refused_early is not None:
+            self._refused_early = None
+            self._broken = True
+            self._close_if_answered()
+        elif self._too_large:
             self._queue.append(error_response(self.front.app.too_large(self._path), close=True))
             self._broken = True
         else:
@@ -306,7 +336,7 @@ class HTTPProtocol(Protocol):
         front = self.front
         front.writer.tick(front.clock.seconds())
         self._write(front.writer.render(response, head, connection))
-        if not keep:
+        if not keep and response is not self._refused_early:  # else once its body is read
             self.close()
 
     def _answer_later(self, outcome: Response | Failure) -> None:
@@ -392,11 +422,20 @@ class HTTPProtocol(Protocol):
         self.front.counters.bytes_out += len(data)
         write_now(self.transport, data)
 
-    def _refuse(self, response: Response) -> None:
+    def _refuse(self, response: Response | None) -> None:
         """Stop parsing; answer what came before, then this, then close."""
         self._broken = True
         self._in_head = False
-        self._queue.append(response)
+        if response is not None:
+            self._queue.append(response)
+        elif self._refused_early is not None:
+            self._refused_early = None
+            self._close_if_answered()
+
+    def _close_if_answered(self) -> None:
+        """A body refused before it came is read: close once its 413 is sent."""
+        if not self._queue and not self._busy:
+            self.close()
 
     def close(self) -> None:
         """Close once the answers written so far are sent."""
@@ -433,6 +472,9 @@ class HTTPProtocol(Protocol):
             # the head within header_timeout; a body stalls no longer than a keep-alive
             due = (self._head_began + front.header_timeout if self._in_head
                    else self._stamp + front.keepalive_timeout)
+            if now >= due and self._refused_early is not None:  # its 413 is sent already
+                self.close()
+                return
             if now >= due:
                 self._broken = True
                 self._keep = (False, False, False)

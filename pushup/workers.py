@@ -6,7 +6,8 @@ worker as a file descriptor, so there is no race for ports), and starts each
 worker as ``pushup serve`` with its own node id and its siblings' private
 addresses as peers; the secrets (cluster secret, publish token) go in the
 worker's environment, never on its command line. Workers bind the public port with
-SO_REUSEPORT, so the kernel spreads connections over them. The parent prints
+SO_REUSEPORT, so the kernel spreads connections over them, each only once it has
+caught up (a restarted one answers no client 503 meanwhile). The parent prints
 the listening line once every worker has, forwards SIGTERM/SIGINT, restarts a
 worker that dies, and exits 0 once all have drained. It also creates the
 board where workers keep their figures, so a scrape of the shared port shows

@@ -120,7 +120,9 @@ class Conn:
             body = json.dumps(body)
         if isinstance(body, str):
             body = body.encode("utf-8")
-        lines = [f"{method} {path} HTTP/1.1", "Host: pushup.test"]
+        lines = [f"{method} {path} HTTP/1.1"]
+        if not any(h.lower() == "host" for h in headers or {}):
+            lines.append("Host: pushup.test")  # HTTP/1.1 needs exactly one
         for name, value in (headers or {}).items():
             lines.append(f"{name}: {value}")
         if body is not None and not any(h.lower() in ("content-length", "transfer-encoding")

@@ -5,14 +5,19 @@ No protocol, no transport: this is what a handler promises on its own.
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 
 import pytest
 from twisted.internet.task import Clock
 
+from pushup import handlers as handlers_module
 from pushup.config import Config
 from pushup.exchange import Held, Request, Response
 from pushup.node import Node
+from pushup.params import QUERY_CACHE_BYTES
+from pushup.tokens import issue
 
 START = 1_763_800_000.0
 
@@ -77,3 +82,67 @@ def test_an_unsigned_peer_request_is_refused_before_its_body(make_node):
     verdict = handlers.admit(b"POST", b"/peer/messages", {b"content-length": b"15000000"})
     assert isinstance(verdict, Response) and verdict.status == 401 and verdict.close
     assert handlers.admit(b"POST", b"/publish", {}) == handlers.config.max_body_bytes
+
+
+# -- the parsed-query cache: bounded in bytes, filled only once authorised ---------
+
+HUGE = 250_000  # an ignored parameter this long: the target limit allows ~300 KB
+SECRET = "a-subscribe-secret-of-32-bytes-or-more"
+
+
+def huge_pull(i: int, token: str = "") -> Request:
+    extra = b"&token=" + token.encode() if token else b""
+    return request(b"GET", b"/subscribe?channels=a&timeout=0%s&pad%d=%s"
+                   % (extra, i, b"x" * HUGE))
+
+
+def retained_by(run) -> int:
+    """Bytes still allocated after ``run()``, once garbage is collected."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_huge_distinct_queries_hold_no_more_than_the_cache_budget(handlers):
+    def pulls() -> None:
+        for i in range(60):  # 15 MB of distinct query strings
+            answer = handlers.handle(huge_pull(i), Client())
+            assert answer.status == 200, answer
+
+    assert retained_by(pulls) < QUERY_CACHE_BYTES + 1024 * 1024
+    assert handlers.parsed_queries.bytes <= QUERY_CACHE_BYTES
+
+
+def test_an_unauthorised_subscribe_leaves_nothing_cached(make_node):
+    handlers = make_node(subscribe_secret=SECRET).node.handlers
+    now = handlers.service.now() / 1e6
+    forged = issue("not-the-secret-of-this-node-at-all!", ["a"], now + 60)
+    expired = issue(SECRET, ["a"], now - 60)
+
+    def refused() -> None:
+        for i in range(60):
+            token = ("", forged, expired)[i % 3]
+            answer = handlers.handle(huge_pull(i, token), Client())
+            assert answer.status == 401, answer
+
+    assert retained_by(refused) < 1024 * 1024
+    assert len(handlers.parsed_queries) == 0
+    granted = issue(SECRET, ["a"], now + 60)
+    assert handlers.handle(huge_pull(0, granted), Client()).status == 200
+
+
+def test_a_repeated_query_is_parsed_once(handlers, monkeypatch):
+    parsed = []
+    real = handlers_module.subscribe_query
+    monkeypatch.setattr(handlers_module, "subscribe_query",
+                        lambda *args: parsed.append(1) or real(*args))
+    for _ in range(3):  # a fan-out's clients re-polling with the same query
+        assert handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=0"),
+                               Client()).status == 200
+    assert len(parsed) == 1

@@ -131,6 +131,28 @@ def test_expect_continue_under_the_limit_gets_100_then_the_answer(node):
     assert conn.response.status == 201
 
 
+def test_expect_continue_from_an_http10_client_gets_no_100(node):
+    # RFC 9110 §10.1.1: an HTTP/1.0 request's 100-continue is ignored
+    conn = node.connect()
+    body = json.dumps({"channels": ["a"], "data": 1}).encode()
+    conn.send(b"POST /publish HTTP/1.0\r\nExpect: 100-continue\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body))
+    assert conn.transport.value() == b""
+    conn.send(body)
+    assert conn.response.status == 201
+    assert b"100 Continue" not in conn.transport.value()
+
+
+def test_every_response_says_nosniff(node, check_error):
+    assert node.get("/health").header("x-content-type-options") == "nosniff"
+    refused = node.get("/nowhere")
+    check_error(refused, 404, "not_found")
+    assert refused.header("x-content-type-options") == "nosniff"
+    held = node.subscribe("a", timeout=30)
+    node.publish("a", 1)
+    assert held.response.header("x-content-type-options") == "nosniff"  # a fan-out's answer
+
+
 # -- hostile input ---------------------------------------------------------------
 
 
@@ -160,6 +182,52 @@ def test_each_smuggling_variant_is_400_and_closed(node, check_error):
         check_error(responses[0], 400, "bad_request")
         assert conn.lost, name
     assert node.stats()["published"] == 0
+
+
+BAD_HOSTS = {  # RFC 9112 §3.2: exactly one Host, of valid syntax (HTTP/1.1)
+    "missing": b"GET /health HTTP/1.1\r\n\r\n",
+    "repeated": b"GET /health HTTP/1.1\r\nHost: x\r\nHost: x\r\n\r\n",
+    "repeated-other": b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "empty": b"GET /health HTTP/1.1\r\nHost: \r\n\r\n",
+    "space-inside": b"GET /health HTTP/1.1\r\nHost: a b\r\n\r\n",
+    "userinfo": b"GET /health HTTP/1.1\r\nHost: user@a\r\n\r\n",
+    "path": b"GET /health HTTP/1.1\r\nHost: a/b\r\n\r\n",
+    "port-not-digits": b"GET /health HTTP/1.1\r\nHost: a:80x\r\n\r\n",
+    "two-ports": b"GET /health HTTP/1.1\r\nHost: a:80:81\r\n\r\n",
+    "unclosed-ipv6": b"GET /health HTTP/1.1\r\nHost: [::1\r\n\r\n",
+    "repeated-1.0": b"GET /health HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+    "empty-1.0": b"GET /health HTTP/1.0\r\nHost:\r\n\r\n",
+}
+
+
+def test_a_request_without_exactly_one_valid_host_is_400_and_closed(node, check_error):
+    for name, raw in BAD_HOSTS.items():
+        conn = node.connect()
+        conn.send(raw + raw_get("/health"))
+        responses = conn.responses()
+        assert len(responses) == 1, (name, responses)  # nothing after it is served
+        check_error(responses[0], 400, "bad_request")
+        assert conn.lost, name
+
+
+def test_valid_hosts_and_http10_without_host_are_served(node):
+    for host in (b"pushup.test", b"pushup.test:8080", b"127.0.0.1:80", b"[::1]:8080",
+                 b"xn--bcher-kva.example", b"a:"):
+        conn = node.connect()
+        conn.send(b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        assert conn.response.status == 200, host
+    conn = node.connect()
+    conn.send(b"GET /health HTTP/1.0\r\n\r\n")
+    assert conn.response.status == 200
+
+
+def test_a_later_request_without_host_ends_the_keepalive_connection(node, check_error):
+    conn = node.connect()
+    conn.send(raw_get("/health") + b"GET /health HTTP/1.1\r\n\r\n")
+    first, second = conn.responses()
+    assert first.status == 200
+    check_error(second, 400, "bad_request")
+    assert conn.lost
 
 
 def test_target_longer_than_any_valid_request_is_414(node, check_error):
@@ -221,6 +289,49 @@ def test_oversized_body_is_dropped_unread_past_the_discard_cap(make_node, check_
         conn.send(b"x" * 65536)
     check_error(conn.response, 413, "too_large")
     assert conn.lost
+
+
+def test_body_announced_over_the_limit_is_413_before_it_comes(make_node, check_error):
+    node = make_node(max_body_bytes=100)
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+    check_error(conn.response, 413, "too_large")  # not waiting for the 5000 bytes
+    assert conn.response.header("connection") == "close"
+    # The body is still read, so that closing sends no reset over the answer...
+    assert not conn.transport.disconnecting
+    conn.send(b" " * 4999)
+    assert not conn.transport.disconnecting
+    conn.send(b" " + raw_get("/health"))
+    # ...then the connection closes, and nothing after the body is served.
+    assert conn.lost
+    assert len(conn.responses()) == 1
+    assert node.stats()["published"] == 0
+
+
+def test_body_refused_before_it_comes_closes_if_it_stalls(make_node, check_error):
+    node = make_node(max_body_bytes=100, keepalive_timeout=20)
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\nabc")
+    check_error(conn.response, 413, "too_large")
+    node.clock.advance(19)
+    assert not conn.transport.disconnecting
+    node.clock.advance(1)
+    assert conn.transport.disconnecting
+    assert len(conn.responses()) == 1  # no 408 after the 413
+
+
+def test_body_refused_before_it_comes_is_answered_after_a_held_poll(make_node):
+    node = make_node(max_body_bytes=100)
+    conn = node.connect()
+    conn.send(raw_get("/subscribe?channels=held&timeout=30")
+              + b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+    assert conn.responses() == []  # answers stay in order
+    conn.send(b" " * 5000)
+    assert not conn.transport.disconnecting
+    node.publish("held", "first")
+    node.turn()
+    assert [r.status for r in conn.responses()] == [200, 413]
+    assert conn.transport.disconnecting
 
 
 def test_an_upgrade_request_is_answered_then_closed(node):

@@ -1,10 +1,13 @@
 """`pushup serve --workers 2`: one shared port, two origins, exactly-once, clean drain."""
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import threading
+import time
+from collections import Counter
 
 import pytest
 from pushup_cluster import (
@@ -12,6 +15,7 @@ from pushup_cluster import (
     Poller,
     Publisher,
     check_exactly_once,
+    jrequest,
     merge_published,
     stats,
     subscribe,
@@ -108,3 +112,53 @@ def test_workers_share_one_port_exactly_once_and_drain_on_sigterm(workers):
         status, body = r
         assert status == 200, (status, body)
         assert body["messages"] == [], body
+
+
+def test_a_restarting_worker_takes_no_connection_before_it_caught_up(workers):
+    """A worker killed and restarted answers nothing on the shared port until it
+    has loaded its sibling's cache: no client ever sees 503 catching_up."""
+    base = workers.base
+    wait_until(lambda: all(w["up"] for w in stats(base)["workers"]), 20, 0.05, "workers up")
+    victim = stats(base)["workers"][0]
+    # A cache of some megabytes, so that catching up takes a while.
+    ch = uniq("bulk")
+    for _ in range(40):
+        status, body = jrequest("POST", base + "/publish", {"messages": [
+            {"channels": [ch], "data": "x" * 1000} for _ in range(100)]})
+        assert status == 201, body
+
+    answers: list[tuple[float, int, str]] = []  # when, status, node id or error code
+    failed: list[Exception] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            try:
+                status, body = jrequest("GET", base + "/health", timeout=10)
+            except NETWORK_ERRORS as e:  # a connection the killed worker had queued
+                failed.append(e)
+                continue
+            what = body.get("node_id") or body.get("error", {}).get("code", "?")
+            answers.append((time.monotonic(), status, what))
+
+    askers = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
+    for t in askers:
+        t.start()
+    try:
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: (w := stats(base)["workers"][0])["pid"] != victim["pid"]
+                   and w["up"], 30, 0.05, "worker 0 restarted")
+        back = time.monotonic()
+        # Until the restarted worker has answered on the shared port a while.
+        wait_until(lambda: sum(1 for at, status, node in answers
+                               if at > back and node == victim["node_id"]) >= 50,
+                   30, 0.05, "the restarted worker answering on the shared port")
+    finally:
+        done.set()
+        for t in askers:
+            t.join(15)
+    statuses = Counter((status, what if status != 200 else "ok") for _, status, what in answers)
+    print(f"\n{len(answers)} answers through a worker's restart: {dict(statuses)}; "
+          f"{len(failed)} connections reset by the kill")
+    assert statuses[(503, "catching_up")] == 0, statuses
+    assert set(statuses) == {(200, "ok")}, statuses

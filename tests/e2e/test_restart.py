@@ -1,8 +1,12 @@
 """A single node restarted, with and without --data-dir (real processes, SIGKILL)."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import pytest
-from pushup_e2e import free_port, run_cli, spawn, stop, uniq
+from pushup_e2e import PUSHUP, clean_env, free_port, run_cli, spawn, stop, uniq
 
 
 @pytest.fixture
@@ -98,3 +102,86 @@ def test_a_data_dir_in_use_is_refused_with_exit_2(started, tmp_path):
 def test_a_data_dir_is_for_a_single_node(tmp_path, flags):
     r = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path), *flags)
     assert r.returncode == 2 and b"--data-dir is for a single node" in r.stderr
+
+
+# -- a data directory that cannot be used: one line, exit 2, before listening ------
+
+DAMAGE = 40 * 1024
+
+
+def fill(n, batches: int) -> None:
+    ch = uniq()
+    for _ in range(batches):
+        r = n.publish_batch([{"channels": [ch], "data": "x" * 200} for _ in range(50)])
+        assert r.status == 201, r
+
+
+def start_or_refuse(data: str) -> tuple[int | None, bytes, bytes]:
+    """Start a node on ``data``: (None, first stdout line, b"") if it serves
+    (then it is stopped), else (exit code, stdout, stderr)."""
+    proc = subprocess.Popen([PUSHUP, "serve", "--port", "0", "--data-dir", data],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=clean_env())
+    line = proc.stdout.readline()  # the listening line, or b"" once it exited
+    if line.startswith(b"listening on"):
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+        return None, line, b""
+    out, err = proc.communicate(timeout=15)
+    return proc.returncode, line + out, err
+
+
+def test_a_data_dir_damaged_in_the_middle_is_refused_before_listening(started, tmp_path):
+    data = str(tmp_path / "data")
+    n = spawn("--data-dir", data)
+    started.append(n)
+    fill(n, 40)
+    assert stop(n) == 0
+    database = os.path.join(data, "pushup.sqlite3")
+    size = os.path.getsize(database)
+    assert size > 4 * DAMAGE
+    with open(database, "r+b") as f:  # 40 KB overwritten in the middle
+        f.seek(size // 2)
+        f.write(b"\xa5" * DAMAGE)
+    code, out, err = start_or_refuse(data)
+    assert code == 2, (code, out, err[-2000:])
+    assert out == b""  # never "listening on"
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and "damaged" in lines[0] and data in lines[0], lines
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs of this test's own (we are root), unmounted at teardown."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_starting_on_a_full_disk_is_one_line_and_exit_2(started, small_disk):
+    data = str(small_disk / "data")
+    n = spawn("--data-dir", data)
+    fill(n, 3)
+    kill(n)  # its write-ahead log stays, as after a crash
+    filler = small_disk / "filler"
+    refused = []
+    # As the disk fills, the node either serves (its writes then fail, each
+    # publish answered 202) or refuses to start: never a traceback.
+    for free in (16, 12, 8, 4, 0):  # KiB left
+        avail = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        with open(filler, "ab") as f:
+            f.write(b"\0" * max(0, avail - free * 1024))
+        code, out, err = start_or_refuse(data)
+        if code is None:
+            continue
+        assert code == 2, (free, code, err[-2000:])
+        lines = err.decode().splitlines()
+        assert len(lines) == 1 and "disk is full" in lines[0], (free, lines)
+        refused.append(free)
+    assert 0 in refused
