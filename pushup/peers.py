@@ -225,7 +225,8 @@ class PeerLink:
                    "X-PushUp-Signature": [sign(self.secret, method, path, when, body)],
                    "Content-Type": ["application/json"]}
         response = yield self.http.request(method, self.url + path, data=body or None,
-                                           headers=headers, timeout=self.timeout)
+                                           headers=headers, timeout=self.timeout,
+                                           reactor=self.clock)
         raw = yield response.content()
         return response.code, raw
 

@@ -118,7 +118,7 @@ class Wire:
         self.dead = False
         self.status = 0
 
-    def request(self, method, url, data=None, headers=None, timeout=None):
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
         if self.dead:
             return fail(ConnectionRefusedError())
         if self.status:

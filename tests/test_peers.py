@@ -50,7 +50,7 @@ class _Wire:
         self.receiver = receiver
         self.posts = 0
 
-    def request(self, method, url, data=None, headers=None, timeout=None):
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
         from twisted.internet.defer import succeed
 
         from pushup.backplane import Applied
@@ -113,3 +113,25 @@ def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat
     clock.advance(LINGER)
     assert receiver_store.horizon.get(sender.origin.name) == 2
     assert wire.posts == posts + 1  # one batch carrying both
+
+
+def test_a_peer_request_that_gets_no_answer_is_cancelled_on_the_links_clock():
+    """The link's timeout is a timer on its injected clock (the node's reactor,
+    here a ``task.Clock``), not on the global reactor behind its back."""
+    from treq.client import HTTPClient
+    from twisted.internet import defer, reactor
+
+    class Silent:  # an IAgent whose requests are never answered
+        def request(self, method, uri, headers=None, bodyProducer=None):
+            return defer.Deferred()
+
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    clock = Clock()
+    before = len(reactor.getDelayedCalls())
+    peer = PeerLink("http://127.0.0.1:1", store, "secret", http=HTTPClient(Silent()),
+                    clock=clock, timeout=10.0)
+    failures: list = []
+    peer.request("POST", "/peer/messages", b"{}").addErrback(failures.append)
+    assert len(reactor.getDelayedCalls()) == before
+    clock.advance(10)
+    assert len(failures) == 1 and failures[0].check(defer.CancelledError)
