@@ -104,7 +104,7 @@ experiments: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pushup tests loadtest
-	$(VENV)/bin/mypy --strict pushup/backplane.py pushup/handlers.py pushup/redis_engine.py pushup/errors.py pushup/model.py pushup/cursor.py pushup/store.py pushup/hub.py pushup/config.py pushup/metrics.py pushup/replica.py pushup/fleet.py pushup/run.py pushup/exchange.py pushup/params.py pushup/tokens.py pushup/redis.py pushup/disk.py pushup/origins.py pushup/changes.py pushup/idempotency.py
+	$(VENV)/bin/mypy --strict pushup
 
 clean:
 	rm -rf $(VENV) build *.egg-info

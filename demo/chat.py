@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from http.cookies import SimpleCookie
 from pathlib import Path
 
-from pushup.tokens import issue
+from pushup.http.tokens import issue
 
 CHANNEL = "chat:lobby"
 PAGE = (Path(__file__).resolve().parent / "chat.html").read_bytes()

@@ -5,7 +5,7 @@ loopback port, controlled only by its PID.
 temporary directory, waits until it answers PING, and can pause, resume, kill and
 restart it on the same port with the same arguments. ``cli`` is a blocking RESP
 client over a plain socket, parsed by hiredis: an oracle independent of
-``pushup.redis``.
+``pushup.backplane.redis.client``.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@
 
 One thread per connection (stdlib ``ThreadingHTTPServer``; with HTTP/1.1
 keep-alive a long-polling client holds one connection, so this is one thread
-per held poll). Every thread shares one ``pushup.store.Store`` behind one
+per held poll). Every thread shares one ``pushup.core.store.Store`` behind one
 ``threading.Condition``: a held ``/subscribe`` waits on the condition and
 re-queries the store each time a publish notifies it. Parsing, validation,
-cursors, the store, ``Query`` and the response body (``pushup.service.render``)
+cursors, the store, ``Query`` and the response body (``pushup.core.service.render``)
 are PushUp's own functions, so a comparison with ``pushup serve`` isolates the
 concurrency model: threads + a lock versus one event loop.
 
@@ -31,11 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from pushup import errors
 from pushup.config import Config
-from pushup.errors import PushUpError
-from pushup.exchange import error_body
-from pushup.model import (
+from pushup.core import errors
+from pushup.core.errors import PushUpError
+from pushup.core.model import (
     Draft,
     Origin,
     Query,
@@ -45,9 +44,10 @@ from pushup.model import (
     format_time,
     loads,
 )
-from pushup.params import query_args, subscribe_query
-from pushup.service import render
-from pushup.store import Retention, Store
+from pushup.core.service import render
+from pushup.core.store import Retention, Store
+from pushup.http.exchange import error_body
+from pushup.http.params import query_args, subscribe_query
 
 JSON = "application/json; charset=utf-8"
 
@@ -148,7 +148,8 @@ def _rss() -> int:
 
 
 def parse_subscribe(raw_query: str, config: Config) -> tuple[Query, float]:
-    """The query string of ``GET /subscribe`` → (Query, timeout), by pushup.params' own parser."""
+    """The query string of ``GET /subscribe`` → (Query, timeout), by the node's own parser
+    (pushup.http.params)."""
     return subscribe_query(query_args(raw_query.encode("latin-1")), config)
 
 

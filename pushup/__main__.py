@@ -1,5 +1,5 @@
 import sys
 
-from pushup.cli import main
+from pushup.ops.cli import main
 
 sys.exit(main())

@@ -13,13 +13,15 @@ import difflib
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from pushup.model import check_node_id
+from pushup.core.model import check_node_id
 
 
 class ConfigError(Exception):
@@ -321,8 +323,6 @@ def validate(c: Config) -> Config:
     for url in c.peer:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
     if c.engine != "mesh":
-        from pushup.redis import parse_url
-
         try:
             parse_url(c.engine)
         except ValueError as e:
@@ -341,3 +341,76 @@ def validate(c: Config) -> Config:
          f"refusing to listen on {c.host} with publishing open: "
          "set --publish-token or --allow-open-publish")
     return c
+
+
+# -- where Redis is (--engine redis://...) ------------------------------------------
+
+REDIS_PORT = 6379
+
+
+@dataclass(frozen=True, slots=True)
+class RedisURL:
+    """Where Redis is: TCP ``host``/``port``, or a Unix socket ``path``; then db and auth."""
+
+    host: str = "127.0.0.1"
+    port: int = REDIS_PORT
+    db: int = 0
+    path: str | None = None  # a Unix socket; host and port are then unused
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        """The URL without its credentials (safe to log)."""
+        if self.path is not None:
+            return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}/{self.db}"
+
+
+_URL_FORMS = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or unix:///PATH[?db=N]"
+
+
+def parse_url(text: str) -> RedisURL:
+    """``redis://[[user]:password@]host[:port][/db]`` or ``unix:///path[?db=N&password=P]``.
+
+    Raises ValueError with a one-line message (credentials masked) for anything else.
+    """
+    shown = re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", text)
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"bad Redis URL {shown!r}: {why} (expected {_URL_FORMS})")
+
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as error:
+        raise bad(str(error)) from None
+    if parts.fragment:
+        raise bad("a fragment is not allowed")
+    if parts.scheme == "unix":
+        if parts.netloc or not parts.path:
+            raise bad("a Unix socket URL is unix:///absolute/path")
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+        unknown = set(query) - {"db", "password"}
+        if unknown:
+            raise bad(f"unknown option {sorted(unknown)[0]!r}")
+        password = query.get("password", [None])[-1]
+        return RedisURL(path=parts.path, db=_db(query.get("db", ["0"])[-1], bad),
+                        password=password)
+    if parts.scheme != "redis":
+        raise bad(f"scheme {parts.scheme!r} is not supported" if parts.scheme else "no scheme")
+    if not parts.hostname:
+        raise bad("no host")
+    if parts.query:
+        raise bad("options are not allowed after a redis:// URL")
+    path = parts.path.strip("/")
+    return RedisURL(host=parts.hostname, port=REDIS_PORT if port is None else port,
+                    db=_db(path or "0", bad),
+                    username=unquote(parts.username) if parts.username else None,
+                    password=unquote(parts.password) if parts.password is not None else None)
+
+
+def _db(text: str, bad: Callable[[str], ValueError]) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise bad(f"database {text!r} is not a number")
+    return int(text)

@@ -25,7 +25,7 @@ from twisted.python.failure import Failure
 
 from deploy.redis_server import RedisServer
 from pushup.config import Config
-from pushup.node import Node
+from pushup.ops.node import Node
 from tests.sse_client import dechunk
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at

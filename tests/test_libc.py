@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pushup import _libc
-from pushup.metrics import rss_bytes
+from pushup.ops.metrics import rss_bytes
 
 glibc = pytest.mark.skipif(_libc.heap_usage() is None, reason="needs glibc 2.33+")
 

@@ -1,1 +1,1 @@
-../../pushup/static/pushup.js
+../../pushup/http/static/pushup.js

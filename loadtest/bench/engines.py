@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.launch import LocalCluster
-from pushup.redis_engine import META
+from pushup.backplane.redis.engine import META
 
 from . import procfs
 from .cluster import NODE_ARGS, Control, _lag_sampler, _wait, bench_cluster_fanout

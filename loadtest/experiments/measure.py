@@ -85,7 +85,7 @@ class Window:
 
 def start_server(repo: Path, out: Path, name: str, reactor: str, max_connections: int,
                  host: str = "127.0.0.1", extra: list[str] | None = None) -> Server:
-    command = [sys.executable, "-m", "pushup.cli", "serve", "--host", host, "--port", "0",
+    command = [sys.executable, "-m", "pushup.ops.cli", "serve", "--host", host, "--port", "0",
                "--reactor", reactor, "--max-connections", str(max_connections),
                "--max-timeout", str(HOLD), "--log-level", "warn", *(extra or [])]
     srv = Server(command, out / f"server-{name}.log", repo)

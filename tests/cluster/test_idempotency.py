@@ -8,7 +8,7 @@ import json
 
 from pushup_cluster import jrequest, request, retained, subscribe, uniq, wait_until
 
-from pushup.redis_engine import LOG
+from pushup.backplane.redis.engine import LOG
 
 
 def keyed_publish(base: str, channel: str, data: object, key: str,

@@ -10,7 +10,7 @@ import time
 from pushup_cluster import jrequest, stats
 
 from deploy.launch import free_port
-from pushup.replica import sign
+from pushup.backplane.mesh.wire import sign
 
 PATH = "/peer/messages"
 

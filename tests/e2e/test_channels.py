@@ -245,7 +245,7 @@ def test_explicit_ttl_and_renew(start_node):
 
 def test_publish_moves_channel_expiry(start_node):
     """A publish renews its channels to now + ttl. (That the expiry timer then honours
-    the new time is pinned on a clock in tests/test_service.py
+    the new time is pinned on a clock in tests/core/test_service.py
     test_publish_extends_a_channels_life; test_channel_ttl_expiry_removes_channel_and_messages
     above runs the real timer.)"""
     n = start_node("--channel-ttl", "1000")

@@ -1,0 +1,191 @@
+"""The seam between a node and its cluster: the ``Backplane``.
+
+Everything that changes what the cluster holds goes through a backplane:
+publishes and channel operations. Each returns a Deferred that fires once the
+change is *acknowledged* in the sense its engine promises (README, "What a
+201 means"); only then does the client get its 201. The service, the store,
+the hub and the cursor never know which backplane runs:
+
+- ``Alone``: one node, no cluster (optionally a data directory, see
+  :mod:`pushup.backplane.disk`);
+- ``pushup.backplane.mesh.mesh.Cluster``: the full mesh of peers;
+- ``pushup.backplane.redis.engine.RedisEngine``: one ordered log in Redis.
+
+A backplane may also answer requests of its own (the mesh's ``/peer/``
+endpoints): the HTTP layer hands them over as ``PeerRequest`` values and
+renders the ``PeerAnswer``, knowing nothing of what they carry.
+
+This module holds the interface and the values that cross it; it opens no
+socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from twisted.internet import defer
+
+from pushup.core import errors
+from pushup.core.idempotency import Idem
+from pushup.core.model import Draft, Message
+from pushup.core.service import Service
+from pushup.core.store import Channel
+
+PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (mesh.wire.BATCH_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRequest:
+    """A request to the backplane's own endpoints (``/peer/...``), as sent."""
+
+    method: str
+    path: str
+    time: str  # X-PushUp-Time
+    signature: str  # X-PushUp-Signature
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAnswer:
+    """What a backplane endpoint answers: a status and a JSON body, or none."""
+
+    status: int
+    body: bytes | None = None
+
+
+class PeerEndpoints(Protocol):
+    """A backplane's own endpoints, behind ``/peer/`` (the mesh's)."""
+
+    def admits(self, signed: bool) -> bool:
+        """Before the body: whether a request that carries a signature (or not)
+        is worth reading; a refusal is counted."""
+
+    def answer(self, request: PeerRequest, now: float) -> PeerAnswer:
+        """The answer to a request; ``Unauthorized`` (see ``unsigned``) if it is
+        not signed with the cluster secret, ``NotFound`` for an unknown path."""
+
+
+def unsigned() -> errors.PushUpError:
+    """The one refusal of a request that is not a peer's."""
+    return errors.Unauthorized("peer requests must be signed with the cluster secret")
+
+
+OpKind = Literal["create", "renew", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOp:
+    """An explicit channel's creation, renewal or deletion, as the cluster sees it.
+
+    ``at_seq`` orders it among its origin's messages: the origin's sequence
+    number when it happened (it applies after that message, before the next).
+    """
+
+    kind: OpKind
+    name: str
+    at_seq: int = 0
+    ttl: int = 0  # µs (create, renew)
+    expires_at: int = 0  # µs since the epoch (create, renew)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A peer's batch is in: we hold its origin up to ``horizon``."""
+
+    horizon: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """A peer's batch would leave a hole: send again from ``expected``."""
+
+    expected: int
+
+
+Received = Applied | Hole
+
+
+class Unconfirmed(list[Message]):
+    """A publish's messages, stored by this node but held by no other yet.
+
+    A backplane that promises more than "this node has it" (the mesh with
+    ``--publish-ack peer``) fires with this when it cannot keep the promise
+    in time: the messages are published and will be delivered, but the crash
+    of this node before a peer has them would lose them. Answered 202, not 201.
+    """
+
+
+class Backplane(Protocol):
+    """What a node needs of its cluster, whichever engine carries it."""
+
+    engine: str  # "single", "mesh" or "redis": shown in /stats
+
+    def check_ready(self) -> None:
+        """Raise ``errors.Unavailable`` while the node cannot serve (catching up)."""
+
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        """Accept a batch (all or nothing); fires once it is acknowledged.
+
+        With ``idem``, a key remembered anywhere in the cluster within its
+        window stores nothing and fires with the first attempt's messages
+        (``idempotency.Replayed``), once they are acknowledged as the first
+        attempt's would be; the key with another body fails with
+        ``errors.KeyReused``.
+        """
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]: ...
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]: ...
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]: ...
+
+    def start(self) -> defer.Deferred[None]:
+        """Join: load what the cluster holds; the node is healthy after it."""
+
+    def stop(self, grace: float) -> defer.Deferred[None]:
+        """Hand on what only this node holds (within ``grace`` s), then stop."""
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's part of ``/stats``: ``engine``, ``peers`` and its own."""
+
+
+def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:
+    return ChannelOp(kind, channel.name, at_seq, channel.ttl, channel.expires_at)
+
+
+class Alone:
+    """One node and no cluster: what it accepts is acknowledged at once."""
+
+    engine = "single"
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def check_ready(self) -> None:
+        pass
+
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        return defer.succeed(self.service.publish(drafts, idem))
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
+        return defer.succeed(self.service.create_channel(name, ttl))
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]:
+        return defer.succeed(self.service.renew_channel(name, ttl))
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]:
+        self.service.delete_channel(name)
+        return defer.succeed(None)
+
+    def start(self) -> defer.Deferred[None]:
+        return defer.succeed(None)
+
+    def stop(self, grace: float) -> defer.Deferred[None]:
+        return defer.succeed(None)
+
+    def stats(self) -> dict[str, Any]:
+        return {"engine": self.engine, "peers": []}

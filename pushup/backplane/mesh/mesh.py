@@ -1,0 +1,350 @@
+"""This node in its cluster: batches in, links out, catching up after a start.
+
+A node applies each origin's messages in sequence order only; a batch that
+would leave a hole is answered 409 with the sequence it expects, and the
+sender resends from there. A node that starts with peers fills its cache
+from a live peer's snapshot before it reports healthy; while it catches up it
+answers 503 ``catching_up``. Channel operations travel with the origin's
+messages, stamped with the origin's sequence at the time, and are applied in
+that order.
+
+A publish is acknowledged (the 201) once a peer holds it, with
+``--publish-ack peer`` (the default), once every live peer does with
+``all``, or at once with ``local``; see
+:mod:`pushup.backplane.mesh.acks` and the README, "What a 201 means". A keyed publish's
+record travels with its last message (:mod:`pushup.backplane.mesh.wire`), so a retry on
+any node that holds it stores nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet import defer, task
+from twisted.internet.error import ConnectError
+from twisted.logger import Logger
+
+from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
+from pushup.backplane.mesh.acks import Acks
+from pushup.backplane.mesh.peers import PeerLink
+from pushup.backplane.mesh.wire import (
+    Batch,
+    backlog,
+    decode_batch,
+    decode_repair,
+    encode_batch,
+    encode_repair,
+    export_snapshot,
+    import_snapshot,
+)
+from pushup.config import Config
+from pushup.core import errors
+from pushup.core.idempotency import Idem, Replayed
+from pushup.core.model import Draft, Message
+from pushup.core.service import Service
+from pushup.core.store import Channel
+
+log = Logger()
+CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
+PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
+REPAIR_EVERY = 2.0  # seconds between asking a peer for what it holds and we lack
+REPAIR_ROUNDS = 100  # batches at most per repair (more waits for the next)
+
+
+class Cluster:
+    """The mesh backplane (see :mod:`pushup.backplane`): every node sends what
+    it accepts to every peer."""
+
+    engine = "mesh"
+
+    def __init__(self, service: Service, config: Config, clock: Any, http: Any) -> None:
+        self.service = service
+        self.store = service.store
+        self.clock = clock
+        self.secret = config.cluster_secret
+        self.links = [PeerLink(url, self.store, self.secret, http, clock,
+                               max_ops=config.peer_queue) for url in config.peer]
+        self.ready = not self.links
+        self.refused = 0  # peer requests refused for a bad or missing signature
+        self.publish_ack = config.publish_ack
+        self.acks = Acks(clock, config.publish_ack_timeout)
+        for link in self.links:
+            link.on_change = self._link_changed
+        self._repairs = task.LoopingCall(self._repair)
+        self._repairs.clock = clock
+        self._next_repair = 0  # the link asked next (round-robin)
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise errors.CatchingUp("this node is catching up with its peers; retry shortly")
+
+    # -- out -----------------------------------------------------------------
+
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
+                ) -> defer.Deferred[list[Message]]:
+        """Store and send on; fires once a peer holds the batch (``peer``),
+        once every peer not known to be down holds it (``all``), or at once
+        (``local``, or no peers configured). When no peer can hold
+        it, because every peer is ``down`` or ``refused`` or none confirmed
+        within ``--publish-ack-timeout``, it fires with ``Unconfirmed``.
+
+        A retry of a keyed publish (``Replayed``) stores nothing; it fires
+        on the same terms for the first attempt's messages: at once when a
+        peer took them (another origin's, or ours already confirmed)."""
+        messages = self.service.publish(drafts, idem)
+        if isinstance(messages, Replayed):
+            return self._replayed(messages)
+        for link in self.links:
+            link.poke()
+        if self.publish_ack == "local" or not self.links:
+            return defer.succeed(messages)
+        return self._acknowledged(messages)
+
+    def _acknowledged(self, messages: list[Message]) -> defer.Deferred[list[Message]]:
+        if not self._confirmable():
+            # Known already (a down peer was retried DOWN_AFTER times): no wait.
+            self.acks.unconfirmed += 1
+            return defer.succeed(Unconfirmed(messages))
+        return self.acks.wait(messages)
+
+    def _replayed(self, messages: Replayed) -> defer.Deferred[list[Message]]:
+        last = messages[-1]
+        if self.publish_ack == "local" or not self.links \
+                or last.origin != self.store.origin.name or self._confirmed() >= last.seq:
+            return defer.succeed(messages)
+        return self._acknowledged(messages)
+
+    def _confirmed(self) -> int:
+        """How far our origin is confirmed as ``--publish-ack`` counts it."""
+        if self.publish_ack == "all":
+            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            return min(counted, default=0)
+        return max(link.after for link in self.links)
+
+    def _confirmable(self) -> bool:
+        """Some peer may yet confirm: one that is ``up`` or still ``connecting``."""
+        return any(link.state in ("up", "connecting") for link in self.links)
+
+    def _link_changed(self, link: PeerLink) -> None:
+        """A peer confirmed more, or a link changed state: answer who can be."""
+        if not len(self.acks):
+            return
+        if self.publish_ack == "all":
+            # every peer that may yet confirm; one that went down is not waited for
+            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            if counted:
+                self.acks.confirm(min(counted))
+        else:
+            self.acks.confirm(link.after)
+        if not self._confirmable():
+            self.acks.give_up()
+
+    def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
+        channel = self.service.create_channel(name, ttl)
+        self._tell("create", channel)
+        return defer.succeed(channel)
+
+    def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]:
+        channel = self.service.renew_channel(name, ttl)
+        self._tell("renew", channel)
+        return defer.succeed(channel)
+
+    def delete_channel(self, name: str) -> defer.Deferred[None]:
+        self.service.delete_channel(name)
+        for link in self.links:
+            link.add_op(ChannelOp("delete", name, self.store.origin.seq))
+        return defer.succeed(None)
+
+    def _tell(self, kind: OpKind, channel: Channel) -> None:
+        op = op_of(kind, channel, self.store.origin.seq)
+        for link in self.links:
+            link.add_op(op)
+
+    # -- in ------------------------------------------------------------------
+
+    def receive(self, batch: Batch) -> Received:
+        """Apply a peer's batch in order; on a hole, the sequence expected."""
+        self.check_ready()
+        self._peer_alive()
+        now = self.service.now()
+        store = self.store
+        if batch.origin not in store.horizon:
+            # Even an empty batch (a link's hello) says which epoch its node
+            # runs: its older origins are superseded, and a cursor naming one
+            # we do not hold is told of the gap now (pushup.core.origins).
+            store.raise_horizon(batch.origin, 0)
+        ops = sorted(batch.ops, key=lambda op: op.at_seq)
+        if batch.skip is not None:
+            store.skip_to(batch.origin, *batch.skip)
+        applied = []
+        hole = False
+        for i, m in enumerate(batch.messages):
+            if i == 0 and batch.first:
+                store.skip_to(batch.origin, m.seq - 1, m.ts - 1)
+            while ops and ops[0].at_seq < m.seq \
+                    and ops[0].at_seq <= store.horizon.get(batch.origin, 0):
+                self._apply_op(ops.pop(0), now)
+            try:
+                if store.apply(m, now):
+                    applied.append(m)
+            except ValueError:
+                hole = True
+                break
+        horizon = store.horizon.get(batch.origin, 0)
+        for record in batch.keys:  # a keyed publish we hold all of: its key is known here
+            if record.stamps[-1][0] <= horizon:
+                store.remember(record, now)
+        while ops and ops[0].at_seq <= horizon:
+            self._apply_op(ops.pop(0), now)
+        self.service.arrived(applied, now)
+        if hole or ops:
+            return Hole(horizon + 1)
+        return Applied(horizon)
+
+    def _apply_op(self, op: ChannelOp, now: int) -> None:
+        self.service.apply_op(op.kind, op.name, op.ttl, op.expires_at, now)
+
+    def _peer_alive(self) -> None:
+        # A peer just spoke: links in backoff (e.g. to a node that was still
+        # starting) retry now instead of after their backoff.
+        for link in self.links:
+            if link.failing:
+                link.kick()
+
+    def snapshot(self) -> bytes:
+        self.check_ready()
+        self._peer_alive()
+        return export_snapshot(self.store)
+
+    # -- repair: what a peer holds of a third origin, and we lack --------------
+    #
+    # A node sends only its own messages. If it dies after one peer got them
+    # (that peer's confirmation answered the 201) but before another did, the
+    # other survivor would never get them from it. So every REPAIR_EVERY
+    # seconds each node sends one live peer its horizon, and the peer answers
+    # with the first batch it holds past it of an origin that is neither its
+    # own (its link brings those) nor the asker's. Receiving is the usual
+    # in-order apply, so a batch that both the origin and a peer send is
+    # applied once.
+
+    def repair(self, body: bytes) -> bytes | None:
+        """A peer's repair request: a batch it lacks, or None if nothing."""
+        self.check_ready()
+        asker, theirs = decode_repair(body)
+        store = self.store
+        for origin, have in store.horizon.items():
+            after = theirs.get(origin, 0)
+            if origin in (store.origin.name, asker) or have <= after:
+                continue
+            lost = store.lost.get(origin)  # if all of it was evicted here too: skip it
+            ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
+            return encode_batch(backlog(store, origin, after, (have, ts)))
+        return None
+
+    @defer.inlineCallbacks
+    def _repair(self) -> Any:
+        """Ask the next live peer for what it holds and we lack."""
+        live = [link for link in self.links if link.state == "up"]
+        if not live or not self.ready:
+            return
+        link = live[self._next_repair % len(live)]
+        self._next_repair += 1
+        for _ in range(REPAIR_ROUNDS):
+            body = encode_repair(self.store.origin.name, self.store.horizon)
+            try:
+                status, raw = yield link.request("POST", "/peer/repair", body)
+            except Exception as e:
+                log.debug("repair from {url} failed: {e}", url=link.url, e=e)
+                return
+            if status != 200:
+                return
+            batch = decode_batch(raw)
+            received = self.receive(batch)
+            if batch.messages:
+                log.info("repaired {n} messages of {origin} from {url}",
+                         n=len(batch.messages), origin=batch.origin, url=link.url)
+            if not isinstance(received, Applied):
+                return
+
+    # -- starting ------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def start(self) -> Any:
+        """Catch up from a live peer (if any is serving), then start the links."""
+        if self.links:
+            yield self._catch_up()
+        self.ready = True
+        for link in self.links:
+            link.start()
+        if self.links:
+            self._repairs.start(REPAIR_EVERY, now=False).addErrback(
+                lambda f: log.failure("the repair loop stopped", failure=f))
+
+    @defer.inlineCallbacks
+    def _catch_up(self) -> Any:
+        """Load a snapshot from the first peer that serves one.
+
+        Only a peer that may yet give one is waited for (at most
+        ``CATCH_UP_TIMEOUT``): one that fails or answers 5xx other than 503.
+        A peer that is not running, is itself catching up or draining (503),
+        or refuses us (4xx: another secret, or not a peer URL) is not serving:
+        when no peer is serving, the node starts with an empty cache at once
+        (a cluster starting together has nothing to catch up on).
+        """
+        deadline = self.clock.seconds() + CATCH_UP_TIMEOUT
+        while True:
+            serving = False
+            for link in self.links:
+                if link.state == "refused":
+                    continue
+                try:
+                    status, raw = yield link.request("GET", "/peer/snapshot")
+                except ConnectError:
+                    continue  # not running: nothing to learn from it
+                except Exception as e:
+                    serving = True
+                    link.set_state("connecting", f"snapshot request failed: {e}")
+                    continue
+                if status == 200:
+                    n = import_snapshot(self.store, raw, self.service.now())
+                    self.service.rearm()
+                    log.info("caught up from {url}: {n} messages", url=link.url, n=n)
+                    return
+                if 400 <= status < 500:
+                    link.set_state("refused", f"it answered {status} to a snapshot request")
+                elif status != 503:
+                    serving = True
+                    link.set_state("connecting", f"it answered {status} to a snapshot request")
+            if not serving:
+                log.info("no peer is serving yet: starting with an empty cache")
+                return
+            if self.clock.seconds() > deadline:
+                log.warn("no peer gave a snapshot in time: starting with what we have")
+                return
+            yield task.deferLater(self.clock, 0.5, lambda: None)
+
+    @defer.inlineCallbacks
+    def stop(self, grace: float = PEER_FLUSH) -> Any:
+        """Let the links hand peers what we accepted (up to ``grace`` s), then stop."""
+        deadline = self.clock.seconds() + grace
+        # A peer that refuses us will not confirm anything: not waited for.
+        waited = [link for link in self.links if link.state != "refused"]
+        for link in waited:
+            if not link.settled:
+                link.kick()
+        while self.ready and not all(link.settled for link in waited):
+            if self.clock.seconds() >= deadline:
+                log.warn("stopping with messages not yet confirmed by every peer")
+                break
+            yield task.deferLater(self.clock, 0.05, lambda: None)
+        for link in self.links:
+            link.stop()
+        if self._repairs.running:
+            self._repairs.stop()
+        self.acks.stop()  # what no peer confirmed in time is answered 202
+
+    def stats(self) -> dict[str, Any]:
+        return {"engine": self.engine, "peers": [link.stats() for link in self.links],
+                "peer_refused": self.refused, "publish_ack": self.publish_ack,
+                "ack_waiting": len(self.acks), "unconfirmed": self.acks.unconfirmed}

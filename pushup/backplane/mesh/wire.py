@@ -1,0 +1,208 @@
+"""What nodes tell each other: message batches, channel operations, snapshots.
+
+A keyed publish's record (:mod:`pushup.core.idempotency`) travels with its last
+message, in the same batch, so a retry on any node that holds the message
+finds the key.
+
+Pure encoding and decoding of peer payloads, and applying a snapshot to a
+store. A message's data travels as the exact JSON text its origin accepted,
+so every node serves byte-identical messages. No sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pushup.backplane import ChannelOp
+from pushup.core.errors import BadJSON, BadRequest
+from pushup.core.idempotency import Remembered, check_key
+from pushup.core.model import Message, check_channel_name
+from pushup.core.store import Channel, Store
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Messages of one origin in sequence order, plus that origin's channel ops.
+
+    ``first`` says the origin holds nothing before ``messages[0]`` any more:
+    a receiver that lacks the history before it must skip, not wait.
+    """
+
+    origin: str
+    first: bool
+    messages: tuple[Message, ...]
+    ops: tuple[ChannelOp, ...]
+    # (seq, ts): the origin holds nothing up to seq any more (no messages
+    # follow yet); a receiver behind it skips there and reports the gap.
+    skip: tuple[int, int] | None = None
+    # The records of the keyed publishes whose last message is in ``messages``.
+    keys: tuple[Remembered, ...] = ()
+
+
+BATCH = 1000  # messages per batch at most
+BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
+
+
+def backlog(store: Store, origin: str, after: int, end: tuple[int, int]) -> Batch:
+    """What ``store`` holds of ``origin`` past ``after``, as one batch: up to
+    ``BATCH`` messages and about ``BATCH_BYTES`` (always one), ``first`` when
+    it no longer holds the one right after ``after``. When it holds none but
+    the origin went on to ``end`` (seq, ts), everything up to there was
+    evicted here: the batch says to ``skip`` to it."""
+    messages = store.messages_of(origin, after, BATCH)
+    total = 0
+    for i, m in enumerate(messages):
+        total += m.size
+        if total > BATCH_BYTES and i:
+            messages = messages[:i]
+            break
+    if messages:
+        keys = tuple(r for m in messages if (r := store.keys.ending_at(m.id)) is not None)
+        return Batch(origin, messages[0].seq != after + 1, tuple(messages), (), keys=keys)
+    return Batch(origin, False, (), (), skip=end if after < end[0] else None)
+
+
+def _wire(m: Message) -> list[Any]:
+    return [m.seq, m.ts, list(m.channels), m.data_json.decode()]
+
+
+def _message(origin: str, row: Any) -> Message:
+    seq, ts, channels, data = row
+    if not (isinstance(seq, int) and isinstance(ts, int) and isinstance(data, str)
+            and isinstance(channels, list) and channels):
+        raise BadRequest("malformed message row")
+    names = tuple(check_channel_name(c) for c in channels)
+    return Message(origin, seq, ts, names, data.encode())
+
+
+def encode_batch(batch: Batch) -> bytes:
+    raw: dict[str, Any] = {
+        "origin": batch.origin, "first": batch.first,
+        "messages": [_wire(m) for m in batch.messages], "ops": [_wire_op(op) for op in batch.ops],
+    }
+    if batch.skip is not None:
+        raw["skip"] = list(batch.skip)
+    if batch.keys:
+        raw["keys"] = [_wire_key(r) for r in batch.keys]
+    return json.dumps(raw, separators=(",", ":")).encode()
+
+
+def decode_batch(body: bytes) -> Batch:
+    try:
+        raw = json.loads(body)
+        origin = raw["origin"]
+        messages = tuple(_message(origin, row) for row in raw["messages"])
+        ops = tuple(ops_of(raw.get("ops", ())))
+        skip = raw.get("skip")
+        if skip is not None:
+            skip = (int(skip[0]), int(skip[1]))
+        keys = tuple(_key(origin, row) for row in raw.get("keys", ()))
+        return Batch(origin, bool(raw.get("first")), messages, ops, skip, keys)
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadJSON(f"malformed peer batch: {e}") from None
+
+
+def encode_repair(asker: str, horizon: dict[str, int]) -> bytes:
+    """A repair request: who asks, and how far it holds each origin."""
+    return json.dumps({"origin": asker, "horizon": horizon}, separators=(",", ":")).encode()
+
+
+def decode_repair(body: bytes) -> tuple[str, dict[str, int]]:
+    try:
+        raw = json.loads(body)
+        horizon = {str(o): int(seq) for o, seq in raw["horizon"].items()}
+        return str(raw["origin"]), horizon
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BadJSON(f"malformed repair request: {e}") from None
+
+
+def export_snapshot(store: Store) -> bytes:
+    """Everything a new node needs to serve like this one (one JSON document)."""
+    channels = [{"name": c.name, "ttl": c.ttl, "expires_at": c.expires_at,
+                 "evicted": c.evicted, "evicted_ts": c.evicted_ts}
+                for c in store.channels.values()]
+    messages = [[m.origin, *_wire(m)] for m in store.all_messages()]
+    keys = [[r.origin, *_wire_key(r)] for r in store.keys.records()]
+    return json.dumps({"horizon": store.horizon, "lost": store.lost, "channels": channels,
+                       "messages": messages, "keys": keys}, separators=(",", ":")).encode()
+
+
+def import_snapshot(store: Store, body: bytes, now: int) -> int:
+    """Load a peer's snapshot into an empty store; returns messages loaded."""
+    raw = json.loads(body)
+    for c in raw["channels"]:
+        channel = Channel(c["name"], c["ttl"], now)
+        channel.expires_at = c["expires_at"]
+        channel.evicted = dict(c["evicted"])
+        channel.evicted_ts = c["evicted_ts"]
+        store.adopt_channel(channel)
+    for row in raw["messages"]:
+        store.load(_message(row[0], row[1:]), now)
+    for origin, (seq, ts) in raw["lost"].items():
+        store.lost[origin] = (seq, ts)
+    for origin, seq in raw["horizon"].items():
+        if origin != store.origin.name:
+            store.raise_horizon(origin, seq)
+    for row in raw.get("keys", ()):
+        store.remember(_key(row[0], row[1:]), now)
+    return len(raw["messages"])
+
+
+# On the wire a keyed publish's record is [key, fingerprint, [[seq, ts], ...]]
+# (its origin is the batch's, or the first item of a snapshot's row).
+def _wire_key(record: Remembered) -> list[Any]:
+    return [record.key, record.fingerprint, [list(stamp) for stamp in record.stamps]]
+
+
+def _key(origin: str, row: Any) -> Remembered:
+    key, fingerprint, stamps = row
+    if not (isinstance(key, str) and isinstance(fingerprint, str) and isinstance(stamps, list)
+            and stamps):
+        raise BadRequest("malformed idempotency key row")
+    check_key(key.encode("ascii"))
+    return Remembered(key, fingerprint, origin,
+                      tuple((int(seq), int(ts)) for seq, ts in stamps))
+
+
+def sign(secret: str, method: str, path: str, when: int, body: bytes) -> str:
+    """HMAC-SHA256 over what a peer request says; the secret never travels."""
+    text = f"{method}\n{path}\n{when}\n".encode() + body
+    return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, method: str, path: str, when: str, body: bytes, signature: str,
+           now_s: float, window: float = 300.0) -> bool:
+    try:
+        stamp = int(when)
+    except ValueError:
+        return False
+    if abs(now_s - stamp) > window:
+        return False
+    return hmac.compare_digest(sign(secret, method, path, stamp, body), signature)
+
+
+# On the wire an op is ["create"|"renew", at_seq, name, ttl, expires_at] or
+# ["delete", at_seq, name].
+def _wire_op(op: ChannelOp) -> list[Any]:
+    if op.kind == "delete":
+        return [op.kind, op.at_seq, op.name]
+    return [op.kind, op.at_seq, op.name, op.ttl, op.expires_at]
+
+
+def ops_of(ops: Sequence[Any]) -> list[ChannelOp]:
+    """Validated channel operations from a peer."""
+    valid: list[ChannelOp] = []
+    for op in ops:
+        if isinstance(op, list) and op and op[0] in ("create", "renew") and len(op) == 5:
+            valid.append(ChannelOp(op[0], check_channel_name(op[2]), int(op[1]), int(op[3]),
+                                   int(op[4])))
+        elif isinstance(op, list) and op and op[0] == "delete" and len(op) == 3:
+            valid.append(ChannelOp("delete", check_channel_name(op[2]), int(op[1])))
+        else:
+            raise BadRequest(f"unknown channel operation {op!r:.60}")
+    return valid

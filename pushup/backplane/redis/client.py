@@ -1,0 +1,370 @@
+"""A Redis client for Twisted: one connection, pipelined, replies in order.
+
+``RedisProtocol`` writes each command as a RESP array the moment it is issued (any
+number in flight) and fires one Deferred per command, in the order sent, from replies
+parsed in C by ``hiredis.Reader``. ``RedisConnection`` owns one such protocol for one
+URL and replaces it after a loss, with capped exponential backoff. While it has none,
+``execute`` fails at once with ``RedisGone`` instead of queueing: the caller decides
+(the server answers 503). There are no threads and no client-side timeouts unless a
+command asks for one, so a blocking ``XREAD`` may wait as long as it likes.
+
+Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
+``RedisGone`` means no reply will come (the command may or may not have run),
+``RedisTimeout`` is the ``RedisGone`` of a command that outlived its ``timeout``, and
+``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hiredis
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    UNIXClientEndpoint,
+    connectProtocol,
+)
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from pushup.config import RedisURL, parse_url
+
+log = Logger()
+
+Arg = bytes | str | int | float  # what a command's arguments may be (not bool)
+MIN_DELAY = 0.1  # seconds before the first reconnect; doubles per failure ...
+MAX_DELAY = 1.0  # ... up to this
+HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT must answer within this, or the connection is dropped
+_INCOMPLETE = object()  # hiredis.Reader.gets() result when no whole reply is buffered
+
+
+class RedisError(Exception):
+    """Redis answered this command with an error reply, e.g. ``NOSCRIPT No matching...``."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RedisGone(Exception):
+    """No reply will come: not connected, or the connection went while waiting."""
+
+
+class RedisTimeout(RedisGone):
+    """No reply within the command's ``timeout``; the connection was dropped for it."""
+
+
+class RedisNotSent(RedisGone):
+    """Not connected when the command was issued: it was never written, so never ran."""
+
+
+def script_sha(script: str | bytes) -> str:
+    """The SHA1 Redis names ``script`` by (what EVALSHA takes)."""
+    return hashlib.sha1(script.encode() if isinstance(script, str) else script).hexdigest()
+
+
+# --- one connection -----------------------------------------------------------------
+
+class RedisProtocol(Protocol):
+    """One connection: commands written at once, one Deferred each, fired in order.
+
+    ``ready`` fires with the protocol once AUTH (if ``password``) and SELECT (if ``db``)
+    have succeeded, or fails with their error (the connection is then dropped).
+    ``lost`` fires with None when the connection has closed and every command still
+    waiting has failed with ``RedisGone``.
+    """
+
+    def __init__(self, clock: Any, *, password: str | None = None, db: int = 0,
+                 username: str | None = None,
+                 handshake_timeout: float | None = HANDSHAKE_TIMEOUT) -> None:
+        self._clock = clock
+        self._password = password
+        self._username = username
+        self._db = db
+        self._handshake_timeout = handshake_timeout
+        self._reader = hiredis.Reader(replyError=RedisError, notEnoughData=_INCOMPLETE)
+        self._waiting: deque[Deferred[Any]] = deque()
+        self._gone: str | None = None  # why commands now fail, once the connection is going
+        self._closed = False
+        self._transport: Any = None
+        self.ready: Deferred[RedisProtocol] = Deferred()
+        self.lost: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        self._transport = self.transport  # typed Any: Twisted's interfaces confuse mypy
+        set_no_delay = getattr(self._transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)  # pipelined small writes must not wait for ACKs (Nagle)
+        steps: list[Deferred[Any]] = []
+        if self._password is not None:
+            credentials = (self._username, self._password) if self._username else (
+                self._password,)
+            steps.append(self.execute("AUTH", *credentials, timeout=self._handshake_timeout))
+        if self._db:
+            steps.append(self.execute("SELECT", self._db, timeout=self._handshake_timeout))
+        defer.gatherResults(steps, consumeErrors=True).addCallbacks(
+            lambda _: self.ready.callback(self), self._handshake_failed)
+
+    def _handshake_failed(self, failure: Failure) -> None:
+        if isinstance(failure.value, defer.FirstError):
+            failure = failure.value.subFailure
+        self.abort(f"handshake failed: {failure.getErrorMessage()}")
+        self.ready.errback(failure)
+
+    def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
+        """Send one command; its Deferred fires with the reply (bytes, int, list, None;
+        an error inside an array reply, as EXEC may give, is a ``RedisError`` value in it).
+
+        Fails with ``RedisError`` for an error reply, ``RedisGone`` if the connection
+        is (or goes) down first, and ``RedisTimeout`` after ``timeout`` seconds without
+        a reply (dropping the connection: on a half-open TCP connection nothing else
+        would ever fail). Raises TypeError at once for an argument that is not bytes,
+        str, int or float, and ValueError for no arguments.
+        """
+        if not args:
+            raise ValueError("a Redis command needs at least its name")
+        # TypeError for a bad argument, before sending. (hiredis's stub types the tuple
+        # as having one element.)
+        command = hiredis.pack_command(args)  # type: ignore[arg-type]
+        if self._gone is not None or self._transport is None:
+            return defer.fail(RedisNotSent(self._gone or "not connected yet"))
+        waiting: Deferred[Any] = Deferred()
+        self._waiting.append(waiting)
+        self._transport.write(command)  # queued to the turn's end: a pipeline is one send()
+        if timeout is not None:
+            self._expire_after(waiting, timeout, args[0])
+        return waiting
+
+    def _expire_after(self, waiting: Deferred[Any], timeout: float, name: Arg) -> None:
+        def expire() -> None:
+            label = name.decode(errors="replace") if isinstance(name, bytes) else name
+            why = f"no reply to {label} within {timeout:g} s"
+            if self._gone is None:
+                self._gone = why  # commands issued by the errback below fail at once
+            waiting.errback(RedisTimeout(why + "; connection dropped"))
+            self.abort(why)
+
+        def cancel(result: object) -> object:
+            if call.active():
+                call.cancel()
+            return result
+
+        call = self._clock.callLater(timeout, expire)
+        waiting.addBoth(cancel)
+
+    def abort(self, why: str) -> None:
+        """Drop the connection now; waiting commands fail with ``RedisGone(why)``."""
+        if self._gone is None:
+            self._gone = why
+        if self._transport is not None and not self._closed:
+            self._transport.abortConnection()
+
+    def close(self) -> None:
+        """Close once what is written has been sent; ``lost`` fires when closed."""
+        if self._transport is not None and not self._closed:
+            self._transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as error:
+                self.abort(f"unreadable reply from Redis: {error}")
+                return
+            if reply is _INCOMPLETE:
+                return
+            if not self._waiting:
+                self.abort("a reply from Redis that no command asked for")
+                return
+            waiting = self._waiting.popleft()
+            if waiting.called:
+                continue  # it timed out; the connection is being dropped anyway
+            if isinstance(reply, RedisError):
+                waiting.errback(reply)
+            else:
+                waiting.callback(reply)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._closed = True
+        why = self._gone or f"connection lost: {reason.getErrorMessage()}"
+        self._gone = why
+        waiting, self._waiting = self._waiting, deque()
+        for command in waiting:
+            if not command.called:
+                command.errback(RedisGone(why))
+        self.lost.callback(None)
+
+
+# --- a connection that comes back ---------------------------------------------------
+
+class RedisConnection:
+    """One connection to ``url``, reconnected after a loss until ``stop()``.
+
+    ``connected`` is True from the moment AUTH/SELECT succeeded until the connection
+    is lost; ``on_connect`` listeners are called then (after every reconnect too),
+    ``on_lost`` listeners when a connection that was up goes. ``execute`` never
+    queues: while not connected it fails at once with ``RedisGone``.
+    """
+
+    def __init__(self, url: RedisURL | str, reactor: Any, *,
+                 connect_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+        """``reactor`` provides IReactorTime and IReactorTCP (IReactorUNIX for unix://)."""
+        self.url = parse_url(url) if isinstance(url, str) else url
+        self.connected = False
+        self.on_connect: list[Callable[[], object]] = []
+        self.on_lost: list[Callable[[], object]] = []
+        self._reactor = reactor
+        self._connect_timeout = connect_timeout
+        self._running = False
+        self._protocol: RedisProtocol | None = None  # from TCP connect until lost
+        self._attempt: Deferred[Any] | None = None
+        self._retry: Any = None  # the reconnect's IDelayedCall
+        self._delay = MIN_DELAY
+        self._last_complaint = ""
+        self._stop_waiters: list[Deferred[None]] = []
+        self._scripts: dict[str, str | bytes] = {}  # loaded again on every reconnect
+
+    def start(self) -> None:
+        """Connect, and keep reconnecting after losses until ``stop()``."""
+        if not self._running:
+            self._running = True
+            if self._protocol is None and self._attempt is None:  # else _lost reconnects
+                self._connect()
+
+    def stop(self) -> Deferred[None]:
+        """No more reconnects; close the connection. Fires once the socket is closed."""
+        self._running = False
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        if self._protocol is None:
+            if self._attempt is not None:
+                self._attempt.cancel()  # a TCP connect in progress
+            return defer.succeed(None)
+        closed: Deferred[None] = Deferred()
+        self._stop_waiters.append(closed)
+        self._protocol.close()
+        return closed
+
+    def drop(self, why: str) -> None:
+        """Abort the current connection (it is reconnected as after any loss):
+        e.g. to stop a blocking read whose answer is no longer wanted."""
+        if self._protocol is not None:
+            self._protocol.abort(why)
+
+    def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
+        """``RedisProtocol.execute`` on the current connection, or ``RedisGone`` now."""
+        if not self.connected or self._protocol is None:
+            return defer.fail(RedisNotSent(f"not connected to {self.url}"))
+        return self._protocol.execute(*args, timeout=timeout)
+
+    def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Arg], args: Sequence[Arg],
+                *, timeout: float | None = None) -> Deferred[Any]:
+        """EVALSHA ``sha``; if Redis lacks the script (restarted empty, or SCRIPT FLUSH),
+        EVAL ``script`` instead, which also caches it. ``sha`` is ``script_sha(script)``.
+
+        The script is also loaded on every reconnect, ahead of any command, so the
+        fallback (which runs after commands pipelined behind the EVALSHA) stays rare.
+        """
+        self._scripts.setdefault(sha, script)
+        numkeys = len(keys)
+
+        def fallback(failure: Failure) -> Any:
+            error = failure.value
+            if not isinstance(error, RedisError) or not error.message.startswith("NOSCRIPT"):
+                return failure
+            return self.execute("EVAL", script, numkeys, *keys, *args, timeout=timeout)
+
+        return self.execute("EVALSHA", sha, numkeys, *keys, *args,
+                            timeout=timeout).addErrback(fallback)
+
+    def _endpoint(self) -> Any:
+        url, timeout = self.url, self._connect_timeout
+        if url.path is not None:
+            return UNIXClientEndpoint(self._reactor, url.path,  # type: ignore[no-untyped-call]
+                                      timeout=timeout)
+        try:
+            version = ipaddress.ip_address(url.host).version
+        except ValueError:
+            return HostnameEndpoint(self._reactor, url.host, url.port, timeout=timeout)
+        endpoint = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+        return endpoint(self._reactor, url.host, url.port, timeout=timeout)
+
+    def _connect(self) -> None:
+        self._retry = None
+        url = self.url
+        protocol = RedisProtocol(self._reactor, password=url.password, db=url.db,
+                                 username=url.username, handshake_timeout=self._connect_timeout)
+        attempt: Deferred[Any] = connectProtocol(self._endpoint(), protocol)  # type: ignore[no-untyped-call]
+        self._attempt = attempt
+        attempt.addCallback(self._made)
+        attempt.addCallbacks(self._ready, self._failed)
+
+    def _made(self, protocol: RedisProtocol) -> Deferred[RedisProtocol]:
+        self._attempt = None
+        self._protocol = protocol
+        protocol.lost.addCallback(lambda _: self._lost(protocol))
+        return protocol.ready
+
+    def _ready(self, protocol: RedisProtocol) -> None:
+        if protocol is not self._protocol or not self._running:
+            return
+        for script in self._scripts.values():
+            # Pipelined ahead of every command issued from now on.
+            protocol.execute("SCRIPT", "LOAD", script).addErrback(
+                lambda f: log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
+                                   why=f.getErrorMessage()))
+        self.connected = True
+        self._delay = MIN_DELAY
+        self._last_complaint = ""
+        log.info("redis {url} is up", url=str(self.url))
+        self._tell(self.on_connect)
+
+    def _failed(self, failure: Failure) -> None:
+        """The TCP connect or the handshake failed."""
+        self._attempt = None
+        if not self._running:
+            return
+        why = failure.getErrorMessage()
+        if why != self._last_complaint:
+            self._last_complaint = why
+            log.warn("redis {url} unreachable: {why}; retrying", url=str(self.url), why=why)
+        if self._protocol is None:  # no connection was made, so no _lost will follow
+            self._retry_later()
+
+    def _lost(self, protocol: RedisProtocol) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        was_up, self.connected = self.connected, False
+        waiters, self._stop_waiters = self._stop_waiters, []
+        for closed in waiters:
+            closed.callback(None)
+        if was_up:
+            if self._running:
+                log.warn("redis {url} lost; reconnecting", url=str(self.url))
+            self._tell(self.on_lost)
+        if self._running:
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        self._retry = self._reactor.callLater(self._delay, self._connect)
+        self._delay = min(self._delay * 2, MAX_DELAY)
+
+    def _tell(self, listeners: list[Callable[[], object]]) -> None:
+        for listener in list(listeners):
+            try:
+                listener()
+            except Exception:
+                log.failure("redis {url}: a connection listener failed", url=str(self.url))

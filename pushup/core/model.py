@@ -1,0 +1,265 @@
+"""The values PushUp passes around: messages, queries, channel names, origins.
+
+Everything here is an immutable value or a pure function of its arguments.
+Time is always a parameter (integer microseconds since the Unix epoch), never
+read from a clock, so the rest of the core can be tested without one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import InitVar, dataclass, field
+
+from pushup.core.cursor import Cursor
+from pushup.core.errors import BadChannelName, BadJSON, BadRequest, TooLarge, TooManyChannels
+
+MAX_CHANNEL_NAME = 200
+MAX_TIME_S = 1e11  # year 5138: any time past this is a client's mistake, not a date
+# No whitespace (str.isspace covers Unicode spaces), no control characters, no comma.
+_BAD_NAME_CHAR = re.compile(r"[\s,\x00-\x1f\x7f-\x9f]")
+_NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_EPOCH = re.compile(r"[0-9a-z]{1,16}")
+
+
+def check_channel_name(name: object) -> str:
+    """Return ``name`` if it is a valid channel name, else raise BadChannelName."""
+    if not isinstance(name, str) or not name:
+        raise BadChannelName("a channel name is a non-empty string")
+    if len(name) > MAX_CHANNEL_NAME:
+        raise BadChannelName(f"a channel name has at most {MAX_CHANNEL_NAME} characters")
+    if _BAD_NAME_CHAR.search(name):
+        raise BadChannelName(
+            f"channel name {name[:40]!r} contains whitespace, a control character or a comma"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadChannelName("a channel name must be valid Unicode") from None
+    return name
+
+
+def check_channel_list(names: object, max_channels: int) -> tuple[str, ...]:
+    """Validate a list of channel names; duplicates fold into one, order is kept."""
+    if not isinstance(names, list) or not names:
+        raise BadRequest("channels must be a non-empty list of channel names")
+    unique = tuple(dict.fromkeys(check_channel_name(n) for n in names))
+    if len(unique) > max_channels:
+        raise TooManyChannels(f"at most {max_channels} channels per request")
+    return unique
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.fullmatch(node_id):
+        raise ValueError("a node id is 1-64 letters, digits, '_' or '-'")
+    return node_id
+
+
+def parse_origin(name: str) -> tuple[str, int] | None:
+    """An origin name's (node id, epoch in ms), or None if it is not one we make."""
+    node_id, dot, epoch = name.rpartition(".")
+    if not dot or not _NODE_ID.fullmatch(node_id) or not _EPOCH.fullmatch(epoch):
+        return None
+    return node_id, int(epoch, 36)
+
+
+def default_node_id(hostname: str, port: int, random_suffix: str) -> str:
+    """The node id used when none is configured: the machine's name and the
+    port, so a node restarted on the same machine and port keeps its id (and
+    its old origin is known as its own, superseded: see ``Store``). With port
+    0 there is nothing stable to go by: ``"n" + random_suffix``."""
+    if port == 0:
+        return "n" + random_suffix
+    host = re.sub(r"[^A-Za-z0-9_-]+", "-", hostname).strip("-") or "host"
+    suffix = f"-{port}"
+    return host[: 61 - len(suffix)] + suffix  # room for a worker's "-63"
+
+
+def format_time(us: int) -> str:
+    """Unix seconds with exactly six decimals: exact, and parses as a float."""
+    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+
+
+def parse_time(value: str, name: str) -> int:
+    """A client-supplied time in seconds → integer microseconds (400 if not finite)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise BadRequest(f"{name} must be a finite number")
+    if abs(seconds) > MAX_TIME_S:
+        raise BadRequest(f"{name} is out of range (at most {MAX_TIME_S:.0f} seconds)")
+    return round(seconds * 1_000_000)
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(body: bytes) -> object:
+    """Parse a request body strictly: UTF-8, no NaN/Infinity, bounded nesting."""
+    try:
+        text = body.decode("utf-8")
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadJSON("the JSON body is nested too deeply") from None
+    except ValueError as e:  # includes UnicodeDecodeError and JSONDecodeError
+        raise BadJSON(f"the body is not valid JSON: {e}") from None
+
+
+def dumps(value: object) -> bytes:
+    """Serialise a response value (compact, UTF-8)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def encode_data(data: object, max_bytes: int) -> bytes:
+    """Serialise a message's ``data`` once; 413 when over ``max_bytes``."""
+    try:
+        encoded = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        raw = encoded.encode("utf-8")
+    except RecursionError:
+        raise BadJSON("data is nested too deeply") from None
+    except (ValueError, UnicodeEncodeError) as e:
+        raise BadJSON(f"data cannot be encoded as JSON: {e}") from None
+    if len(raw) > max_bytes:
+        raise TooLarge(f"a message's data is {len(raw)} bytes; the limit is {max_bytes}")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A message as a publisher sent it: validated, not yet given an id."""
+
+    channels: tuple[str, ...]
+    data: bytes  # serialised JSON
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Message:
+    """One published message, stored once however many channels it is on.
+
+    ``seq`` counts up from 1 per origin with no holes; ``ts`` (microseconds)
+    strictly increases with ``seq`` within an origin. The message's JSON is
+    serialised once, at construction, into ``full``; a response that lists
+    only some of its channels splices a new channel list into those bytes.
+    """
+
+    origin: str
+    seq: int
+    ts: int
+    channels: tuple[str, ...]
+    data: InitVar[bytes]  # serialised JSON of the publisher's ``data``
+    id: str = field(init=False)
+    full: bytes = field(init=False, repr=False)
+    _split: tuple[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self, data: bytes) -> None:
+        ident = f"{self.origin}-{self.seq}"
+        head = f'{{"id":"{ident}","timestamp":{format_time(self.ts)},"channels":'.encode()
+        listed = dumps(list(self.channels))
+        full = head + listed + b',"data":' + data + b"}"
+        object.__setattr__(self, "id", ident)
+        object.__setattr__(self, "full", full)
+        object.__setattr__(self, "_split", (len(head), len(head) + len(listed)))
+
+    @property
+    def data_json(self) -> bytes:
+        """The serialised ``data`` (a slice of ``full``: one copy is stored)."""
+        return self.full[self._split[1] + len(b',"data":') : -1]
+
+    @property
+    def channels_json(self) -> bytes:
+        """The JSON list of all the message's channels (a slice of ``full``)."""
+        start, end = self._split
+        return self.full[start:end]
+
+    @property
+    def size(self) -> int:
+        """Bytes this message accounts for in the cache."""
+        return len(self.full)
+
+    @property
+    def sort_key(self) -> tuple[int, str]:
+        return (self.ts, self.id)
+
+    def json_for(self, channels: frozenset[str] | None) -> bytes:
+        """The message's JSON listing only those of its channels in ``channels``."""
+        if channels is None or channels.issuperset(self.channels):
+            return self.full
+        start, end = self._split
+        listed = dumps([c for c in self.channels if c in channels])
+        return self.full[:start] + listed + self.full[end:]
+
+
+class Origin:
+    """Hands out (seq, ts) for messages accepted on this node.
+
+    An origin is a node id plus a boot epoch (``<node_id>.<boot ms in base
+    36>``), so a restarted node never reuses a sequence number, and a newer
+    epoch of the same node id supersedes the older ones (:func:`parse_origin`).
+    Timestamps never go backwards, even if the wall clock does: each is at
+    least one microsecond after the last.
+    """
+
+    def __init__(self, node_id: str, boot_us: int) -> None:
+        self.node_id = check_node_id(node_id)
+        self.name = f"{node_id}.{base36(boot_us // 1000)}"
+        self.epoch = boot_us // 1000
+        self.seq = 0
+        self.last_ts = 0
+
+    def next(self, now_us: int) -> tuple[int, int]:
+        self.seq += 1
+        self.last_ts = max(now_us, self.last_ts + 1)
+        return self.seq, self.last_ts
+
+
+def base36(n: int) -> str:
+    """``n`` (>= 0) in base 36, lower case: the epoch part of an origin's name."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+class Now:
+    """``since=now``: the current end of the channels, resolved by the service
+    to a cursor when the subscribe arrives (so it is valid on every node)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOW"
+
+
+NOW = Now()
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What a subscriber asks for; hashable, so equal queries share one answer.
+
+    ``since`` is a cursor (per-origin positions) or a time in microseconds
+    (messages strictly after it). ``until`` bounds timestamps from above.
+    """
+
+    channels: tuple[str, ...]
+    since: Cursor | int | Now
+    until: int | None
+    limit: int
+    max_bytes: int | None = None  # of message JSON in one answer (a cut like ``limit``)
+
+    def wants(self, message: Message) -> bool:
+        """Whether ``message`` (on one of our channels) belongs in an answer."""
+        if self.until is not None and message.ts > self.until:
+            return False
+        if isinstance(self.since, Cursor):
+            return message.seq > self.since.position(message.origin)
+        if isinstance(self.since, Now):
+            raise TypeError("resolve since=now before matching")
+        return message.ts > self.since

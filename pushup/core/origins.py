@@ -1,0 +1,117 @@
+"""Origins and restarts: which origins a cursor may name, and what it lost.
+
+An origin is ``<node_id>.<epoch>``; a newer epoch of the same node id
+supersedes the older ones. A cursor position for an origin the store does not
+hold, whose node the store knows at a newer epoch, is history lost with a
+restart (a gap, reported once); a superseded origin that holds no message any
+more is *retired* and dropped from the cursors the store hands out. So an
+issued cursor names at most the origins holding cached messages, the newest
+origin of each node id, and origins of nodes this store has not heard of (cut
+to ``MAX_ORIGINS``). Pure bookkeeping over the store's horizon: no socket, no
+clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pushup.core.cursor import MAX_ORIGINS, Cursor
+from pushup.core.model import parse_origin
+
+READ_THROUGH = 1 << 63  # the position of a retired origin a cursor has moved past
+Position = Callable[[str], int]  # a cursor's position for an origin, as the store reads it
+
+
+class Origins:
+    """The origins of a store's ``horizon``: their nodes' newest epochs, and
+    the superseded ones that hold nothing (``holds(origin)`` says whether the
+    store caches any message of it)."""
+
+    def __init__(self, horizon: dict[str, int], holds: Callable[[str], bool]) -> None:
+        self.horizon = horizon
+        self.holds = holds
+        self._parsed: dict[str, tuple[str, int] | None] = {}
+        self.newest: dict[str, int] = {}  # node id -> its newest epoch known
+        self.retired: set[str] = set()
+
+    def note(self, origin: str) -> None:
+        """``origin`` enters the horizon: learn its node's newest epoch, and
+        retire the origins it supersedes that hold nothing."""
+        parsed = self._parsed[origin] = parse_origin(origin)
+        if parsed is None:
+            return
+        node, epoch = parsed
+        newest = self.newest.get(node, -1)
+        if epoch > newest:
+            self.newest[node] = epoch
+            for o in self.horizon:
+                p = self._parsed.get(o)
+                if p is not None and p[0] == node and p[1] < epoch and not self.holds(o):
+                    self.retired.add(o)
+        elif epoch < newest and not self.holds(origin):
+            self.retired.add(origin)
+
+    def superseded(self, origin: str) -> bool:
+        parsed = self._parsed.get(origin)
+        return parsed is not None and self.newest[parsed[0]] > parsed[1]
+
+    def forgotten(self, origin: str) -> bool:
+        """A position in an origin we do not hold, though we know its node at a
+        newer epoch: its history went with a restart."""
+        if origin in self.horizon:
+            return False
+        parsed = parse_origin(origin)
+        return parsed is not None and self.newest.get(parsed[0], -1) > parsed[1]
+
+    def _newest_named(self, cursor: Cursor) -> dict[str, int]:
+        named: dict[str, int] = {}
+        for o, _ in cursor.positions:
+            parsed = self._parsed.get(o) if o in self._parsed else parse_origin(o)
+            if parsed is not None and parsed[1] > named.get(parsed[0], -1):
+                named[parsed[0]] = parsed[1]
+        return named
+
+    def reader(self, since: Cursor) -> Position:
+        """How this store reads ``since``: a retired origin the cursor does not
+        name, while it names a newer origin of the same node, was read through
+        (a cursor we issued dropped it after reporting any gap in it)."""
+        held = since.as_dict()
+        if not self.retired:
+            return lambda o: held.get(o, 0)
+        named = self._newest_named(since)
+
+        def position(origin: str) -> int:
+            seq = held.get(origin)
+            if seq is not None:
+                return seq
+            if origin in self.retired:
+                node, epoch = self._parsed[origin]  # type: ignore[misc]
+                if named.get(node, -1) > epoch:
+                    return READ_THROUGH
+            return 0
+
+        return position
+
+    def tidy(self, cursor: Cursor) -> Cursor:
+        """The cursor to hand out: without forgotten origins, without retired
+        ones it has moved past, and at most ``MAX_ORIGINS`` long (origins of
+        nodes we have not heard of go first: only a forged cursor has many)."""
+        named: dict[str, int] | None = None
+        known: list[tuple[str, int]] = []
+        unknown: list[tuple[str, int]] = []
+        for o, seq in cursor.positions:
+            if o in self.horizon:
+                if o in self.retired:
+                    if named is None:
+                        named = self._newest_named(cursor)
+                    node, epoch = self._parsed[o]  # type: ignore[misc]
+                    if named.get(node, -1) > epoch:
+                        continue
+                known.append((o, seq))
+            elif not self.forgotten(o):
+                unknown.append((o, seq))
+        if len(known) + len(unknown) > MAX_ORIGINS:
+            unknown = unknown[: max(0, MAX_ORIGINS - len(known))]
+        if len(known) + len(unknown) == len(cursor.positions):
+            return cursor
+        return Cursor(tuple(sorted(known + unknown)))

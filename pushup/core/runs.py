@@ -1,0 +1,81 @@
+"""An origin's messages in sequence order: the store's per-channel and per-origin runs.
+
+Messages almost always arrive in sequence order (an origin numbers its own,
+peers apply them in order) and leave oldest first, so a run is two parallel
+lists with a moving head: adding at the end and dropping the head cost
+O(1); anything else falls back to a bisect. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+
+from pushup.core.model import Message
+
+
+class Run:
+    __slots__ = ("_head", "_items", "_seqs")
+
+    def __init__(self) -> None:
+        self._items: list[Message] = []
+        self._seqs: list[int] = []
+        self._head = 0  # items before it are gone
+
+    def __len__(self) -> int:
+        return len(self._items) - self._head
+
+    def __bool__(self) -> bool:
+        return len(self._items) > self._head
+
+    def __getitem__(self, i: int) -> Message:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._items[self._head + i]
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.islice(0)
+
+    def add(self, m: Message) -> None:
+        """Insert ``m`` in sequence order (at the end, almost always)."""
+        seqs = self._seqs
+        if len(seqs) == self._head or m.seq > seqs[-1]:
+            seqs.append(m.seq)
+            self._items.append(m)
+            return
+        i = bisect_right(seqs, m.seq, self._head)
+        seqs.insert(i, m.seq)
+        self._items.insert(i, m)
+
+    def remove(self, m: Message) -> None:
+        """Take ``m`` out (ValueError if absent); the oldest goes in O(1)."""
+        head = self._head
+        i = bisect_left(self._seqs, m.seq, head)
+        if i == len(self._items) or self._items[i] is not m:
+            raise ValueError(f"{m.id} is not in this run")
+        if i == head:
+            self._items[head] = None  # type: ignore[call-overload]  # free it now
+            self._head = head + 1
+            if self._head * 2 > len(self._items):
+                self._compact()
+        else:
+            del self._items[i]
+            del self._seqs[i]
+
+    def bisect_key_left(self, seq: int) -> int:
+        return bisect_left(self._seqs, seq, self._head) - self._head
+
+    def bisect_key_right(self, seq: int) -> int:
+        return bisect_right(self._seqs, seq, self._head) - self._head
+
+    def islice(self, start: int, stop: int | None = None) -> Iterator[Message]:
+        """Messages from index ``start`` up to ``stop`` (not while the run changes)."""
+        end = len(self._items) if stop is None else min(self._head + stop, len(self._items))
+        return map(self._items.__getitem__, range(self._head + start, end))
+
+    def _compact(self) -> None:
+        del self._items[: self._head]
+        del self._seqs[: self._head]
+        self._head = 0

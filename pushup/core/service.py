@@ -1,0 +1,324 @@
+"""The node's behaviour over time: publish, hold, answer, expire, drain.
+
+``Service`` owns the store, the hub and the counters, and is driven by an
+injected clock (``IReactorTime``, typed as ``Clock``): one timer for every subscriber timeout,
+one for retention. It builds response bodies (each message's JSON was
+serialised once at publish; equal queries share one body) and hands them to
+the subscriber objects the HTTP layer gives it. It parses no HTTP.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from pushup.core.counters import Counters
+from pushup.core.errors import ShuttingDown
+from pushup.core.hub import Hub, Waiter
+from pushup.core.idempotency import Idem, replay
+from pushup.core.model import Draft, Message, Now, Query, dumps
+from pushup.core.store import Channel, Result, Store
+
+SLICE = 1000  # subscribers answered per reactor turn during a fan-out (~20 ms)
+SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
+
+
+class DelayedCall(Protocol):
+    """What ``Clock.callLater`` returns (Twisted's ``DelayedCall``, as far as we use it)."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The injected clock: Twisted's ``IReactorTime`` (the reactor, or ``task.Clock``)."""
+
+    def seconds(self) -> float: ...
+
+    def callLater(self, delay: float, f: Callable[..., object],  # noqa: N802 (Twisted's)
+                  *args: object) -> DelayedCall: ...
+
+
+class Subscriber(Protocol):
+    """The HTTP layer's end of a held subscription."""
+
+    def respond(self, body: bytes, hold: bool = False) -> bool:
+        """Send ``body`` as the 200 answer; False if the client is gone.
+
+        ``hold``: a fan-out is still under way; do not read this client's next
+        request until ``Service.on_fanout_done`` listeners run (they run at the
+        end of every fan-out, held or not).
+        """
+
+
+def render(query: Query, result: Result, closed: Sequence[str] = ()) -> bytes:
+    """The subscribe response body for ``result``."""
+    wanted = frozenset(query.channels)
+    parts = [b'{"messages":[', b",".join(m.json_for(wanted) for m in result.messages),
+             b'],"cursor":"', result.cursor.encode().encode(), b'"']
+    if result.gap:
+        parts.append(b',"gap":true')
+    parts += [b',"closed":', dumps(list(closed)), b"}"]
+    return b"".join(parts)
+
+
+class Alarm:
+    """One timer that fires ``callback(deadline)`` no later than asked."""
+
+    def __init__(self, clock: Clock, callback: Callable[[int], None]) -> None:
+        self._clock = clock
+        self._callback = callback
+        self._call: DelayedCall | None = None
+        self._at = 0
+
+    def set(self, deadline: int | None, now: int) -> None:
+        """Fire at ``deadline`` (µs) unless already due earlier; None disarms."""
+        if self._call is not None and self._call.active():
+            if deadline is not None and self._at <= deadline:
+                return
+            self._call.cancel()
+        self._call = None
+        if deadline is not None:
+            self._at = deadline
+            self._call = self._clock.callLater(max(0, deadline - now) / 1e6, self._fire)
+
+    def _fire(self) -> None:
+        self._call = None
+        self._callback(self._at)
+
+
+class Service:
+    def __init__(self, store: Store, clock: Clock, max_timeout: float) -> None:
+        self.store = store
+        self.hub = Hub()
+        self.counters = Counters()
+        self.clock = clock
+        self.max_timeout = max_timeout
+        self.started = clock.seconds()
+        self.draining = False
+        self.on_fanout_done: list[Callable[[], None]] = []
+        self._timeouts = Alarm(clock, self._on_timeout)
+        self._sweeper = Alarm(clock, self._on_sweep)
+        self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
+        self._flushing: DelayedCall | None = None
+        self._arrivals: list[Message] = []  # stored, waiters not yet woken
+        self._arriving: DelayedCall | None = None
+
+    def now(self) -> int:
+        return round(self.clock.seconds() * 1_000_000)
+
+    # -- publishing --------------------------------------------------------
+
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None) -> list[Message]:
+        """Accept drafts from a publisher (all validated) as this node's own
+        messages: store them and answer their subscribers. (The backplane
+        decides when the publisher hears back and tells the cluster.)
+
+        With ``idem``, a key this node remembers (from any node of the
+        cluster) stores nothing: the answer is the first attempt's messages,
+        as ``Replayed``; the key with another body raises ``KeyReused``.
+        """
+        self.check_open()
+        now = self.now()
+        if idem is not None:
+            record = self.store.keys.recall(idem, now)
+            if record is not None:
+                return replay(record, drafts)
+        messages = self.store.publish(drafts, now, idem)
+        self.counters.published += len(messages)
+        self.arrived(messages, now)
+        return messages
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise ShuttingDown("the node is shutting down; publish to another node")
+
+    def arrived(self, messages: Iterable[Message], now: int) -> None:
+        """New messages are in the store: answer everyone they are for, on the
+        reactor's next turn, so whoever brought them (a publisher, a peer) is
+        answered first. Nothing is missed meanwhile: a subscribe that comes in
+        between reads the store, which already holds them."""
+        self._arrivals.extend(messages)
+        if self._arriving is None:
+            self._arriving = self.clock.callLater(0, self._deliver_arrivals)
+
+    def _deliver_arrivals(self) -> None:
+        self._arriving = None
+        messages, self._arrivals = self._arrivals, []
+        waiters: dict[Waiter, None] = {}
+        for m in messages:
+            waiters.update(dict.fromkeys(self.hub.take_matching(m)))
+        self._answer(waiters, at_once=True)
+        now = self.now()
+        self._timeouts.set(self.hub.next_deadline(), now)
+        self._sweeper.set(self._next_sweep(), now)
+
+    # -- subscribing -------------------------------------------------------
+
+    def subscribe(self, query: Query, timeout: float, who: Subscriber) -> bytes | Waiter:
+        """Answer now (returns the body) or hold (returns the Waiter to forget)."""
+        now = self.now()
+        if isinstance(query.since, Now):
+            query = replace(query, since=self.store.end())
+        if self.store.touch(query.channels, now):
+            # New channels expire one ttl from now even if nothing else
+            # happens: a pull answered below arms no other timer.
+            self._sweeper.set(self._next_sweep(), now)
+        result = self.store.query(query)
+        past_until = query.until is not None and query.until < now
+        if result.messages or result.gap or timeout <= 0 or self.draining or past_until:
+            self.counters.delivered += len(result.messages)
+            return render(query, result)
+        waiter = Waiter(query, now + round(min(timeout, self.max_timeout) * 1e6), who)
+        self.hub.add(waiter)
+        self._timeouts.set(waiter.deadline, now)
+        self._sweeper.set(self._next_sweep(), now)
+        return waiter
+
+    def rearm(self) -> None:
+        """Channels were created or renewed: make sure retention runs in time."""
+        self._sweeper.set(self._next_sweep(), self.now())
+
+    def forget(self, waiter: Waiter) -> None:
+        """The subscriber went away: drop every trace of it."""
+        if self.hub.discard(waiter):
+            self._timeouts.set(self.hub.next_deadline(), self.now())
+
+    def create_channel(self, name: str | None, ttl: int | None) -> Channel:
+        channel = self.store.create(name, ttl, self.now())
+        self.rearm()
+        return channel
+
+    def renew_channel(self, name: str, ttl: int | None) -> Channel:
+        channel = self.store.renew(name, ttl, self.now())
+        self.rearm()
+        return channel
+
+    def delete_channel(self, name: str) -> None:
+        self.close_channel(name)
+
+    def apply_op(self, kind: str, name: str, ttl: int, expires_at: int, now: int) -> None:
+        """Another node's channel operation: the channel as that node left it."""
+        channel = self.store.channels.get(name)
+        if kind == "delete":
+            if channel is not None:
+                self.close_channel(name)
+            return
+        if channel is None:
+            channel = self.store.create(name, ttl, now)
+        channel.ttl = ttl
+        channel.expires_at = expires_at
+        self.store.reschedule(channel)
+        self.rearm()
+
+    def close_channel(self, name: str) -> None:
+        self.store.delete(name)
+        self._answer(dict.fromkeys(self.hub.take_channel(name)), closed=name)
+        self._timeouts.set(self.hub.next_deadline(), self.now())
+
+    # -- answering ---------------------------------------------------------
+
+    def _answer(self, waiters: Iterable[Waiter], closed: str | None = None,
+                at_once: bool = False) -> None:
+        """Queue an answer for each waiter; equal queries share one body.
+
+        The first slice goes out ``at_once`` or on the reactor's next turn.
+        """
+        bodies: dict[Query, tuple[bytes, int]] = {}
+        for waiter in waiters:
+            entry = bodies.get(waiter.query)
+            if entry is None:
+                result = self.store.query(waiter.query)
+                entry = (render(waiter.query, result, [closed] if closed else ()),
+                         len(result.messages))
+                bodies[waiter.query] = entry
+            self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
+        if at_once:
+            self._flush()
+        elif self._backlog and self._flushing is None:
+            # e.g. a channel closed by a request: that request is answered first
+            self._flushing = self.clock.callLater(0, self._flush)
+
+    def _flush(self, everything: bool = False) -> None:
+        """Answer a slice of the backlog now and yield the reactor for the rest."""
+        if self._flushing is not None and self._flushing.active():
+            self._flushing.cancel()
+        self._flushing = None
+        backlog = self._backlog
+        n = len(backlog) if everything else min(SLICE, len(backlog))
+        # Between slices the reactor serves other clients, but not the next
+        # requests of those already answered: everyone gets this message
+        # before anyone's re-poll costs the fan-out time.
+        hold = n < len(backlog)
+        delivered = 0
+        for _ in range(n):
+            who, body, count = backlog.popleft()
+            if who.respond(body, hold):
+                delivered += count
+        self.counters.delivered += delivered
+        if backlog:
+            if self._flushing is None:
+                self._flushing = self.clock.callLater(0, self._flush)
+        else:  # the fan-out is over: held clients read on, its bodies can go
+            for listener in self.on_fanout_done:
+                listener()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    # -- timers ------------------------------------------------------------
+
+    def _on_timeout(self, deadline: int) -> None:
+        now = max(self.now(), deadline)
+        self._answer(self.hub.take_expired(now), at_once=True)
+        self._timeouts.set(self.hub.next_deadline(), now)
+
+    def _next_sweep(self) -> int | None:
+        deadline = self.store.next_deadline()
+        if deadline is None:
+            return None
+        return deadline + (-deadline % SWEEP_GRAIN)
+
+    def _on_sweep(self, deadline: int) -> None:
+        now = max(self.now(), deadline)
+        self.store.expire(now, busy=lambda name: self.hub.waiting_on(name) > 0)
+        self._sweeper.set(self._next_sweep(), now)
+
+    # -- shutting down -----------------------------------------------------
+
+    def drain(self) -> None:
+        """Refuse new work and answer every held subscriber now."""
+        self.draining = True
+        if self._arriving is not None and self._arriving.active():
+            self._arriving.cancel()  # everyone is answered below, with the store as it is
+        self._arriving, self._arrivals = None, []
+        self._answer(self.hub.take_all())
+        self._flush(everything=True)
+        self._timeouts.set(None, self.now())
+        self._sweeper.set(None, self.now())
+
+    # -- figures -----------------------------------------------------------
+
+    def snapshot(self, rss: int) -> dict[str, object]:
+        c = self.counters
+        return {
+            "node_id": self.store.origin.node_id,
+            "origin": self.store.origin.name,
+            "uptime_s": round(self.clock.seconds() - self.started, 3),
+            "connections": c.connections,
+            "waiting": len(self.hub),
+            "channels": len(self.store.channels),
+            "messages": self.store.message_count,
+            "cached_bytes": self.store.bytes,
+            "published": c.published,
+            "delivered": c.delivered,
+            "bytes_in": c.bytes_in,
+            "bytes_out": c.bytes_out,
+            "refused": c.refused,
+            "rss_bytes": rss,
+        }
+

@@ -1,0 +1,169 @@
+"""What a request and a response are, and how a response becomes bytes.
+
+A ``Request`` is the value the HTTP front hands to the handlers; a
+``Response`` is the value they hand back (or ``Held``: answered later). The
+``Writer`` turns responses into HTTP/1.1 bytes with our standard headers and
+a ``Date`` rebuilt once a second. This module is pure: no sockets, no
+reactor; the clock's reading is an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from pushup.core.errors import MethodNotAllowed, PushUpError, Unavailable
+from pushup.core.model import dumps
+
+JSON = b"application/json; charset=utf-8"
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_SHARED_CACHE = 64  # fan-out bodies whose whole response is kept for reuse...
+_SHARED_BYTES = 16 * 1024 * 1024  # ...and their bytes in all (the newest is always kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One parsed request: raw (still percent-encoded) path and query string,
+    headers keyed by lower-case name (repeats joined with ", "), whole body."""
+
+    method: bytes
+    path: bytes
+    query: bytes
+    headers: dict[bytes, bytes]
+    body: bytes = b""
+
+    def header(self, name: bytes) -> str:
+        """A header's value as text ('' when absent)."""
+        return self.headers.get(name, b"").decode("latin-1")
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A complete answer. ``close``: the connection ends after it."""
+
+    status: int
+    body: bytes | None = None
+    content_type: bytes = JSON
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The request waits; ``token`` is what to hand back if the client leaves."""
+
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The answer comes later: ``answer`` (a Deferred) fires with the Response,
+    e.g. a 201 once the backplane acknowledges a publish."""
+
+    answer: Any
+
+
+def error_body(e: PushUpError) -> bytes:
+    """The contract's one error shape."""
+    return dumps({"error": {"code": e.code, "message": e.message}})
+
+
+def error_response(e: PushUpError, close: bool = False) -> Response:
+    """The one place a ``PushUpError`` becomes an HTTP answer.
+
+    Server faults (5xx other than 503) close the connection: its state is
+    not to be trusted after them.
+    """
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    if isinstance(e, MethodNotAllowed):
+        headers = ((b"Allow", ", ".join(e.allowed).encode()),)
+    if isinstance(e, Unavailable) and e.retry_after is not None:
+        headers = ((b"Retry-After", b"%d" % e.retry_after),)
+    if e.status >= 500 and e.status != 503:
+        close = True
+    return Response(e.status, error_body(e), headers=headers, close=close)
+
+
+class Writer:
+    """Serialises responses with the headers every answer carries."""
+
+    def __init__(self, cors_origin: str = "") -> None:
+        self._cors = (b"Access-Control-Allow-Origin: " + cors_origin.encode() + b"\r\n"
+                      if cors_origin else b"")
+        self._second = -1
+        self._date = b""
+        self._shared: dict[int, tuple[bytes, bytes]] = {}
+        self._shared_bytes = 0
+
+    def tick(self, now: float) -> None:
+        """Keep ``Date`` current; call with the clock's reading before writing."""
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._date = formatdate(second, usegmt=True).encode()
+
+    def head(self, status: int, content_type: bytes | None, length: int | None,
+             extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"") -> bytes:
+        """Status line and headers, ending with the blank line."""
+        parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
+                 b"X-Content-Type-Options: nosniff\r\n"
+                 % (status, _REASONS.get(status, b"Unknown"), self._date)]
+        if content_type is not None:
+            parts.append(b"Content-Type: " + content_type + b"\r\n")
+        if length is not None:
+            parts.append(b"Content-Length: %d\r\n" % length)
+        for name, value in extra:
+            parts.append(name + b": " + value + b"\r\n")
+        if connection:
+            parts.append(b"Connection: " + connection + b"\r\n")
+        parts.append(self._cors)
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def render(self, response: Response, head_only: bool = False,
+               connection: bytes = b"") -> bytes:
+        """The whole response; ``head_only`` for HEAD (length kept, no body)."""
+        body = response.body
+        if body is None:
+            no_length = response.status in (204, 304) or response.status < 200
+            return self.head(response.status, None, None if no_length else 0,
+                             response.headers, connection)
+        head = self.head(response.status, response.content_type, len(body),
+                         response.headers, connection)
+        return head if head_only else head + body
+
+    def shared(self, body: bytes) -> bytes:
+        """A plain keep-alive 200 carrying ``body``, built once per body.
+
+        A fan-out hands the same body object to thousands of subscribers;
+        each gets the same bytes. An entry lives until ``release_shared`` (the
+        fan-out's end), or until the cache is past its count or byte bound.
+        """
+        cached = self._shared.get(id(body))
+        if cached is not None and cached[0] is body:
+            return cached[1]
+        raw = self.head(200, JSON, len(body)) + body
+        if (len(self._shared) >= _SHARED_CACHE
+                or self._shared_bytes + len(raw) > _SHARED_BYTES):
+            self.release_shared()
+        self._shared[id(body)] = (body, raw)
+        self._shared_bytes += len(raw)
+        return raw
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of cached fan-out responses (0 between fan-outs)."""
+        return self._shared_bytes
+
+    def release_shared(self) -> None:
+        """Forget every cached fan-out response: once a fan-out ends its bodies
+        are never answered again, and keeping them would hold their bytes (and
+        the bodies) until the next one."""
+        self._shared.clear()
+        self._shared_bytes = 0
+
+    def canned(self, e: PushUpError) -> bytes:
+        """A whole closing error response, for answers outside any request."""
+        return self.render(error_response(e), connection=b"close")

@@ -1,0 +1,385 @@
+"""The endpoints: request values in, response values out.
+
+Routing is a table over the raw path (no resource traversal). Each handler
+takes a ``Request`` and returns a ``Response``, or ``Held`` when a subscribe
+waits; behaviour lives in :mod:`pushup.core.service`, parameters are checked in
+:mod:`pushup.http.params`. Nothing here reads a socket, the wall clock (the
+service's clock is injected) or HTTP framing, so an endpoint can be tested
+with plain values (tests/http/test_handlers.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import replace
+from importlib.resources import files
+from typing import Any, Protocol
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from pushup.backplane import (
+    PEER_BODY_LIMIT,
+    Backplane,
+    PeerEndpoints,
+    PeerRequest,
+    Unconfirmed,
+    unsigned,
+)
+from pushup.config import Config
+from pushup.core import errors
+from pushup.core.cursor import Cursor
+from pushup.core.cursor import decode as decode_cursor
+from pushup.core.errors import PushUpError
+from pushup.core.idempotency import Idem, check_key, fingerprint
+from pushup.core.model import (
+    Draft,
+    Message,
+    Query,
+    check_channel_list,
+    dumps,
+    encode_data,
+    format_time,
+)
+from pushup.core.service import Service, Subscriber
+from pushup.core.store import Channel
+from pushup.http.exchange import Held, Pending, Request, Response, error_response
+from pushup.http.params import (
+    Args,
+    ParsedQueries,
+    json_object,
+    path_name,
+    query_args,
+    subscribe_query,
+    ttl_of,
+)
+from pushup.http.sse import EventStream, StreamClient, closed_in
+from pushup.http.tokens import Verifier
+
+
+class Client(Subscriber, StreamClient, Protocol):
+    """The HTTP front's end of one request: a held poll's or an event stream's."""
+
+    def open_stream(self) -> None:
+        """Answer 200 ``text/event-stream``; events follow."""
+
+
+Outcome = Response | Held | Pending
+Handler = Callable[[Request, tuple[str, ...], Client], Outcome]
+
+
+class Handlers:
+    """Routes requests to endpoints; answers errors with the JSON body."""
+
+    def __init__(self, service: Service, config: Config,
+                 stats: Callable[[], dict[str, Any]],
+                 metrics: Callable[[], tuple[bytes, bytes]],
+                 backplane: Backplane, peers: PeerEndpoints | None = None) -> None:
+        self.service = service
+        self.config = config
+        self.backplane = backplane
+        self.peers = peers  # the mesh's /peer/ endpoints, when it runs
+        self._stats = stats
+        self._metrics = metrics
+        self._parse_subscribe = _parse_subscribe(config)
+        self.parsed_queries: ParsedQueries[tuple[Query, float, str | None]] = ParsedQueries()
+        self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
+        self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
+            (b"publish",): {b"POST": self.publish},
+            (b"subscribe",): {b"GET": self.subscribe},
+            (b"channels",): {b"POST": self.create_channel},
+            (b"channels", b"*"): {b"GET": self.channel_info, b"HEAD": self.channel_info,
+                                  b"DELETE": self.delete_channel},
+            (b"channels", b"*", b"renew"): {b"POST": self.renew_channel},
+            (b"health",): {b"GET": self.health, b"HEAD": self.health},
+            (b"stats",): {b"GET": self.stats, b"HEAD": self.stats},
+            (b"metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
+            (b"pushup.js",): {b"GET": self.client_js, b"HEAD": self.client_js},
+            (b"peer", b"messages"): {b"POST": self.peer},
+            (b"peer", b"snapshot"): {b"GET": self.peer},
+            (b"peer", b"repair"): {b"POST": self.peer},
+        }
+
+    # -- what the HTTP front calls ------------------------------------------
+
+    def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
+        """Before the body: the most body bytes this request may bring, or the
+        answer that refuses it unread (a peer request nobody signed)."""
+        if path.startswith(b"/peer/"):
+            signed = b"x-pushup-signature" in headers
+            if self.peers is None or not self.peers.admits(signed):
+                return error_response(unsigned(), close=True)
+            return PEER_BODY_LIMIT
+        return self.config.max_body_bytes
+
+    def too_large(self, path: bytes) -> PushUpError:
+        limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes
+        return errors.TooLarge(f"the request body is over {limit} bytes")
+
+    def handle(self, request: Request, client: Client) -> Outcome:
+        """The answer to ``request`` (``client`` is who a held subscribe answers).
+
+        A ``PushUpError`` becomes its JSON answer here; anything else is a bug
+        the caller logs and answers 500.
+        """
+        try:
+            if request.method == b"OPTIONS" and self.config.cors_origin:
+                return _PREFLIGHT
+            handlers, params = self._route(request.path)
+            handler = handlers.get(request.method)
+            if handler is None:
+                allowed = tuple(m.decode() for m in handlers)
+                raise errors.MethodNotAllowed(
+                    f"{request.method.decode('latin-1')} is not allowed here", allowed)
+            return handler(request, params, client)
+        except PushUpError as e:
+            return error_response(e)
+
+    def gone(self, token: Any) -> None:
+        """The client of a held subscribe (or of an event stream) went away."""
+        if isinstance(token, EventStream):
+            token.stop()
+        else:
+            self.service.forget(token)
+
+    def _route(self, raw_path: bytes) -> tuple[dict[bytes, Handler], tuple[str, ...]]:
+        segments = raw_path.split(b"/")[1:]
+        params: tuple[str, ...] = ()
+        key = tuple(segments)
+        if len(segments) in (2, 3) and segments[0] == b"channels":
+            key = (b"channels", b"*", *segments[2:])
+            if key in self._routes:
+                params = (path_name(segments[1]),)
+        handlers = self._routes.get(key)
+        if handlers is None:
+            raise errors.NotFound(f"no such path: {raw_path.decode('latin-1')[:100]}")
+        return handlers, params
+
+    # -- guards --------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        """Publishing and managing channels: the token when one is set; a
+        browser page of a foreign origin is refused unless allowed by
+        ``--cors-origin`` or it carries the token."""
+        token = self.config.publish_token
+        given = request.header(b"authorization")
+        if token:
+            if not (given.startswith("Bearer ")
+                    and hmac.compare_digest(given[7:].encode(), token.encode())):
+                raise errors.Unauthorized("this endpoint needs Authorization: Bearer <token>")
+            return
+        origin = request.headers.get(b"origin")
+        if origin is not None and not self._origin_allowed(origin, request):
+            raise errors.Forbidden(
+                f"a page of origin {origin.decode('latin-1')[:100]} may not publish or "
+                "manage channels here (see --cors-origin and --publish-token)")
+
+    def _origin_allowed(self, origin: bytes, request: Request) -> bool:
+        allowed = self.config.cors_origin
+        if allowed == "*" or origin.decode("latin-1") == allowed:
+            return True
+        host = request.headers.get(b"host", b"")
+        return bool(host) and origin in (b"http://" + host, b"https://" + host)
+
+    def _ready(self) -> None:
+        self.backplane.check_ready()
+
+    # -- endpoints -----------------------------------------------------------
+
+    def publish(self, request: Request, _: tuple[str, ...], __: Client,
+                ) -> Response | Pending:
+        self._authorize(request)
+        self._ready()
+        self.service.check_open()
+        key = check_key(request.headers.get(b"idempotency-key"))
+        body = json_object(request.body)
+        if "messages" in body:
+            items = body["messages"]
+            if "channels" in body or "data" in body:
+                raise errors.BadRequest("give either messages or channels and data, not both")
+            if not isinstance(items, list) or not items:
+                raise errors.BadRequest("messages must be a non-empty list")
+            drafts = [self._draft(item, f"messages[{i}]") for i, item in enumerate(items)]
+        else:
+            drafts = [self._draft(body, "")]
+        batch = "messages" in body
+        idem = None if key is None else Idem(key, fingerprint(drafts, batch))
+
+        def receipts(published: list[Message]) -> Response:
+            each = [b'{"id":"%s","timestamp":%s,"channels":%s}'
+                    % (m.id.encode(), format_time(m.ts).encode(), m.channels_json)
+                    for m in published]
+            # 202: published, but held by this node only (README, "What a 201 means").
+            # A retry with the key of a stored publish (Replayed) gets the same
+            # receipts, 201 once the first attempt's messages are acknowledged.
+            status = 202 if isinstance(published, Unconfirmed) else 201
+            if batch:
+                return Response(status, b'{"messages":[' + b",".join(each) + b"]}")
+            return Response(status, each[0])
+
+        return _when(self.backplane.publish(drafts, idem), receipts)
+
+    def _draft(self, item: object, where: str) -> Draft:
+        prefix = f"{where}: " if where else ""
+        if not isinstance(item, dict):
+            raise errors.BadRequest(f"{prefix}a message is an object with channels and data")
+        if "data" not in item:
+            raise errors.BadRequest(f"{prefix}data is required")
+        try:
+            channels = check_channel_list(item.get("channels"), self.config.max_channels)
+            data = encode_data(item["data"], self.config.max_message_bytes)
+        except PushUpError as e:
+            e.message = prefix + e.message
+            raise
+        return Draft(channels, data)
+
+    def subscribe(self, request: Request, _: tuple[str, ...], client: Client,
+                  ) -> Response | Held:
+        self._ready()
+        cached = self.parsed_queries.get(request.query)
+        parsed = cached or self._parse_subscribe(request.query)
+        query, timeout, token = parsed
+        expires = None
+        if self._tokens is not None:
+            if token is None:
+                bearer = request.header(b"authorization")
+                token = bearer[7:] if bearer.startswith("Bearer ") else None
+            expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+        if cached is None:  # kept only once authorised
+            self.parsed_queries.put(request.query, parsed)
+        if b"text/event-stream" in request.headers.get(b"accept", b""):
+            return self._stream(request, query, client, expires)
+        outcome = self.service.subscribe(query, timeout, client)
+        if isinstance(outcome, bytes):
+            return Response(200, outcome)
+        return Held(outcome)
+
+    def _stream(self, request: Request, query: Query, client: Client,
+                expires: float | None) -> Response | Held:
+        """SSE: a reconnect's Last-Event-ID (an id we issued) wins over since,
+        and the channels an id says were closed stay closed. 204 when there is
+        nothing to stream (every channel closed, or until past and nothing
+        left): that stops an EventSource for good."""
+        last = request.header(b"last-event-id")
+        if last:
+            query = replace(query, since=decode_cursor(last))
+        elif isinstance(query.since, Cursor):
+            last = Args(query_args(request.query)).get("since") or ""
+        stream = EventStream(self.service, query, client, closed=closed_in(last),
+                             expires=expires)
+        if stream.has_nothing_to_send():
+            return _NO_CONTENT
+        client.open_stream()
+        stream.start()
+        return Held(stream)
+
+    def create_channel(self, request: Request, _: tuple[str, ...], __: Client,
+                       ) -> Response | Pending:
+        self._authorize(request)
+        self._ready()
+        body = json_object(request.body, empty_ok=True)
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise errors.BadChannelName("name must be a string")
+        return _when(self.backplane.create_channel(name, ttl_of(body)),
+                     lambda channel: Response(201, _channel_json(channel)))
+
+    def renew_channel(self, request: Request, params: tuple[str, ...], _: Client,
+                      ) -> Response | Pending:
+        self._authorize(request)
+        self._ready()
+        body = json_object(request.body, empty_ok=True)
+        return _when(self.backplane.renew_channel(params[0], ttl_of(body)),
+                     lambda channel: Response(200, _channel_json(channel)))
+
+    def delete_channel(self, request: Request, params: tuple[str, ...], _: Client,
+                       ) -> Response | Pending:
+        self._authorize(request)
+        self._ready()
+        return _when(self.backplane.delete_channel(params[0]), lambda _: _NO_CONTENT)
+
+    def channel_info(self, request: Request, params: tuple[str, ...], _: Client,
+                     ) -> Response:
+        self._authorize(request)
+        self._ready()
+        channel = self.service.store.get(params[0])
+        info = {"channel": channel.name, "messages": channel.count,
+                "subscribers": self.service.hub.waiting_on(channel.name)}
+        return Response(200, _channel_json(channel, info))
+
+    def health(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        if self.service.draining:
+            raise errors.ShuttingDown("the node is draining for shutdown")
+        self._ready()
+        return Response(200, dumps({"status": "ok", "node_id": self.service.store.origin.node_id}))
+
+    def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        return Response(200, dumps(self._stats()))
+
+    def metrics(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        content_type, text = self._metrics()
+        return Response(200, text, content_type)
+
+    def client_js(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        """The browser client (clients/js/ in the repository)."""
+        return _CLIENT_JS
+
+    def peer(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        """The backplane's own endpoints (the mesh's ``/peer/``), when it has them."""
+        if self.peers is None:
+            raise unsigned()
+        answer = self.peers.answer(PeerRequest(
+            request.method.decode(), request.path.decode("latin-1"),
+            request.header(b"x-pushup-time"), request.header(b"x-pushup-signature"),
+            request.body), self.service.now() / 1e6)
+        return Response(answer.status, answer.body)
+
+
+_PREFLIGHT = Response(204, headers=(
+    (b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, Idempotency-Key"),
+    (b"Access-Control-Max-Age", b"86400")))
+_NO_CONTENT = Response(204)
+_CLIENT_JS = Response(200, files("pushup.http").joinpath("static/pushup.js").read_bytes(),
+                      b"text/javascript; charset=utf-8")
+
+
+def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, str | None]]:
+    def parse(raw: bytes) -> tuple[Query, float, str | None]:
+        args = query_args(raw)
+        query, timeout = subscribe_query(args, config)
+        return query, timeout, Args(args).get("token")
+    return parse
+
+
+def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
+          ) -> Response | Pending:
+    """``answer`` once the backplane acknowledges; at once if it already has.
+
+    A ``PushUpError`` on the way (e.g. 503 while Redis is unreachable) is
+    answered as itself; anything else is a bug the front logs and answers 500.
+    """
+    if not acknowledged.called:
+        acknowledged.addCallback(answer)
+        acknowledged.addErrback(_error_answer)
+        return Pending(acknowledged)
+    done: list[Any] = []  # acknowledged already (a single node): answer now
+    acknowledged.addBoth(done.append)
+    if isinstance(done[0], Failure):
+        if isinstance(done[0].value, PushUpError):
+            return error_response(done[0].value)
+        done[0].raiseException()
+    return answer(done[0])
+
+
+def _error_answer(failure: Failure) -> Response | Failure:
+    if isinstance(failure.value, PushUpError):
+        return error_response(failure.value)
+    return failure
+
+
+def _channel_json(channel: Channel, extra: dict[str, Any] | None = None) -> bytes:
+    fields = {"channel": channel.name, **(extra or {})}
+    text = dumps(fields)[:-1] + b',"expires_at":' + format_time(channel.expires_at).encode()
+    return text + b"}"

@@ -1,0 +1,262 @@
+"""Server-sent events: a subscribe that stays open (``Accept: text/event-stream``).
+
+An ``EventStream`` names its position before anything else (an ``id:``), then
+writes one event per message, whose ``id`` is the position just after it, so
+an ``EventSource`` that reconnects with ``Last-Event-ID`` resumes exactly
+there. It reads history a page at a time (a long poll's ``limit`` and
+``--max-response-bytes``) and asks for the next page only once the client has
+taken the last one; when nothing is left it holds in the service like a long
+poll, and a hold that times out becomes a heartbeat comment. Every step after
+the first runs on a later reactor turn. It ends after ``until``, when every
+channel it follows is closed, when its token expires, and at drain. It parses
+no HTTP and reads the clock only through the service.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Protocol
+
+from pushup.core.cursor import PREFIX, Cursor
+from pushup.core.errors import BadRequest, Unauthorized
+from pushup.core.hub import Waiter
+from pushup.core.model import Now, Query
+from pushup.core.service import DelayedCall, Service
+from pushup.core.store import Result
+from pushup.http.exchange import error_body
+from pushup.http.params import MAX_CURSOR_CHARS
+
+HEARTBEAT_S = 15.0  # well under any proxy's idle timeout (HAProxy's here: 150 s)
+HEARTBEAT = b": keep-alive\n"  # no blank line: some readers take one for an empty event
+DIGEST_BYTES = 6  # per closed channel in an id: 2**48, no collision among 64 names
+
+
+def max_event_id(max_channels: int) -> int:
+    """The longest id a stream issues: the longest cursor, a dot, and the
+    digests of every channel a subscribe may name (base64)."""
+    return MAX_CURSOR_CHARS + 1 + (max_channels * DIGEST_BYTES * 4 + 2) // 3
+
+
+def closed_in(event_id: str) -> frozenset[bytes]:
+    """The channels an id says its stream saw closed (digests; see ``digest``);
+    400 if that part is not one we issue."""
+    if not event_id.startswith(PREFIX):
+        return frozenset()
+    _, _, tail = event_id[len(PREFIX):].partition(".")
+    try:
+        raw = base64.b64decode(tail + "=" * (-len(tail) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("Last-Event-ID is not an id this service issued") from None
+    return frozenset(raw[i:i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES))
+
+
+def digest(channel: str) -> bytes:
+    return hashlib.blake2b(channel.encode(), digest_size=DIGEST_BYTES).digest()
+
+
+class StreamClient(Protocol):
+    """The HTTP front's end of a stream."""
+
+    def send_events(self, data: bytes) -> bool:
+        """Write ``data``; False if the client is gone."""
+
+    def end_stream(self) -> None:
+        """End the stream and close once what was written is sent."""
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on a later reactor turn, once the client has taken
+        what was written (never if the client goes away first)."""
+
+
+class EventStream:
+    """One open stream. ``closed``: digests of channels a reconnect's id says
+    were closed (they are left out and never held on); ``expires``: when the
+    subscriber token stops being valid (Unix seconds), if there is one."""
+
+    def __init__(self, service: Service, query: Query, client: StreamClient, *,
+                 closed: frozenset[bytes] = frozenset(), expires: float | None = None,
+                 heartbeat: float = HEARTBEAT_S) -> None:
+        self.service = service
+        self.client = client
+        self.heartbeat = heartbeat
+        self.closed = [name for name in query.channels if digest(name) in closed]
+        channels = tuple(name for name in query.channels if name not in self.closed)
+        self._gap = False  # a time's history is already partly evicted: said at once
+        self.query = replace(query, channels=channels, since=self._position(query, channels))
+        self.waiter: Waiter | None = None
+        self.stopped = False
+        self._expires = expires
+        self._expiry: DelayedCall | None = None
+
+    def _position(self, query: Query, channels: tuple[str, ...]) -> Cursor:
+        """``since`` as a cursor: ``now`` is the end; a time is the cursor just
+        before the first message after it (what a ``limit=0`` page claims)."""
+        if isinstance(query.since, Cursor):
+            return query.since
+        if isinstance(query.since, Now):
+            return self.service.store.end()
+        first = self.service.store.query(replace(query, channels=channels, until=None, limit=0))
+        self._gap = first.gap
+        return first.cursor
+
+    @property
+    def cursor(self) -> Cursor:
+        assert isinstance(self.query.since, Cursor)
+        return self.query.since
+
+    def has_nothing_to_send(self) -> bool:
+        """Whether this stream would end at once with nothing to say: every
+        channel it names was closed, or ``until`` is past and nothing before
+        it is left. (The HTTP front answers such a request 204, which stops
+        an ``EventSource`` for good.)"""
+        if not self.query.channels:
+            return True
+        until = self.query.until
+        if until is None or until >= self.service.now():
+            return False
+        result = self.service.store.query(self.query)
+        return not (result.messages or result.gap)
+
+    def start(self) -> None:
+        """Name the position, then stream from a later turn on."""
+        if self._expires is not None:
+            delay = max(0.0, self._expires - self.service.clock.seconds())
+            self._expiry = self.service.clock.callLater(delay, self._expire)
+        if self._gap:
+            cursor = self.cursor.encode().encode()
+            self.client.send_events(self._mark(b"gap", self.cursor, cursor))
+        else:
+            self.client.send_events(self._mark(b"cursor", self.cursor))
+        self.client.when_writable(self._step)
+
+    def stop(self) -> None:
+        """The client went away: forget its hold and its timer."""
+        self.stopped = True
+        if self.waiter is not None:
+            self.service.forget(self.waiter)
+            self.waiter = None
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
+        self._expiry = None
+
+    def respond(self, body: bytes, hold: bool = False) -> bool:
+        """The service answered the current hold (see ``service.Subscriber``):
+        with messages, a timeout, closed channels or the drain."""
+        self.waiter = None
+        if self.stopped:
+            return False
+        closed = _closed_names(body)
+        if closed:
+            self._drop(closed)
+        # The service counted what its body carried; the page below is the same.
+        page = self._page(count=False)
+        if closed:
+            page.append(self._mark(b"closed", self.cursor, json.dumps(closed).encode()))
+        if self.service.draining or not self.query.channels:
+            if self.service.draining:
+                page.append(self._mark(b"cursor", self.cursor))
+            self._finish(page)
+        elif self.client.send_events(b"".join(page) or HEARTBEAT):
+            self.client.when_writable(self._step)
+        return True
+
+    # -- the steps -----------------------------------------------------------
+
+    def _step(self) -> None:
+        """One page if there is one (the next on a later turn), else hold."""
+        if self.stopped:
+            return
+        page = self._page(count=True)
+        if page:
+            if self.client.send_events(b"".join(page)):
+                self.client.when_writable(self._step)
+            return
+        until = self.query.until
+        now = self.service.now()
+        if self.service.draining:
+            self._finish([self._mark(b"cursor", self.cursor)])
+            return
+        if until is not None and until < now:
+            self._finish([self._mark(b"end", self.cursor, b'"until"')])
+            return
+        timeout = self.heartbeat
+        if until is not None:  # wake just after until, to end the stream
+            timeout = min(timeout, (until + 1 - now) / 1e6)
+        outcome = self.service.subscribe(self.query, timeout, self)
+        if isinstance(outcome, Waiter):
+            self.waiter = outcome
+        else:  # answered at once (the drain began, or until passed): see next turn
+            self.client.when_writable(self._step)
+
+    def _page(self, count: bool) -> list[bytes]:
+        """Events for the next page of what follows the cursor; moves it."""
+        result: Result = self.service.store.query(self.query)
+        if not (result.messages or result.gap):
+            return []
+        wanted = frozenset(self.query.channels)
+        parts: list[bytes] = []
+        position = self.cursor
+        if result.gap:  # said at the position before this page's messages
+            parts.append(self._mark(b"gap", position if result.messages else result.cursor,
+                                    result.cursor.encode().encode()))
+        for m in result.messages:
+            position = position.advanced([(m.origin, m.seq)])
+            parts.append(b"id: %s\ndata: %s\n\n" % (self._id(position), m.json_for(wanted)))
+        if count:
+            self.service.counters.delivered += len(result.messages)
+        self.query = replace(self.query, since=result.cursor)
+        return parts
+
+    def _drop(self, names: Iterable[str]) -> None:
+        """Closed channels leave the query for good (holding on one would re-create it)."""
+        for name in names:
+            if name in self.query.channels and name not in self.closed:
+                self.closed.append(name)
+        self.query = replace(self.query, channels=tuple(
+            name for name in self.query.channels if name not in self.closed))
+
+    def _expire(self) -> None:
+        self._expiry = None
+        if self.stopped:
+            return
+        if self.waiter is not None:
+            self.service.forget(self.waiter)
+            self.waiter = None
+        why = error_body(Unauthorized("the subscribe token has expired"))
+        self._finish([self._mark(b"expired", self.cursor, why)])
+
+    def _finish(self, parts: list[bytes]) -> None:
+        if parts:
+            self.client.send_events(b"".join(parts))
+        self.stop()
+        self.client.end_stream()
+
+    # -- rendering -----------------------------------------------------------
+
+    def _id(self, cursor: Cursor) -> bytes:
+        """A cursor, and after a dot the channels this stream saw closed."""
+        text = cursor.encode().encode()
+        if not self.closed:
+            return text
+        digests = b"".join(digest(name) for name in self.closed)
+        return text + b"." + base64.urlsafe_b64encode(digests).rstrip(b"=")
+
+    def _mark(self, event: bytes, cursor: Cursor, data: bytes | None = None) -> bytes:
+        """A named event carrying the position (``data`` defaults to the id)."""
+        ident = self._id(cursor)
+        return b"event: %s\nid: %s\ndata: %s\n\n" % (event, ident, ident if data is None else data)
+
+
+_CLOSED_NONE = b'"closed":[]}'
+
+
+def _closed_names(body: bytes) -> list[str]:
+    if body.endswith(_CLOSED_NONE):
+        return []
+    closed: list[str] = json.loads(body).get("closed", [])
+    return closed

@@ -1,0 +1,182 @@
+"""``pushup serve``: parse the configuration, install the reactor first, run.
+Also ``pushup token`` (a subscriber token) and ``pushup --version``.
+
+Invalid configuration, or a data directory that cannot be used, is one line
+on stderr and exit code 2. The reactor is installed before anything imports
+``twisted.internet.reactor``; the first line on stdout is ``listening on
+http://HOST:PORT`` once connections are accepted (for a worker of
+``--workers``: on its private port; the shared one follows its catch-up).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.metadata import version
+from typing import Any
+
+from pushup.config import Config, ConfigError, load, read_secret
+
+MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keeps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--version"], ["-V"]):
+        print(f"pushup {version('pushup')}")
+        return 0
+    if args[:1] == ["token"]:
+        return token(args[1:], os.environ)
+    try:
+        config = load(args, os.environ)
+    except ConfigError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
+        return 2
+    if config.workers > 1:
+        if config.peer:
+            print("pushup: error: --workers cannot be combined with --peer: run each "
+                  "machine's nodes with --workers 1 and list them all as peers", file=sys.stderr)
+            return 2
+        from pushup.ops.workers import supervise
+
+        return supervise(config)
+    return serve(config)
+
+
+def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """``pushup token --channels a,room:* [--ttl SECONDS]``: print a subscriber token
+    signed with the subscribe secret (``--secret-file``, or PUSHUP_SUBSCRIBE_SECRET
+    or PUSHUP_SUBSCRIBE_SECRET_FILE in the environment)."""
+    import argparse
+    import time
+
+    from pushup.http.tokens import issue
+
+    parser = argparse.ArgumentParser(prog="pushup token", description=token.__doc__)
+    parser.add_argument("--channels", required=True,
+                        help="comma-separated channel names, or prefixes ending in *")
+    parser.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
+    parser.add_argument("--secret-file", help="file holding the subscribe secret")
+    opts = parser.parse_args(argv)
+    secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
+    try:
+        secret = (read_secret(secret_file, "--secret-file") if secret_file
+                  else environ.get("PUSHUP_SUBSCRIBE_SECRET", ""))
+    except ConfigError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
+        return 2
+    channels = [c for c in opts.channels.split(",") if c]
+    if not secret or not channels or opts.ttl <= 0:
+        print("pushup: error: needs the subscribe secret (--secret-file or "
+              "PUSHUP_SUBSCRIBE_SECRET), --channels and a positive --ttl", file=sys.stderr)
+        return 2
+    print(issue(secret, channels, time.time() + opts.ttl))
+    return 0
+
+
+def install_reactor(name: str) -> None:
+    if name == "epoll":
+        from twisted.internet import epollreactor as chosen
+    elif name == "poll":
+        from twisted.internet import pollreactor as chosen  # type: ignore[no-redef]
+    else:
+        from twisted.internet import selectreactor as chosen  # type: ignore[no-redef]
+    chosen.install()
+
+
+def raise_open_files_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def start_logging(level: str, form: str = "text") -> None:
+    from twisted.logger import (
+        FilteringLogObserver,
+        LogLevel,
+        LogLevelFilterPredicate,
+        globalLogBeginner,
+        textFileLogObserver,
+    )
+
+    predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
+    sink = json_lines_observer(sys.stderr) if form == "json" else textFileLogObserver(sys.stderr)
+    observer = FilteringLogObserver(sink, [predicate])
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def json_lines_observer(out: Any) -> Any:
+    """One JSON object a line (time, level, namespace, message; a failure's
+    traceback as ``traceback``): what log shippers read."""
+    import json
+
+    from twisted.logger import formatEvent
+
+    def observe(event: dict[str, Any]) -> None:
+        record = {"time": round(event.get("log_time", 0.0), 6),
+                  "level": getattr(event.get("log_level"), "name", "info"),
+                  "namespace": event.get("log_namespace", ""),
+                  "message": formatEvent(event)}
+        failure = event.get("log_failure")
+        if failure is not None:
+            record["traceback"] = failure.getTraceback()
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+
+    return observe
+
+
+def serve(config: Config) -> int:
+    install_reactor(config.reactor)
+    raise_open_files_limit()
+    start_logging(config.log_level, config.log_format)
+
+    from twisted.internet import reactor
+    from twisted.internet.error import CannotListenError
+    from twisted.internet.task import LoopingCall
+
+    from pushup._libc import release_free_memory
+    from pushup.backplane.disk import DataDirError
+    from pushup.ops.fleet import BOARD_ENV, join
+    from pushup.ops.node import Node
+    from pushup.ops.workers import FD_ENV, REUSE_ENV
+
+    try:
+        node = Node(config, reactor)
+        # A data directory is read back here, before listening: one it cannot
+        # read is refused like bad configuration, not found by the first request.
+        started = node.start()
+    except DataDirError as e:
+        print(f"pushup: error: {e}", file=sys.stderr)
+        return 2
+    # A worker of --workers takes no connection on the shared port until it has
+    # caught up (the kernel gives them to its siblings meanwhile); its siblings
+    # and the supervisor reach it on its private port at once.
+    worker = os.environ.get(REUSE_ENV) == "1"
+    try:
+        if os.environ.get(FD_ENV):
+            node.adopt(int(os.environ[FD_ENV]))
+        port = config.port if worker else node.listen()
+        if os.environ.get(BOARD_ENV):
+            node.fleet = join(os.environ[BOARD_ENV], node.worker_stats, reactor)
+    except CannotListenError as e:
+        print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
+              f"{e.socketError}", file=sys.stderr)
+        return 1
+    if worker:
+        started.addCallback(lambda _: node.listen_once(reuse_port=True))
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"listening on http://{host}:{port}", flush=True)
+    reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
+    # After a burst of large answers, give the pages malloc keeps back (README).
+    trimmer = LoopingCall(release_free_memory)
+    trimmer.clock = reactor
+    trimmer.start(MEMORY_CHECK, now=False)
+    reactor.run()  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

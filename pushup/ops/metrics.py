@@ -1,0 +1,96 @@
+"""The node's figures, for ``/stats`` (JSON) and ``/metrics`` (Prometheus).
+
+Both views read the same snapshot, built from the live counters at request
+time, so they can never disagree. Labels have fixed cardinality: a peer URL
+is a label (peers are configured), a channel name never is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# (key in /stats, Prometheus name, kind, help)
+FIGURES = (
+    ("uptime_s", "pushup_uptime_seconds", "gauge", "Seconds since the node started"),
+    ("connections", "pushup_connections", "gauge", "Open client connections"),
+    ("waiting", "pushup_waiting", "gauge", "Subscriptions held open"),
+    ("channels", "pushup_channels", "gauge", "Channels that exist"),
+    ("messages", "pushup_messages", "gauge", "Distinct cached messages, every origin"),
+    ("cached_bytes", "pushup_cached_bytes", "gauge", "Bytes of cached messages"),
+    ("published", "pushup_published", "counter", "Messages accepted from publishers here"),
+    ("delivered", "pushup_delivered", "counter", "Messages handed to subscribers"),
+    ("bytes_in", "pushup_bytes_in", "counter", "Bytes received from clients"),
+    ("bytes_out", "pushup_bytes_out", "counter", "Bytes sent to clients"),
+    ("refused", "pushup_refused_connections", "counter", "Connections refused, overloaded"),
+)
+
+# Figures only some backplanes have (the mesh's acknowledgements; Redis's
+# state, under the "redis" key): the same layout, shown when present.
+ENGINE_FIGURES = (
+    ("ack_waiting", "pushup_ack_waiting", "gauge", "Publishes waiting for a peer to hold them"),
+    ("unconfirmed", "pushup_unconfirmed", "counter",
+     "Publishes answered 202: no peer held them in time"),
+)
+REDIS_FIGURES = (
+    ("up", "pushup_redis_up", "gauge", "1 if both connections to Redis are up"),
+    ("horizon", "pushup_redis_horizon", "gauge", "How far this node has read the Redis log"),
+    ("lost_epochs", "pushup_redis_lost_epochs", "counter",
+     "Times the Redis log was found to have lost what this node read"),
+)
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Collector:
+    """Prometheus collector over a snapshot function (same data as /stats)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._snapshot()
+        yield from _families(FIGURES, stats)
+        yield from _families([f for f in ENGINE_FIGURES if f[0] in stats], stats)
+        if "redis" in stats:
+            yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
+                                                 if k in ("up", "horizon", "lost_epochs")})
+        queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",
+                                   labels=["peer"])
+        sent = CounterMetricFamily("pushup_peer_sent", "Messages delivered to a peer",
+                                   labels=["peer"])
+        up = GaugeMetricFamily("pushup_peer_up", "1 if the peer link is up", labels=["peer"])
+        for peer in stats["peers"]:
+            queued.add_metric([peer["url"]], peer["queued"])
+            sent.add_metric([peer["url"]], peer["sent"])
+            up.add_metric([peer["url"]], 1 if peer["state"] == "up" else 0)
+        yield from (queued, sent, up)
+
+
+def _families(figures: Any, values: dict[str, Any]) -> Iterator[Metric]:
+    for key, name, kind, text in figures:
+        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        yield family(name, text, value=values[key])
+
+
+def registry_for(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """A registry with our figures plus the process's (memory, CPU, fds)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector(snapshot))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def prometheus_text(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

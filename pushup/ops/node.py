@@ -1,0 +1,176 @@
+"""The composition root: build a node from a Config, listen, drain on stop.
+
+Only this module and :mod:`pushup.ops.cli` know the real reactor. A node is a
+``Service`` behind ``Handlers``, behind the HTTP ``Front`` (which counts
+bytes and connections and refuses connections past the limit with a 503).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from twisted.internet import defer
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.tcp import makeBinding
+from twisted.logger import Logger
+
+from pushup.backplane import Alone, Backplane
+from pushup.backplane.disk import DataDir, Durable
+from pushup.backplane.mesh.endpoints import MeshEndpoints
+from pushup.backplane.mesh.mesh import PEER_FLUSH, Cluster
+from pushup.backplane.mesh.peers import http_client
+from pushup.config import Config
+from pushup.core.model import Origin, default_node_id
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+from pushup.http.exchange import Writer
+from pushup.http.handlers import Handlers
+from pushup.http.params import max_target
+from pushup.http.protocol import Front
+from pushup.http.sse import max_event_id
+from pushup.ops.fleet import Fleet
+from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
+
+log = Logger()
+SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
+DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
+
+
+class Node:
+    """One PushUp node: store, hub, HTTP, limits; ``listen`` then ``stop``."""
+
+    def __init__(self, config: Config, reactor: Any) -> None:
+        self.config = config
+        self.reactor = reactor
+        self.data = DataDir(config.data_dir) if config.data_dir else None
+        stored = self.data.node_id if self.data is not None else None
+        node_id = config.node_id or stored or default_node_id(
+            socket.gethostname(), config.port, secrets.token_hex(4))
+        boot_us = time.time_ns() // 1000
+        if self.data is not None:
+            boot_us = self.data.begin(node_id, boot_us)
+        origin = Origin(node_id, boot_us)
+        retention = Retention(
+            message_ttl=round(config.message_ttl * 1e6),
+            channel_ttl=round(config.channel_ttl * 1e6),
+            max_per_channel=config.max_messages_per_channel,
+            max_bytes=config.max_cached_bytes,
+            key_window=round(config.idempotency_window * 1e6),
+        )
+        self.service = Service(Store(retention, origin), reactor, config.max_timeout)
+        self.registry = registry_for(self.stats)
+        self.cluster: Cluster | None = None  # the mesh, when it is the backplane
+        self.backplane: Backplane
+        if config.engine != "mesh":
+            from pushup.backplane.redis.engine import RedisEngine
+
+            self.backplane = RedisEngine(self.service, config, reactor)
+        elif config.peer or config.cluster_secret:
+            self.cluster = self.backplane = Cluster(self.service, config, reactor,
+                                                    http_client(reactor))
+        elif self.data is not None:
+            self.backplane = Durable(self.service, self.data, reactor)
+        else:
+            self.backplane = Alone(self.service)
+        endpoints = None if self.cluster is None else MeshEndpoints(self.cluster)
+        self.handlers = Handlers(self.service, config, self.stats, self.metrics,
+                                 self.backplane, peers=endpoints)
+        limit = config.max_connections
+        if config.reactor == "select" and limit > SELECT_CONNECTIONS:
+            log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
+            limit = SELECT_CONNECTIONS
+        self.front = Front(self.handlers, Writer(config.cors_origin), self.service.counters,
+                           reactor, limit=limit, max_target=max_target(config),
+                           header_timeout=config.header_timeout,
+                           keepalive_timeout=config.keepalive_timeout,
+                           send_timeout=config.send_timeout,
+                           max_event_id=max_event_id(config.max_channels))
+        self.service.on_fanout_done.append(self.front.release)
+        self.port: IListeningPort | None = None
+        self.private_port: IListeningPort | None = None  # a worker's, for its siblings
+        self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def listen(self, reuse_port: bool = False) -> int:
+        """Start accepting connections; returns the port (useful with port 0).
+
+        With ``reuse_port`` the port is shared (SO_REUSEPORT) with the other
+        workers of ``--workers``.
+        """
+        port: Any = self.config.port
+        if reuse_port:
+            port = makeBinding(self.config.host, port, reuseAddress=True, reusePort=True)
+        self.port = self.reactor.listenTCP(port, self.front, backlog=4096,
+                                           interface=self.config.host)
+        return self.port.getHost().port  # type: ignore[no-any-return]
+
+    def listen_once(self, reuse_port: bool = False) -> None:
+        """``listen``, unless the node is draining already (a worker that is
+        stopped before it caught up never takes the shared port)."""
+        if self.service.draining:
+            return
+        try:
+            self.listen(reuse_port)
+        except CannotListenError as e:  # the supervisor restarts us
+            log.error("cannot listen on {host}:{port}: {e}; stopping", host=self.config.host,
+                      port=self.config.port, e=e.socketError)
+            self.reactor.stop()
+
+    def adopt(self, fd: int) -> None:
+        """Also serve on an inherited listening socket (a worker's private port)."""
+        self.private_port = self.reactor.adoptStreamPort(fd, socket.AF_INET, self.front)
+        os.close(fd)
+
+    def start(self) -> defer.Deferred[None]:
+        """Join the cluster (catch up from a peer, or load the engine's log)."""
+        d: defer.Deferred[None] = self.backplane.start()
+        d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
+        return d
+
+    def stats(self) -> dict[str, Any]:
+        if self.fleet is not None:
+            return self.fleet.stats()
+        return self.worker_stats()
+
+    def worker_stats(self) -> dict[str, Any]:
+        """This process's figures (the node's, unless it is one of ``--workers``)."""
+        return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats()}
+
+    def metrics(self) -> tuple[bytes, bytes]:
+        if self.fleet is not None:
+            return CONTENT_TYPE_LATEST.encode(), self.fleet.metrics_text()
+        return CONTENT_TYPE_LATEST.encode(), prometheus_text(self.registry)
+
+    @defer.inlineCallbacks
+    def stop(self) -> Any:
+        """Drain, all within ``DRAIN_LIMIT`` seconds, in this order.
+
+        The public port closes at once (a load balancer's next connection goes
+        to another node); every held subscriber is answered; peers get what
+        they lack for at most ``PEER_FLUSH`` seconds (a worker's private port,
+        which its siblings flush to, stays open meanwhile); then connections
+        close once their answers are sent, or when the limit is reached.
+        """
+        started = self.reactor.seconds()
+        if self.port is not None:
+            yield self.port.stopListening()
+        log.info("stopped listening; draining: answering {n} waiting subscribers",
+                 n=len(self.service.hub))
+        self.service.drain()
+        self.front.close_all()  # idle and answered connections go now, not after the flush
+        yield self.backplane.stop(PEER_FLUSH)
+        if self.private_port is not None:
+            yield self.private_port.stopListening()
+        closed = self.front.close_all()
+        left = max(0.0, DRAIN_LIMIT - (self.reactor.seconds() - started))
+        closed.addTimeout(left, self.reactor)
+        try:
+            yield closed
+        except defer.TimeoutError:
+            log.warn("drain: some clients did not read their answers in time")
+        log.info("drained")

@@ -1,0 +1,323 @@
+"""The mesh in memory: Cluster.receive (in-order apply, holes, repeats, lost history, ops)
+and when a publish is acknowledged (a fake wire into receiving Clusters)."""
+
+import json
+
+import pytest
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.task import Clock
+
+from pushup.backplane import Applied, ChannelOp, Hole
+from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.peers import LINGER
+from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair
+from pushup.config import Config
+from pushup.core.cursor import Cursor
+from pushup.core.hub import Waiter
+from pushup.core.model import Draft, Message, Origin, Query
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+from pushup.http.exchange import Pending, Request, Response
+from pushup.ops.node import Node
+
+S = 1_000_000
+P = "peer.x"
+
+
+class Held:
+    def __init__(self):
+        self.bodies = []
+
+    def respond(self, body, hold=False):
+        self.bodies.append(json.loads(body))
+        return True
+
+
+@pytest.fixture
+def node():
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    service = Service(store, clock, 120)
+    return Cluster(service, Config(cluster_secret="s"), clock, http=None)
+
+
+def msg(seq, *channels):
+    return Message(P, seq, 1_700_000_000 * S + seq, channels or ("c",), b"%d" % seq)
+
+
+def test_a_batch_in_order_is_applied_and_answers_waiters(node):
+    held = Held()
+    waiter = node.service.subscribe(Query(("c",), Cursor(()), None, 100), 30, held)
+    assert isinstance(waiter, Waiter)
+    assert node.receive(Batch(P, False, (msg(1), msg(2)), ())) == Applied(2)
+    assert held.bodies == []  # the peer gets its answer first
+    node.clock.advance(0)
+    assert [m["data"] for m in held.bodies[0]["messages"]] == [1, 2]
+
+
+def test_a_hole_is_refused_with_the_sequence_expected(node):
+    node.receive(Batch(P, False, (msg(1),), ()))
+    assert node.receive(Batch(P, False, (msg(3), msg(4)), ())) == Hole(2)
+    assert node.store.horizon[P] == 1 and node.store.message_count == 1
+
+
+def test_a_repeated_batch_changes_nothing(node):
+    node.receive(Batch(P, False, (msg(1), msg(2)), ()))
+    assert node.receive(Batch(P, False, (msg(1), msg(2)), ())) == Applied(2)
+    assert node.store.message_count == 2
+
+
+def test_history_the_origin_no_longer_has_is_skipped_and_reported_as_a_gap(node):
+    assert node.receive(Batch(P, True, (msg(5),), ())) == Applied(5)
+    behind = node.store.query(Query(("c",), Cursor.of({P: 2}), None, 100))
+    assert behind.gap and [m.seq for m in behind.messages] == [5]
+    current = node.store.query(Query(("c",), Cursor.of({P: 4}), None, 100))
+    assert not current.gap
+
+
+def test_channel_ops_apply_in_the_origins_order(node):
+    ops = (ChannelOp("create", "room", 0, 60 * S, 1_700_000_060 * S),
+           ChannelOp("delete", "room", 1))
+    received = node.receive(Batch(P, False, (msg(1, "room"), msg(2, "room")), ops))
+    assert received == Applied(2)
+    # created, got message 1, deleted after it; message 2 came after the delete
+    channel = node.store.get("room")
+    assert channel.count == 1 and [m.seq for run in channel.runs.values() for m in run] == [2]
+
+
+def test_nothing_is_accepted_while_catching_up(node):
+    node.ready = False
+    with pytest.raises(Exception) as e:
+        node.receive(Batch(P, False, (msg(1),), ()))
+    assert e.value.status == 503 and e.value.code == "catching_up"
+
+
+# -- when a publish is acknowledged (--publish-ack) ---------------------------
+
+class _Answer:
+    """What treq's Response offers a link: a code and its content."""
+
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self._body = code, body
+
+    def content(self):
+        return succeed(self._body)
+
+
+class Wire:
+    """A link's HTTP client, held by the test: each POST waits in ``held``
+    until ``deliver`` hands it to the peer's Cluster; with ``dead`` every
+    request fails at once (a peer that is not running), with ``status`` it is
+    answered that (e.g. 401: a peer with another secret)."""
+
+    def __init__(self, receiver: Cluster) -> None:
+        self.receiver = receiver
+        self.held: list[tuple[Deferred, bytes]] = []
+        self.dead = False
+        self.status = 0
+
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+        if self.dead:
+            return fail(ConnectionRefusedError())
+        if self.status:
+            return succeed(_Answer(self.status, b"{}"))
+        if method == "GET":  # a snapshot: the peer is not serving, start empty
+            return succeed(_Answer(503, b"{}"))
+        if url.endswith("/peer/repair"):  # it holds nothing of a third origin we lack
+            return succeed(_Answer(204, b""))
+        d: Deferred = Deferred()
+        self.held.append((d, data))
+        return d
+
+    def deliver(self) -> None:
+        held, self.held = self.held, []
+        for d, data in held:
+            received = self.receiver.receive(decode_batch(data))
+            assert isinstance(received, Applied), received
+            d.callback(_Answer(200, json.dumps({"horizon": received.horizon}).encode()))
+
+
+def _peer(name: str, clock: Clock, per_channel: int = 100) -> Cluster:
+    store = Store(Retention(3600 * S, 3600 * S, per_channel, 10**9), Origin(name, 0))
+    return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
+
+
+def mesh(peers: int = 1, **settings) -> tuple[Node, list[Wire]]:
+    """Node "a" with ``peers`` peers behind held wires, started, links up."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    urls = tuple(f"http://p{i}" for i in range(peers))
+    node = Node(Config(node_id="a", cluster_secret="s", peer=urls, **settings), clock)
+    wires = [Wire(_peer(f"p{i}", clock)) for i in range(peers)]
+    for link, wire in zip(node.cluster.links, wires, strict=True):
+        link.http = wire
+    node.start()
+    clock.advance(0)  # each link says hello (an empty batch)...
+    for wire in wires:
+        wire.deliver()  # ...and its peer answers: up
+    assert all(link.state == "up" for link in node.cluster.links)
+    return node, wires
+
+
+def publish(node: Node, *data: int) -> Response | Pending:
+    items = [{"channels": ["c"], "data": d} for d in data]
+    body = json.dumps({"messages": items}).encode()
+    return node.handlers.handle(Request(b"POST", b"/publish", b"", {}, body), None)
+
+
+def answered(outcome: Response | Pending) -> Response | None:
+    """The response, if there is one yet."""
+    if isinstance(outcome, Response):
+        return outcome
+    got: list[Response] = []
+    outcome.answer.addCallback(lambda r: got.append(r) or r)
+    return got[0] if got else None
+
+
+def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
+    node, [wire] = mesh()
+    pending = publish(node, 1, 2)
+    assert isinstance(pending, Pending) and answered(pending) is None
+    node.reactor.advance(LINGER)  # the link sends the batch...
+    assert len(wire.held) == 1 and answered(pending) is None  # ...not confirmed yet
+    wire.deliver()
+    assert answered(pending).status == 201
+    assert wire.receiver.store.horizon[node.service.store.origin.name] == 2
+
+
+def test_with_publish_ack_local_the_201_comes_at_once():
+    node, [wire] = mesh(publish_ack="local")
+    answer = publish(node, 1)
+    assert isinstance(answer, Response) and answer.status == 201 and wire.held == []
+
+
+def test_the_first_of_two_peers_to_hold_it_is_enough():
+    node, [slow, fast] = mesh(peers=2)
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    fast.deliver()
+    assert answered(pending).status == 201 and len(slow.held) == 1
+
+
+def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms():
+    node, [wire] = mesh()
+    order: list[int] = []
+    first = publish(node, 1)
+    node.reactor.advance(LINGER)  # the first batch is on the wire: one POST at a time
+    rest = [publish(node, 2), publish(node, 3, 4)]
+    for i, p in enumerate([first, *rest]):
+        p.answer.addCallback(lambda r, i=i: order.append(i) or r)
+    wire.deliver()  # confirms the first; the link sends the other two in one batch
+    assert order == [0] and len(wire.held) == 1
+    wire.deliver()
+    assert order == [0, 1, 2] and all(answered(p).status == 201 for p in rest)
+
+
+def test_no_peer_confirming_in_time_is_answered_202_and_the_message_still_travels():
+    node, [wire] = mesh(publish_ack_timeout=2.0)
+    pending = publish(node, 1)
+    node.reactor.advance(1.9)
+    assert answered(pending) is None
+    node.reactor.advance(0.1)
+    late = answered(pending)
+    assert late.status == 202 and json.loads(late.body)["messages"][0]["id"].startswith("a.")
+    assert node.stats()["unconfirmed"] == 1
+    _, text = node.metrics()
+    assert b"pushup_unconfirmed_total 1.0" in text and b"pushup_ack_waiting 0.0" in text
+    wire.deliver()  # stored here all along: the peer still gets it
+    assert wire.receiver.store.message_count == 1
+
+
+def test_with_every_peer_down_a_publish_is_answered_202_at_once_not_after_the_timeout():
+    node, [wire] = mesh(publish_ack_timeout=10.0)
+    wire.dead = True
+    pending = publish(node, 1)  # the link is still up: this one waits...
+    started = node.reactor.seconds()
+    for _ in range(20):
+        node.reactor.advance(0.1)
+        if answered(pending) is not None:
+            break
+    # ...until the link gives the peer up (DOWN_AFTER quick failures), not 10 s
+    assert node.cluster.links[0].state == "down"
+    assert answered(pending).status == 202 and node.reactor.seconds() - started < 2
+    again = publish(node, 2)  # the state is known: no wait at all
+    assert isinstance(again, Response) and again.status == 202
+
+
+def test_a_peer_that_refuses_us_does_not_count():
+    node, [good, refusing] = mesh(peers=2)
+    refusing.status = 401
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    assert node.cluster.links[1].state == "refused" and answered(pending) is None
+    good.dead = True  # the only peer that counts goes down too
+    good.held[0][0].errback(ConnectionRefusedError())
+    good.held.clear()
+    for _ in range(10):  # the link retries (backoff) before it calls the peer down
+        node.reactor.advance(0.1)
+    assert node.cluster.links[0].state == "down" and answered(pending).status == 202
+    assert publish(node, 2).status == 202
+
+
+def test_a_node_without_peers_acknowledges_at_once():
+    clock = Clock()
+    node = Node(Config(node_id="a", cluster_secret="s"), clock)  # the mesh, alone
+    answer = publish(node, 1)
+    assert isinstance(answer, Response) and answer.status == 201
+
+
+def test_with_publish_ack_all_every_live_peer_must_hold_it_but_a_down_one_is_not_waited_for():
+    node, [first, second] = mesh(peers=2, publish_ack="all")
+    pending = publish(node, 1)
+    node.reactor.advance(LINGER)
+    first.deliver()
+    assert answered(pending) is None  # the second peer does not hold it yet
+    second.deliver()
+    assert answered(pending).status == 201
+    second.dead = True
+    pending = publish(node, 2)
+    node.reactor.advance(LINGER)
+    first.deliver()
+    assert node.cluster.links[1].state == "connecting" and answered(pending) is None
+    for _ in range(10):  # the second peer is called down: the first one is enough now
+        node.reactor.advance(0.1)
+    assert node.cluster.links[1].state == "down" and answered(pending).status == 201
+
+
+# -- repair: a third origin's messages, from a peer that holds them ----------------
+
+
+def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
+    # This node holds P's messages 1..3; the asker ("asker.x") holds P up to 1.
+    node.receive(Batch(P, False, (msg(1), msg(2), msg(3)), ()))
+    raw = node.repair(encode_repair("asker.x", {P: 1}))
+    batch = decode_batch(raw)
+    assert batch.origin == P and [m.seq for m in batch.messages] == [2, 3]
+    assert not batch.first
+    # Nothing more to give: the asker holds all, and our own origin is not given.
+    node.service.publish([Draft(("c",), b"0")])
+    assert node.repair(encode_repair("asker.x", {P: 3})) is None
+
+
+def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    holder, asker = _peer("b", clock), _peer("c", clock)
+    holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
+    asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
+    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizon)))
+    assert asker.receive(repaired) == Applied(5)
+    assert asker.receive(repaired) == Applied(5)
+    assert asker.store.message_count == 5
+    assert holder.repair(encode_repair("c.0", asker.store.horizon)) is None
+
+
+def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    holder = _peer("b", clock, per_channel=2)
+    holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))  # keeps 4, 5
+    batch = decode_batch(holder.repair(encode_repair("c.0", {P: 1})))
+    assert batch.first and [m.seq for m in batch.messages] == [4, 5]

@@ -1,0 +1,137 @@
+"""PeerLink's own bookkeeping (the link's HTTP behaviour is covered by tests/cluster)."""
+
+import json
+
+from twisted.internet.task import Clock
+
+from pushup.backplane.mesh.peers import PeerLink
+from pushup.config import load
+from pushup.core.model import Draft, Origin
+from pushup.core.store import Retention, Store
+
+S = 1_000_000
+
+
+def link(max_ops: int = 10_000) -> PeerLink:
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    return PeerLink("http://127.0.0.1:1/", store, "secret", http=None, clock=Clock(),
+                    max_ops=max_ops)
+
+
+def test_the_channel_op_queue_is_bounded_by_peer_queue_and_drops_the_oldest():
+    peer = link(max_ops=load(["serve", "--peer-queue", "2"], {}).peer_queue)
+    for name in ("a", "b", "c"):
+        peer.add_op(("delete", 0, name))
+    assert [op[2] for op in peer.ops] == ["b", "c"] and peer.dropped_ops == 1
+
+
+def test_queued_counts_our_messages_the_peer_has_not_confirmed():
+    peer = link()
+    peer.store.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], 10 * S)
+    assert peer.queued == 2 and peer.stats()["state"] == "connecting"
+    peer.after = 1
+    assert peer.queued == 1 and peer.url == "http://127.0.0.1:1"
+
+
+class _Response:
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self._body = code, body
+
+    def content(self):  # treq's Response.content
+        from twisted.internet.defer import succeed
+
+        return succeed(self._body)
+
+
+class _Wire:
+    """Stands in for the HTTP client: hands each batch to another node's Cluster."""
+
+    def __init__(self, receiver) -> None:
+        self.receiver = receiver
+        self.posts = 0
+
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+        from twisted.internet.defer import succeed
+
+        from pushup.backplane import Applied
+        from pushup.backplane.mesh.wire import decode_batch
+
+        self.posts += 1
+        received = self.receiver.receive(decode_batch(data))
+        if isinstance(received, Applied):  # as the /peer/messages endpoint answers
+            return succeed(_Response(200, json.dumps({"horizon": received.horizon}).encode()))
+        return succeed(_Response(409, json.dumps({"expected": received.expected}).encode()))
+
+
+def _linked(sender: Store, clock: Clock) -> tuple[Store, _Wire, PeerLink]:
+    """A started link from ``sender`` to a receiving node's Cluster, run once."""
+    from pushup.backplane.mesh.mesh import Cluster
+    from pushup.config import Config
+    from pushup.core.service import Service
+
+    receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
+    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+                       clock, http=None)
+    wire = _Wire(receiver)
+    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
+    peer.start()
+    clock.advance(0)
+    return receiver_store, wire, peer
+
+
+def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap():
+    from pushup.core.cursor import Cursor
+    from pushup.core.model import Query
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    now = 1_700_000_000 * S
+    sender = Store(Retention(10 * S, 3600 * S, 100, 10**9), Origin("a", 0))
+    sender.publish([Draft(("x",), b"%d" % i) for i in range(5)], now)
+    sender.expire(now + 11 * S, busy=lambda name: True)  # all five evicted here
+    assert sender.message_count == 0 and sender.origin.seq == 5
+
+    receiver_store, wire, peer = _linked(sender, clock)
+    assert receiver_store.horizon[sender.origin.name] == 5 and peer.after == 5
+    assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
+    behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
+    assert behind.gap and behind.messages == ()
+
+
+def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat():
+    from pushup.backplane.mesh.peers import HEARTBEAT, LINGER
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    sender = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("a", 0))
+    receiver_store, wire, peer = _linked(sender, clock)  # idle now: next run, the heartbeat
+    assert LINGER < HEARTBEAT
+    posts = wire.posts
+    sender.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], int(clock.seconds() * S))
+    peer.poke()
+    peer.poke()
+    clock.advance(LINGER)
+    assert receiver_store.horizon.get(sender.origin.name) == 2
+    assert wire.posts == posts + 1  # one batch carrying both
+
+
+def test_a_peer_request_that_gets_no_answer_is_cancelled_on_the_links_clock():
+    """The link's timeout is a timer on its injected clock (the node's reactor,
+    here a ``task.Clock``), not on the global reactor behind its back."""
+    from treq.client import HTTPClient
+    from twisted.internet import defer, reactor
+
+    class Silent:  # an IAgent whose requests are never answered
+        def request(self, method, uri, headers=None, bodyProducer=None):
+            return defer.Deferred()
+
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    clock = Clock()
+    before = len(reactor.getDelayedCalls())
+    peer = PeerLink("http://127.0.0.1:1", store, "secret", http=HTTPClient(Silent()),
+                    clock=clock, timeout=10.0)
+    failures: list = []
+    peer.request("POST", "/peer/messages", b"{}").addErrback(failures.append)
+    assert len(reactor.getDelayedCalls()) == before
+    clock.advance(10)
+    assert len(failures) == 1 and failures[0].check(defer.CancelledError)

@@ -1,0 +1,54 @@
+from pushup.backplane import ChannelOp
+from pushup.backplane.mesh.wire import (
+    Batch,
+    decode_batch,
+    encode_batch,
+    export_snapshot,
+    import_snapshot,
+    sign,
+    verify,
+)
+from pushup.core.cursor import Cursor
+from pushup.core.model import Draft, Message, Origin, Query
+from pushup.core.store import Retention, Store
+
+S = 1_000_000
+T0 = 1_700_000_000 * S
+
+
+def store(node="a", per_channel=100):
+    return Store(Retention(3600 * S, 3600 * S, per_channel, 10**9), Origin(node, T0))
+
+
+def test_a_batch_round_trips_with_byte_identical_data():
+    m = Message("a.x", 3, T0, ("c", "d"), b'{"f":1.0e5,"s":"\xc3\xa9"}')
+    ops = (ChannelOp("delete", "c", 3), ChannelOp("create", "d", 3, 5, T0 + 5))
+    back = decode_batch(encode_batch(Batch("a.x", True, (m,), ops)))
+    assert back.first and back.ops == ops
+    assert back.messages[0].full == m.full and back.messages[0].data_json == m.data_json
+
+
+def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
+    old = store(per_channel=3)
+    for i in range(5):
+        old.publish([Draft(("c",), b"%d" % i)], T0 + i)
+    old.apply(Message("p.y", 1, T0 + 10, ("c", "e"), b"9"), T0 + 10)
+    old.create("empty", 60 * S, T0)
+    new = store("b")
+    assert import_snapshot(new, export_snapshot(old), T0 + 20) == old.message_count
+    for since in (0, Cursor(()), Cursor.of({"a." + old.origin.name.split(".")[1]: 2})):
+        q = Query(("c", "e"), since, None, 100)
+        a, b = old.query(q), new.query(q)
+        assert [m.id for m in a.messages] == [m.id for m in b.messages]
+        assert a.gap == b.gap and a.cursor == b.cursor
+    assert new.get("empty").expires_at == old.get("empty").expires_at
+    assert new.horizon[old.origin.name] == 5
+
+
+def test_signatures_need_the_secret_and_a_fresh_time():
+    sig = sign("s3cret", "POST", "/peer/messages", 1000, b"body")
+    assert verify("s3cret", "POST", "/peer/messages", "1000", b"body", sig, 1010)
+    assert not verify("other", "POST", "/peer/messages", "1000", b"body", sig, 1010)
+    assert not verify("s3cret", "POST", "/peer/messages", "1000", b"bodx", sig, 1010)
+    assert not verify("s3cret", "POST", "/peer/messages", "1000", b"body", sig, 2000)
+    assert not verify("s3cret", "POST", "/peer/messages", "soon", b"body", sig, 1010)

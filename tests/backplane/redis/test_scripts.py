@@ -1,0 +1,95 @@
+"""The Redis engine's Lua scripts, run on a real redis-server of the test's own."""
+from __future__ import annotations
+
+import json
+
+import hiredis
+import pytest
+
+from pushup.backplane.redis.engine import CHANNELS, CHECK, KEY, LOG, META, PUBLISH
+
+
+def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000, key=None,
+            fingerprint="f1", window_ms=60_000):
+    flat = [x for entry in entries for x in entry]
+    keys = [LOG, META, CHANNELS] + ([KEY + key] if key is not None else [])
+    keyed = [fingerprint, window_ms] if key is not None else ["", 0]
+    return redis.cli("EVAL", PUBLISH, len(keys), *keys, epoch, maxlen, held_epoch, held,
+                     *keyed, *flat)
+
+
+def msg(data, *channels):
+    return ("m", json.dumps(list(channels or ("a",))), json.dumps(data))
+
+
+def op(kind, name, ttl=60, expires_at=100):
+    return ("o", name, json.dumps({"op": kind, "ttl": ttl, "expires_at": expires_at}))
+
+
+def test_a_batch_gets_contiguous_sequence_numbers_and_rising_timestamps(redis_server):
+    first = publish(redis_server, "", 0, msg(1), msg(2), msg(3))
+    assert first[0] == b"e1"  # a log with no epoch starts the one given
+    seqs, stamps = first[1::2], [int(t) for t in first[2::2]]
+    assert seqs == [1, 2, 3] and stamps == sorted(set(stamps))
+    second = publish(redis_server, "e1", 3, msg(4))
+    assert second[1] == 4 and int(second[2]) > stamps[-1]
+    log = redis_server.cli("XRANGE", LOG, "-", "+")
+    assert [e[0] for e in log] == [b"1-0", b"2-0", b"3-0", b"4-0"]
+    fields = dict(zip(log[3][1][::2], log[3][1][1::2], strict=True))
+    assert fields[b"k"] == b"m" and fields[b"d"] == b"4" and fields[b"c"] == b'["a"]'
+
+
+def test_a_create_of_an_existing_channel_writes_nothing(redis_server):
+    publish(redis_server, "", 0, op("create", "room"))
+    with pytest.raises(hiredis.ReplyError, match="EXISTS room"):
+        publish(redis_server, "e1", 1, msg("x"), op("create", "room"))
+    assert redis_server.cli("XLEN", LOG) == 1  # the batch is all or nothing
+    assert redis_server.cli("HGET", META, "s") == b"1"
+    publish(redis_server, "e1", 1, op("delete", "room"))
+    assert redis_server.cli("HEXISTS", CHANNELS, "room") == 0
+    assert publish(redis_server, "e1", 2, op("create", "room"))[1] == 3
+
+
+def test_a_log_shorter_than_a_node_read_starts_a_new_epoch_before_appending(redis_server):
+    publish(redis_server, "", 0, msg(1), msg(2))
+    # This node read five entries of e1: Redis lost three it had acknowledged.
+    reply = publish(redis_server, "e1", 5, msg(6), epoch="e2")
+    assert reply[0] == b"e2" and reply[1] == 1  # never seq 3 of e1 again
+    assert [e[0] for e in redis_server.cli("XRANGE", LOG, "-", "+")] == [b"1-0"]
+
+
+def test_the_check_keeps_a_log_that_holds_what_the_node_read(redis_server):
+    publish(redis_server, "", 0, msg(1), msg(2))
+    check = [LOG, META, "e9", 1000]
+    assert redis_server.cli("EVAL", CHECK, 2, *check, "e1", 2) == [b"e1", 2]
+    assert redis_server.cli("EVAL", CHECK, 2, *check, "e0", 7) == [b"e1", 2]  # another epoch
+    assert redis_server.cli("EVAL", CHECK, 2, *check, "e1", 3) == [b"e9", 0]
+    redis_server.cli("FLUSHALL")
+    assert redis_server.cli("EVAL", CHECK, 2, LOG, META, "e10", 1000, "e9", 0) == [b"e10", 0]
+
+
+def test_a_retry_with_the_key_appends_nothing_and_gets_the_first_reply(redis_server):
+    first = publish(redis_server, "", 0, msg(1), msg(2), key="k1")
+    again = publish(redis_server, "e1", 2, msg(1), msg(2), key="k1")
+    assert again == [*first, b"again"]
+    assert redis_server.cli("XLEN", LOG) == 2 and redis_server.cli("HGET", META, "s") == b"2"
+    ttl = redis_server.cli("PTTL", KEY + "k1")
+    assert 0 < ttl <= 60_000  # the window
+    other = publish(redis_server, "e1", 2, msg(3), key="k2")
+    assert other[1] == 3 and other[-1] != b"again"
+
+
+def test_the_key_with_another_body_is_refused_and_writes_nothing(redis_server):
+    publish(redis_server, "", 0, msg(1), key="k1", fingerprint="f1")
+    with pytest.raises(hiredis.ReplyError, match="REUSED"):
+        publish(redis_server, "e1", 1, msg(2), key="k1", fingerprint="f2")
+    assert redis_server.cli("XLEN", LOG) == 1
+
+
+def test_a_key_of_a_lost_log_is_no_retry(redis_server):
+    publish(redis_server, "", 0, msg(1), msg(2), key="k1")
+    # The node read five entries of e1: the log lost some; e2 starts, and the
+    # key's publish (gone with e1) is stored again.
+    reply = publish(redis_server, "e1", 5, msg(1), msg(2), key="k1", epoch="e2")
+    assert reply[0] == b"e2" and reply[1:3:1][0] == 1 and reply[-1] != b"again"
+    assert publish(redis_server, "e2", 2, msg(1), msg(2), key="k1")[-1] == b"again"

@@ -1,0 +1,63 @@
+"""Channel expiry runs on its own clock, whatever else the node is doing.
+
+The service is driven on a ``task.Clock``: a channel named only by a pull
+subscribe (``timeout=0``) must expire one ttl later with no other traffic.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+
+from pushup.core.cursor import Cursor
+from pushup.core.model import Origin, Query
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+
+S = 1_000_000
+START = 1_763_800_000.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def respond(self, body: bytes, hold: bool = False) -> bool:
+        self.bodies.append(body)
+        return True
+
+
+def make_service(channel_ttl: int = 2) -> tuple[Service, Clock]:
+    clock = Clock()
+    clock.advance(START)
+    store = Store(Retention(3600 * S, channel_ttl * S, 1000, 10**9), Origin("me", 0))
+    return Service(store, clock, max_timeout=120), clock
+
+
+def pull(service: Service, *channels: str) -> bytes:
+    answer = service.subscribe(Query(channels, Cursor(()), None, 100), 0, Recorder())
+    assert isinstance(answer, bytes)  # a pull is answered at once
+    return answer
+
+
+def test_channels_named_only_by_pull_subscribes_expire_one_ttl_later() -> None:
+    service, clock = make_service(channel_ttl=2)
+    for k in range(0, 200, 50):
+        pull(service, *(f"pulled-{k + i}" for i in range(50)))
+    assert len(service.store.channels) == 200
+    assert clock.getDelayedCalls(), "no timer is armed to expire the channels"
+    clock.advance(1.9)
+    assert len(service.store.channels) == 200
+    clock.advance(0.5)  # past the ttl, plus the sweep's 0.25 s grain
+    assert service.store.channels == {}
+    assert not [c for c in clock.getDelayedCalls() if c.active()], "a timer is left armed"
+
+
+def test_each_pulled_channel_expires_one_ttl_after_it_was_named() -> None:
+    service, clock = make_service(channel_ttl=2)
+    pull(service, "early")
+    clock.advance(1)
+    pull(service, "late")  # created one second later: expires one second later
+    clock.advance(1.3)
+    assert set(service.store.channels) == {"late"}
+    clock.advance(1)
+    assert service.store.channels == {}

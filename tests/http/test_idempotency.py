@@ -1,0 +1,127 @@
+"""Idempotent publish (``Idempotency-Key``) on one node, as bytes through the
+HTTP front, and the mesh's carrying of keys between nodes, in memory.
+
+Real processes (another node of a mesh, Redis frozen, a data dir after
+SIGKILL) are in tests/cluster/test_idempotency.py and tests/e2e.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+
+from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.wire import (
+    backlog,
+    decode_batch,
+    encode_batch,
+    export_snapshot,
+    import_snapshot,
+)
+from pushup.config import Config
+from pushup.core.idempotency import Idem, Replayed
+from pushup.core.model import Draft, Origin
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+
+S = 1_000_000
+
+
+def keyed(h: Any, key: str, data: Any = 1, channels: tuple[str, ...] = ("a",)) -> Any:
+    return h.publish(list(channels), data, headers={"Idempotency-Key": key})
+
+
+def stored(h: Any, channel: str = "a") -> list[Any]:
+    return h.subscribe(channel, since=0, timeout=0).response.json["messages"]  # type: ignore[no-any-return]
+
+
+def test_a_retry_with_the_same_key_stores_nothing_and_gets_the_first_answer(node):
+    first = keyed(node, "order-17", {"total": 3})
+    node.clock.advance(5)
+    again = keyed(node, "order-17", {"total": 3})
+    assert first.status == again.status == 201
+    assert again.json == first.json  # the same id, timestamp and channels
+    assert [m["id"] for m in stored(node)] == [first.json["id"]]
+    assert node.stats()["published"] == 1
+    other = keyed(node, "order-18", {"total": 3})  # another key: another publish
+    assert other.json["id"] != first.json["id"] and len(stored(node)) == 2
+
+
+def test_a_batch_retry_gets_every_first_receipt(node):
+    body = {"messages": [{"channels": ["a"], "data": i} for i in range(3)]}
+    first = node.post("/publish", body, headers={"Idempotency-Key": "b1"})
+    again = node.post("/publish", body, headers={"Idempotency-Key": "b1"})
+    assert first.status == again.status == 201 and again.json == first.json
+    assert [m["data"] for m in stored(node)] == [0, 1, 2]
+
+
+def test_the_same_key_with_another_body_is_refused_422_and_stores_nothing(node, check_error):
+    keyed(node, "k", 1)
+    check_error(keyed(node, "k", 2), 422, "idempotency_key_reused")
+    check_error(keyed(node, "k", 1, channels=("a", "b")), 422, "idempotency_key_reused")
+    assert [m["data"] for m in stored(node)] == [1]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 129, "caf\u00e9", "tab\there"])
+def test_a_bad_key_is_400_and_stores_nothing(node, check_error, key):
+    response = node.post("/publish", {"channels": ["a"], "data": 1},
+                         headers={"Idempotency-Key": key})
+    check_error(response, 400, "bad_idempotency_key")
+    assert stored(node) == []
+
+
+def test_a_key_of_128_printable_characters_is_accepted(node):
+    key = "".join(chr(0x21 + i % 94) for i in range(128))
+    assert keyed(node, key).status == 201 and keyed(node, key).status == 201
+    assert len(stored(node)) == 1
+
+
+def test_a_key_is_forgotten_after_the_window(make_node):
+    h = make_node(idempotency_window=60)
+    first = keyed(h, "k")
+    h.clock.advance(59)
+    assert keyed(h, "k").json["id"] == first.json["id"]
+    h.clock.advance(1)
+    later = keyed(h, "k", 2)  # the window is over: a new publish, even with another body
+    assert later.status == 201 and later.json["id"] != first.json["id"]
+
+
+def test_a_browser_may_send_the_key_across_origins(make_node):
+    h = make_node(cors_origin="*")
+    allowed = h.request("OPTIONS", "/publish").header("access-control-allow-headers")
+    assert "idempotency-key" in allowed.lower()
+
+
+# -- the mesh: the key travels with its message ---------------------------------
+
+def mesh_node(name: str) -> Cluster:
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin(name, 1_700_000_000 * S))
+    return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
+
+
+def test_a_peer_that_received_a_keyed_publish_answers_its_retry_without_storing():
+    a, b = mesh_node("a"), mesh_node("b")
+    drafts = [Draft(("c",), b"1"), Draft(("c",), b"2")]
+    idem = Idem("k", "f")
+    first = a.service.publish(drafts, idem)
+    origin = a.store.origin
+    batch = decode_batch(encode_batch(backlog(a.store, origin.name, 0,
+                                              (origin.seq, origin.last_ts))))
+    b.receive(batch)
+    retried = b.publish(drafts, idem)
+    answer = retried.result
+    assert isinstance(answer, Replayed)
+    assert [(m.id, m.ts) for m in answer] == [(m.id, m.ts) for m in first]
+    assert b.store.message_count == 2 and b.store.origin.seq == 0  # nothing stored again
+
+
+def test_a_node_that_joins_later_knows_the_keys_from_its_snapshot():
+    old, new = mesh_node("a"), mesh_node("b")
+    first = old.service.publish([Draft(("c",), b"1")], Idem("k", "f"))
+    import_snapshot(new.store, export_snapshot(old.store), new.service.now())
+    again = new.service.publish([Draft(("c",), b"1")], Idem("k", "f"))
+    assert isinstance(again, Replayed) and again[0].id == first[0].id
