@@ -5,9 +5,17 @@ Publishers ``POST /publish`` to named channels; subscribers hold
 moment a matching message is published, each message exactly once per
 client however its polls and publishes are spread over the cluster.
 
-Modules, pure core first: ``errors``, ``model``, ``cursor``, ``store``,
-``hub``, ``config``, ``metrics`` (no I/O); then ``service`` (behaviour over an
-injected clock), ``web`` (HTTP in), ``node`` (composition) and ``cli``.
+The package's folders are its layers; each imports only those beneath it
+(``tests/test_layers.py`` checks):
+
+- ``core/``: values, cursor, store, hub and the service, pure and on an
+  injected clock; never a socket, never the reactor;
+- ``config``: one validated ``Config`` from defaults, file, environment, flags;
+- ``http/``: the HTTP front (the httptools protocol) and the endpoints over it;
+- ``backplane/``: the seam to the cluster, and its engines: ``disk``,
+  ``mesh/`` (peer links) and ``redis/``;
+- ``ops/``: the composition root (``node``), ``cli``, ``workers``, figures.
+
 Run ``pushup serve --help`` for every setting.
 """
 

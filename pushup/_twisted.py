@@ -35,9 +35,9 @@ def quiet_pool(reactor: Any) -> Any:
     """A persistent ``HTTPConnectionPool`` whose connections log nothing."""
     from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 
-    class QuietFactory(_HTTP11ClientFactory):  # type: ignore[misc]
+    class QuietFactory(_HTTP11ClientFactory):
         noisy = False  # no log line per pooled connection
 
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = HTTPConnectionPool(reactor, persistent=True)  # type: ignore[no-untyped-call]
     pool._factory = QuietFactory
     return pool

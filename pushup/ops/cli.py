@@ -83,7 +83,7 @@ def install_reactor(name: str) -> None:
         from twisted.internet import pollreactor as chosen  # type: ignore[no-redef]
     else:
         from twisted.internet import selectreactor as chosen  # type: ignore[no-redef]
-    chosen.install()
+    chosen.install()  # type: ignore[no-untyped-call]
 
 
 def raise_open_files_limit() -> None:
@@ -169,12 +169,12 @@ def serve(config: Config) -> int:
         started.addCallback(lambda _: node.listen_once(reuse_port=True))
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
-    reactor.addSystemEventTrigger("before", "shutdown", node.stop)  # type: ignore[attr-defined]
+    reactor.addSystemEventTrigger("before", "shutdown", node.stop)
     # After a burst of large answers, give the pages malloc keeps back (README).
     trimmer = LoopingCall(release_free_memory)
     trimmer.clock = reactor
     trimmer.start(MEMORY_CHECK, now=False)
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.tcp import makeBinding
@@ -105,9 +106,11 @@ class Node:
         port: Any = self.config.port
         if reuse_port:
             port = makeBinding(self.config.host, port, reuseAddress=True, reusePort=True)
-        self.port = self.reactor.listenTCP(port, self.front, backlog=4096,
-                                           interface=self.config.host)
-        return self.port.getHost().port  # type: ignore[no-any-return]
+        self.port = listening = self.reactor.listenTCP(port, self.front, backlog=4096,
+                                                       interface=self.config.host)
+        address = listening.getHost()
+        assert isinstance(address, IPv4Address | IPv6Address)
+        return address.port
 
     def listen_once(self, reuse_port: bool = False) -> None:
         """``listen``, unless the node is draining already (a worker that is

@@ -110,6 +110,17 @@ def worker_env(config: Config, environ: Mapping[str, str], **extra: str) -> dict
 
 
 class Supervisor:
+    """The parent of ``--workers N``: reserves the ports, runs and restarts workers.
+
+    Built before any worker exists: it holds the public port (so a second
+    supervisor fails at once) and one private socket per worker. ``run``
+    starts every worker, returns 1 if one does not print its listening line
+    or become healthy, else prints the node's own line and blocks until every
+    worker has exited after ``stop`` (SIGTERM/SIGINT), restarting any worker
+    that dies meanwhile; then it returns 0. ``stop`` may be called any number
+    of times, from a signal handler too. It runs no reactor.
+    """
+
     def __init__(self, config: Config) -> None:
         if not config.cluster_secret:
             config = replace(config, cluster_secret=secrets.token_urlsafe(24))
@@ -139,14 +150,14 @@ class Supervisor:
     def run(self) -> int:
         selector = selectors.DefaultSelector()
         for i in range(len(self.procs)):
-            proc = self.spawn(i)
-            assert proc.stdout is not None
-            line = proc.stdout.readline().decode().strip()
+            started = self.spawn(i)
+            assert started.stdout is not None
+            line = started.stdout.readline().decode().strip()
             if not line.startswith("listening on"):
                 print(f"pushup: error: worker {i} did not start", file=sys.stderr)
                 self.stop()
                 return 1
-            selector.register(proc.stdout, selectors.EVENT_READ, i)
+            selector.register(started.stdout, selectors.EVENT_READ, i)
         if not all(_healthy(url) for url in self.urls):
             print("pushup: error: a worker did not become healthy", file=sys.stderr)
             self.stop()
