@@ -303,3 +303,56 @@ def _epoch(us):
     from pushup.core.model import base36
 
     return base36(us // 1000)
+
+
+# -- the store's own state: journal, image, another node's channel operations --
+
+
+def test_a_store_without_a_journal_notes_nothing_and_one_installed_sees_every_change():
+    from pushup.core.changes import NO_CHANGES, Changes
+
+    s = make()
+    pub(s, "a")
+    assert not NO_CHANGES  # the default journal keeps nothing
+    turns = []
+    changes = Changes(lambda: turns.append(1))
+    s.journal_to(changes)
+    m = pub(s, "b", at=T0 + 1)
+    assert turns == [1] and changes.messages == {m.id: m}
+    assert changes.channels == {"b"} and changes.origins == {s.origin_name}
+    s.journal_to(NO_CHANGES)
+    pub(s, "c", at=T0 + 2)
+    assert "c" not in changes.channels
+
+
+def test_an_image_loads_into_an_empty_store_as_the_store_it_was_made_of():
+    from pushup.core.channels import ChannelOp
+
+    old = make(per_channel=1)
+    pub(old, "a", at=T0 + 1)
+    pub(old, "a", "b", at=T0 + 2)  # pushes the first out of "a": a gap there
+    old.apply_op(ChannelOp("create", "room", 0, 60 * S, T0 + 60 * S), T0 + 3)
+    old.origins.skip_to("elsewhere.1", 7, T0)
+    new = Store(old.retention, Origin("you", T0 + S))
+    assert new.load(old.image(), T0 + 10) == old.message_count
+    assert new.image().messages == old.image().messages
+    assert new.image().channels == old.image().channels
+    assert new.origins.lost_of("elsewhere.1") == (7, T0)
+    assert new.origins.horizon_of(old.origin_name) == 2
+    for since in (0, Cursor(())):
+        assert read(new, ["a", "b"], since) == read(old, ["a", "b"], since)
+
+
+def test_another_nodes_channel_operation_leaves_the_channel_as_that_node_did():
+    from pushup.core.channels import ChannelOp
+
+    s = make()
+    s.apply_op(ChannelOp("create", "room", 3, 60 * S, T0 + 60 * S), T0)
+    room = s.channel("room")
+    assert room is not None and (room.ttl, room.expires_at) == (60 * S, T0 + 60 * S)
+    s.apply_op(ChannelOp("renew", "room", 4, 90 * S, T0 + 95 * S), T0 + 5 * S)
+    assert (room.ttl, room.expires_at) == (90 * S, T0 + 95 * S)
+    assert s.expire(T0 + 94 * S, busy=lambda name: False) == []
+    s.apply_op(ChannelOp("delete", "room", 5), T0 + 6 * S)
+    s.apply_op(ChannelOp("delete", "room", 6), T0 + 6 * S)  # again: nothing to do
+    assert s.channel("room") is None and s.channel_count == 0
