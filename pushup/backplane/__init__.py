@@ -15,23 +15,26 @@ A backplane may also answer requests of its own (the mesh's ``/peer/``
 endpoints): the HTTP layer hands them over as ``PeerRequest`` values and
 renders the ``PeerAnswer``, knowing nothing of what they carry.
 
-This module holds the interface and the values that cross it; it opens no
-socket.
+This module holds the interface and the values that cross it (a channel
+operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
+opens no socket.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from twisted.internet import defer
 
 from pushup.core import errors
+from pushup.core.channels import Channel
+from pushup.core.channels import ChannelOp as ChannelOp  # the seam re-exports the core's
+from pushup.core.channels import OpKind as OpKind
 from pushup.core.idempotency import Idem
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
-from pushup.core.store import Channel
 
 PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (mesh.wire.BATCH_BYTES)
 
@@ -70,24 +73,6 @@ class PeerEndpoints(Protocol):
 def unsigned() -> errors.PushUpError:
     """The one refusal of a request that is not a peer's."""
     return errors.Unauthorized("peer requests must be signed with the cluster secret")
-
-
-OpKind = Literal["create", "renew", "delete"]
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelOp:
-    """An explicit channel's creation, renewal or deletion, as the cluster sees it.
-
-    ``at_seq`` orders it among its origin's messages: the origin's sequence
-    number when it happened (it applies after that message, before the next).
-    """
-
-    kind: OpKind
-    name: str
-    at_seq: int = 0
-    ttl: int = 0  # µs (create, renew)
-    expires_at: int = 0  # µs since the epoch (create, renew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +138,8 @@ class Backplane(Protocol):
 
 
 def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:
-    return ChannelOp(kind, channel.name, at_seq, channel.ttl, channel.expires_at)
+    """The operation that tells the cluster how ``channel`` is here."""
+    return ChannelOp.of(kind, channel, at_seq)
 
 
 class Alone:

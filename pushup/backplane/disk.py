@@ -23,11 +23,13 @@ from twisted.python.failure import Failure
 
 from pushup.backplane import Alone, Unconfirmed
 from pushup.core import errors
-from pushup.core.changes import Changes
+from pushup.core.changes import NO_CHANGES, Changes
+from pushup.core.channels import Channel
 from pushup.core.idempotency import Idem, Remembered
+from pushup.core.image import ChannelImage, StoreImage
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
-from pushup.core.store import Channel, Store
+from pushup.core.store import Store
 
 log = Logger()
 SCHEMA_VERSION = 1
@@ -132,34 +134,34 @@ class DataDir:
                                          e)) from None
 
     def _load(self, store: Store, now: int) -> int:
-        for name, ttl, expires_at, evicted, evicted_ts in self.db.execute(
-                "SELECT name, ttl, expires_at, evicted, evicted_ts FROM channels"):
-            channel = Channel(name, ttl, now)
-            channel.expires_at = expires_at
-            channel.evicted = json.loads(evicted)
-            channel.evicted_ts = evicted_ts
-            store.adopt_channel(channel)
-        count = 0
-        for origin, seq, ts, channels, held, data in self.db.execute(
+        return store.load(self.image(), now)
+
+    def image(self) -> StoreImage:
+        """What the directory holds, as a store's image."""
+        channels = tuple(
+            ChannelImage(name, ttl, expires_at, tuple(json.loads(evicted).items()), evicted_ts)
+            for name, ttl, expires_at, evicted, evicted_ts in self.db.execute(
+                "SELECT name, ttl, expires_at, evicted, evicted_ts FROM channels"))
+        messages = tuple(
+            (Message(origin, seq, ts, tuple(json.loads(channels)), bytes(data)),
+             tuple(json.loads(held)))
+            for origin, seq, ts, channels, held, data in self.db.execute(
                 "SELECT origin, seq, ts, channels, held, data FROM messages "
-                "ORDER BY ts, origin, seq"):
-            store.restore(Message(origin, seq, ts, tuple(json.loads(channels)), bytes(data)),
-                          json.loads(held), now)
-            count += 1
-        for origin, horizon, lost_seq, lost_ts in self.db.execute(
+                "ORDER BY ts, origin, seq"))
+        horizon, lost = [], []
+        for origin, seq, lost_seq, lost_ts in self.db.execute(
                 "SELECT origin, horizon, lost_seq, lost_ts FROM origins"):
-            store.raise_horizon(origin, horizon)
+            horizon.append((origin, seq))
             if lost_seq is not None:
-                store.lost[origin] = (lost_seq, lost_ts)
-        for key, fingerprint, origin, stamps, _ in self.db.execute(
-                "SELECT key, fingerprint, origin, stamps, since FROM keys ORDER BY since"):
-            record = Remembered(key, fingerprint, origin,
-                                tuple((int(seq), int(ts)) for seq, ts in json.loads(stamps)))
-            store.remember(record, now)
-        last_ts = self._meta("last_ts")
-        if last_ts:  # timestamps never go backwards on this node, across restarts too
-            store.origin.last_ts = max(store.origin.last_ts, int(last_ts))
-        return count
+                lost.append((origin, lost_seq, lost_ts))
+        keys = tuple(
+            Remembered(key, fingerprint, origin,
+                       tuple((int(seq), int(ts)) for seq, ts in json.loads(stamps)))
+            for key, fingerprint, origin, stamps, _ in self.db.execute(
+                "SELECT key, fingerprint, origin, stamps, since FROM keys ORDER BY since"))
+        last_ts = self._meta("last_ts")  # our timestamps never go back, across restarts too
+        return StoreImage(tuple(horizon), tuple(lost), channels, messages, keys,
+                          int(last_ts) if last_ts else 0)
 
     def write(self, store: Store, changes: Changes) -> None:
         """Write down ``changes`` in one transaction (then clear them); on an
@@ -174,15 +176,15 @@ class DataDir:
                 gone.append((m.origin, m.seq))
         kept, dropped = [], []
         for name in changes.channels:
-            c = store.channels.get(name)
+            c = store.channel(name)
             if c is None:
                 dropped.append((name,))
             else:
                 kept.append((name, c.ttl, c.expires_at, json.dumps(c.evicted), c.evicted_ts))
         origins = []
         for origin in changes.origins:
-            lost = store.lost.get(origin)
-            origins.append((origin, store.horizon.get(origin, 0),
+            lost = store.origins.lost_of(origin)
+            origins.append((origin, store.origins.horizon_of(origin),
                             lost[0] if lost else None, lost[1] if lost else None))
         keys = [(r.key, r.fingerprint, r.origin, json.dumps(r.stamps), r.since)
                 for r in changes.keys]
@@ -190,7 +192,7 @@ class DataDir:
             self.db.execute("BEGIN")
             if keys:  # with the messages they name: a restart knows both or neither
                 self.db.execute("DELETE FROM keys WHERE since <= ?",
-                                (store.origin.last_ts - store.keys.window,))
+                                (store.last_ts - store.keys.window,))
                 self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?)", keys)
             self.db.executemany("DELETE FROM messages WHERE origin = ? AND seq = ?", gone)
             self.db.executemany("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?)",
@@ -198,7 +200,7 @@ class DataDir:
             self.db.executemany("DELETE FROM channels WHERE name = ?", dropped)
             self.db.executemany("INSERT OR REPLACE INTO channels VALUES (?, ?, ?, ?, ?)", kept)
             self.db.executemany("INSERT OR REPLACE INTO origins VALUES (?, ?, ?, ?)", origins)
-            self._set_meta("last_ts", str(store.origin.last_ts))
+            self._set_meta("last_ts", str(store.last_ts))
         changes.clear()
 
     def close(self) -> None:
@@ -238,6 +240,7 @@ class Durable(Alone):
         self.ready = False
         self._waiting: list[defer.Deferred[None]] = []
         self._writing: Any = None  # the clock's delayed call of the next write
+        self.changes = Changes(self._schedule)  # what the store changed, not yet written
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -247,7 +250,7 @@ class Durable(Alone):
         """Load the directory, apply retention as of now, start journaling."""
         now = self.service.now()
         count = self.data.load(self.store, now)
-        self.store.changes = Changes(self._schedule)
+        self.store.journal_to(self.changes)
         self.store.expire(now, busy=lambda name: False)  # what expired while we were down
         self.service.rearm()
         self._write()
@@ -285,15 +288,15 @@ class Durable(Alone):
     def stop(self, grace: float) -> defer.Deferred[None]:
         if self._writing is not None and self._writing.active():
             self._writing.cancel()
-        if self.store.changes:
+        if self.changes:
             self._write()
-        self.store.changes = None
+        self.store.journal_to(NO_CHANGES)
         self.data.close()
         return defer.succeed(None)
 
     def _written(self) -> defer.Deferred[None]:
         """Fires once everything changed so far is on disk."""
-        if not self.store.changes:
+        if not self.changes:
             return defer.succeed(None)
         d: defer.Deferred[None] = defer.Deferred()
         self._waiting.append(d)
@@ -306,7 +309,7 @@ class Durable(Alone):
 
     def _write(self) -> None:
         self._writing = None
-        changes = self.store.changes
+        changes = self.changes
         waiting, self._waiting = self._waiting, []
         try:
             if changes:

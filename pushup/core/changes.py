@@ -2,12 +2,13 @@
 
 The store notes each message, channel and origin it changes; a journal (the
 data directory, :mod:`pushup.backplane.disk`) writes them all in one transaction at
-the end of the reactor turn, then clears the record. Keys only, no I/O.
+the end of the reactor turn, then clears the record. A store without a
+journal notes into ``NO_CHANGES``, which keeps nothing. Keys only, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pushup.core.idempotency import Remembered
 from pushup.core.model import Message
@@ -35,10 +36,12 @@ class Changes:
     def __bool__(self) -> bool:
         return bool(self.messages or self.channels or self.origins or self.keys)
 
-    def message(self, m: Message) -> None:
+    def message(self, m: Message, channels: Iterable[str] = ()) -> None:
+        """``m`` changed (stored, or let go of), and with it ``channels``."""
         if not self:
             self.on_first()
         self.messages[m.id] = m
+        self.channels.update(channels)
 
     def channel(self, name: str) -> None:
         if not self:
@@ -60,3 +63,27 @@ class Changes:
         self.messages = {}
         self.channels = set()
         self.origins = set()
+
+
+class _NoChanges(Changes):
+    """The journal of a store nobody writes down: every note is dropped."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(lambda: None)
+
+    def message(self, m: Message, channels: Iterable[str] = ()) -> None:
+        pass
+
+    def channel(self, name: str) -> None:
+        pass
+
+    def origin(self, name: str) -> None:
+        pass
+
+    def key(self, record: Remembered) -> None:
+        pass
+
+
+NO_CHANGES: Changes = _NoChanges()

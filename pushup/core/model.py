@@ -1,8 +1,10 @@
 """The values PushUp passes around: messages, queries, channel names, origins.
 
-Everything here is an immutable value or a pure function of its arguments.
-Time is always a parameter (integer microseconds since the Unix epoch), never
-read from a clock, so the rest of the core can be tested without one.
+Everything here is an immutable value or a pure function of its arguments,
+except ``Origin``: the one counter, owned by the store, that hands out this
+node's sequence numbers and timestamps. Time is always a parameter (integer
+microseconds since the Unix epoch), never read from a clock, so the rest of
+the core can be tested without one.
 """
 
 from __future__ import annotations
@@ -200,7 +202,8 @@ class Origin:
     36>``), so a restarted node never reuses a sequence number, and a newer
     epoch of the same node id supersedes the older ones (:func:`parse_origin`).
     Timestamps never go backwards, even if the wall clock does: each is at
-    least one microsecond after the last.
+    least one microsecond after the last. Not a value: a counter that only
+    its store moves (:meth:`next`, :meth:`resume`).
     """
 
     def __init__(self, node_id: str, boot_us: int) -> None:
@@ -211,9 +214,14 @@ class Origin:
         self.last_ts = 0
 
     def next(self, now_us: int) -> tuple[int, int]:
+        """The (seq, ts) of the next message this node accepts at ``now_us``."""
         self.seq += 1
         self.last_ts = max(now_us, self.last_ts + 1)
         return self.seq, self.last_ts
+
+    def resume(self, last_ts: int) -> None:
+        """This node id handed out ``last_ts`` before a restart: never go back past it."""
+        self.last_ts = max(self.last_ts, last_ts)
 
 
 def base36(n: int) -> str:

@@ -7,14 +7,17 @@ restart (a gap, reported once); a superseded origin that holds no message any
 more is *retired* and dropped from the cursors the store hands out. So an
 issued cursor names at most the origins holding cached messages, the newest
 origin of each node id, and origins of nodes this store has not heard of (cut
-to ``MAX_ORIGINS``). Pure bookkeeping over the store's horizon: no socket, no
+to ``MAX_ORIGINS``). ``Origins`` also keeps the store's horizon (how far it
+holds each origin without a hole) and what of each was lost everywhere, and
+moves them only forward. Pure bookkeeping, owned by the store: no socket, no
 clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from pushup.core.changes import NO_CHANGES, Changes
 from pushup.core.cursor import MAX_ORIGINS, Cursor
 from pushup.core.model import parse_origin
 
@@ -23,16 +26,74 @@ Position = Callable[[str], int]  # a cursor's position for an origin, as the sto
 
 
 class Origins:
-    """The origins of a store's ``horizon``: their nodes' newest epochs, and
-    the superseded ones that hold nothing (``holds(origin)`` says whether the
-    store caches any message of it)."""
+    """The origins of a store's horizon: how far it holds each, what was lost,
+    their nodes' newest epochs, and the superseded ones that hold nothing
+    (``holds(origin)`` says whether the store caches any message of it)."""
 
-    def __init__(self, horizon: dict[str, int], holds: Callable[[str], bool]) -> None:
-        self.horizon = horizon
+    def __init__(self, holds: Callable[[str], bool]) -> None:
+        self.horizon: dict[str, int] = {}
+        # Per origin, the last (seq, ts) of history this node will never have:
+        # evicted everywhere before it could be fetched. Any reader behind it
+        # is told of a gap, whatever its channels (we do not know theirs).
+        self.lost: dict[str, tuple[int, int]] = {}
+        self.changes: Changes = NO_CHANGES
         self.holds = holds
         self._parsed: dict[str, tuple[str, int] | None] = {}
         self.newest: dict[str, int] = {}  # node id -> its newest epoch known
         self.retired: set[str] = set()
+
+    def horizon_of(self, origin: str) -> int:
+        """How far (seq) the store holds ``origin`` without a hole; 0 if unknown."""
+        return self.horizon.get(origin, 0)
+
+    def horizons(self) -> dict[str, int]:
+        """Every origin's horizon: a copy, in the order the store met them."""
+        return dict(self.horizon)
+
+    def lost_of(self, origin: str) -> tuple[int, int] | None:
+        """The last (seq, ts) of ``origin``'s history lost everywhere, if any."""
+        return self.lost.get(origin)
+
+    def raise_horizon(self, origin: str, seq: int) -> None:
+        """We hold (or will never have) ``origin`` up to ``seq``."""
+        if origin not in self.horizon:
+            self.horizon[origin] = 0
+            self.note(origin)
+        if seq > self.horizon[origin]:
+            self.horizon[origin] = seq
+            self.changes.origin(origin)
+
+    def pass_over(self, origin: str, seq: int) -> None:
+        """``seq`` of ``origin`` carries no message: the horizon moves past it,
+        strictly in order (ValueError if ``seq`` would leave a hole)."""
+        have = self.horizon.get(origin, 0)
+        if seq <= have:
+            return
+        if seq != have + 1:
+            raise ValueError(f"{origin}: expected seq {have + 1}, got {seq}")
+        self.horizon[origin] = seq
+
+    def skip_to(self, origin: str, seq: int, ts: int) -> None:
+        """History of ``origin`` up to ``seq`` is gone everywhere: move past it."""
+        if seq > self.horizon.get(origin, 0):
+            self.raise_horizon(origin, seq)
+            self.lost[origin] = (seq, ts)
+
+    def restore(self, horizon: Iterable[tuple[str, int]],
+                lost: Iterable[tuple[str, int, int]], keep: str) -> None:
+        """Horizons and losses read back (an image); ``keep``'s are left as they are."""
+        for origin, seq in horizon:
+            if origin != keep:
+                self.raise_horizon(origin, seq)
+        for origin, seq, ts in lost:
+            self.lost[origin] = (seq, ts)
+
+    def behind_lost(self, since: Cursor | int, at: Position | None) -> bool:
+        """Whether a reader at ``since`` (read with ``at``) missed lost history."""
+        if at is not None:
+            return any(at(o) < seq for o, (seq, _) in self.lost.items())
+        assert isinstance(since, int)
+        return any(ts > since for _, ts in self.lost.values())
 
     def note(self, origin: str) -> None:
         """``origin`` enters the horizon: learn its node's newest epoch, and

@@ -3,13 +3,15 @@
 Messages almost always arrive in sequence order (an origin numbers its own,
 peers apply them in order) and leave oldest first, so a run is two parallel
 lists with a moving head: adding at the end and dropping the head cost
-O(1); anything else falls back to a bisect. Pure: no clock, no I/O.
+O(1); anything else falls back to a bisect. ``merge`` reads several runs as
+one stream in (timestamp, id) order, each message once. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from pushup.core.model import Message
 
@@ -70,6 +72,20 @@ class Run:
     def bisect_key_right(self, seq: int) -> int:
         return bisect_right(self._seqs, seq, self._head) - self._head
 
+    def first_after(self, ts: int) -> int:
+        """Index of the first message with a timestamp after ``ts`` (timestamps
+        increase with sequence within an origin)."""
+        lo, hi = 0, len(self)
+        if hi and self[0].ts > ts:
+            return 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self[mid].ts <= ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def islice(self, start: int, stop: int | None = None) -> Iterator[Message]:
         """Messages from index ``start`` up to ``stop`` (not while the run changes)."""
         end = len(self._items) if stop is None else min(self._head + stop, len(self._items))
@@ -79,3 +95,48 @@ class Run:
         del self._items[: self._head]
         del self._seqs[: self._head]
         self._head = 0
+
+
+_Head = tuple[int, str, int, Message, Iterator[Message]]  # (ts, id, stream no., msg, rest)
+
+
+def merge(streams: Iterable[Iterator[Message]], limit: int, until: int | None,
+          room: int | None) -> tuple[list[Message], list[Message]]:
+    """Read streams each in (timestamp, id) order as one: at most ``limit``
+    messages, none after ``until``, at most ``room`` bytes of message JSON
+    (but always one if any), a message found in several streams once.
+
+    Returns the messages taken, and the next message of each stream that is
+    not exhausted (what a cursor must not claim yet).
+    """
+    heap: list[_Head] = []
+    for stream in streams:
+        m = next(stream, None)
+        if m is not None:
+            heap.append((m.ts, m.id, len(heap), m, stream))
+    heapq.heapify(heap)
+    out: list[Message] = []
+    last_id = ""
+    while heap and len(out) < limit:
+        ts, ident, k, m, stream = heap[0]
+        if until is not None and ts > until:
+            break
+        if ident != last_id:  # the same message on another channel: once
+            if room is not None:
+                room -= m.size
+                if room < 0 and out:  # at least one message, however large
+                    break
+            out.append(m)
+            last_id = ident
+        _advance(heap, k, stream)
+    while heap and heap[0][1] == last_id:
+        _advance(heap, heap[0][2], heap[0][4])
+    return out, [head[3] for head in heap]
+
+
+def _advance(heap: list[_Head], k: int, stream: Iterator[Message]) -> None:
+    nxt = next(stream, None)
+    if nxt is None:
+        heapq.heappop(heap)
+    else:
+        heapq.heapreplace(heap, (nxt.ts, nxt.id, k, nxt, stream))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from pushup.core.channels import ChannelOp
 from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
 from pushup.core.hub import Hub, Waiter
@@ -91,6 +92,21 @@ class Alarm:
 
 
 class Service:
+    """This node's behaviour: the one way into its store, and its held subscribers.
+
+    Every backplane enters the core here: this node's own publishes through
+    :meth:`publish` (whoever stamps them), another node's messages through
+    the store and :meth:`arrived`, another node's channel operations through
+    :meth:`apply_op`. Whoever changes what the store holds calls
+    :meth:`arrived` (``publish`` does), so held subscribers are answered on
+    the reactor's next turn, a slice of ``SLICE`` at a time.
+
+    A draining node (:meth:`drain`) answers every held subscriber at once
+    and refuses new publishes: :meth:`check_open` is that rule, checked once
+    per publish by the caller (the HTTP handler, before it reads the body).
+    The clock is injected; nothing here touches a socket.
+    """
+
     def __init__(self, store: Store, clock: Clock, max_timeout: float) -> None:
         self.store = store
         self.hub = Hub()
@@ -112,17 +128,34 @@ class Service:
 
     # -- publishing --------------------------------------------------------
 
-    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None) -> list[Message]:
-        """Accept drafts from a publisher (all validated) as this node's own
-        messages: store them and answer their subscribers. (The backplane
-        decides when the publisher hears back and tells the cluster.)
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None, *,
+                logged: Sequence[Message] | None = None, current: bool = True,
+                ) -> list[Message]:
+        """This node's own publish, all drafts validated: the one door every
+        backplane takes for it. Counts it, stores it and answers its
+        subscribers. (The backplane decides when the publisher hears back
+        and tells the cluster; the caller checked :meth:`check_open`.)
 
-        With ``idem``, a key this node remembers (from any node of the
-        cluster) stores nothing: the answer is the first attempt's messages,
-        as ``Replayed``; the key with another body raises ``KeyReused``.
+        This node's origin stamps the drafts, unless ``logged``: the
+        cluster's log stamped them already (the Redis engine), and they are
+        stored now if they come next in their origin and the log is still
+        the ``current`` one (else the log's tail brings them, in order).
+
+        With ``idem`` (this node stamps), a key this node remembers (from
+        any node of the cluster) stores nothing: the answer is the first
+        attempt's messages, as ``Replayed``; the key with another body
+        raises ``KeyReused``.
         """
-        self.check_open()
         now = self.now()
+        if logged is not None:
+            messages = list(logged)
+            self.counters.published += len(messages)
+            if current and messages and \
+                    messages[0].seq == self.store.origins.horizon_of(messages[0].origin) + 1:
+                for m in messages:
+                    self.store.apply(m, now)
+                self.arrived(messages, now)
+            return messages
         if idem is not None:
             record = self.store.keys.recall(idem, now)
             if record is not None:
@@ -133,6 +166,7 @@ class Service:
         return messages
 
     def check_open(self) -> None:
+        """``ShuttingDown`` (503) once the node drains: no new publish."""
         if self.draining:
             raise ShuttingDown("the node is shutting down; publish to another node")
 
@@ -200,21 +234,18 @@ class Service:
     def delete_channel(self, name: str) -> None:
         self.close_channel(name)
 
-    def apply_op(self, kind: str, name: str, ttl: int, expires_at: int, now: int) -> None:
-        """Another node's channel operation: the channel as that node left it."""
-        channel = self.store.channels.get(name)
-        if kind == "delete":
-            if channel is not None:
-                self.close_channel(name)
+    def apply_op(self, op: ChannelOp, now: int) -> None:
+        """Another node's channel operation (the mesh's, or the Redis log's):
+        the channel as that node left it; a delete answers its subscribers."""
+        if op.kind == "delete":
+            if self.store.channel(op.name) is not None:
+                self.close_channel(op.name)
             return
-        if channel is None:
-            channel = self.store.create(name, ttl, now)
-        channel.ttl = ttl
-        channel.expires_at = expires_at
-        self.store.reschedule(channel)
+        self.store.apply_op(op, now)
         self.rearm()
 
     def close_channel(self, name: str) -> None:
+        """Delete the channel (404 if there is none) and answer its subscribers."""
         self.store.delete(name)
         self._answer(dict.fromkeys(self.hub.take_channel(name)), closed=name)
         self._timeouts.set(self.hub.next_deadline(), self.now())
@@ -306,12 +337,12 @@ class Service:
     def snapshot(self, rss: int) -> dict[str, object]:
         c = self.counters
         return {
-            "node_id": self.store.origin.node_id,
-            "origin": self.store.origin.name,
+            "node_id": self.store.node_id,
+            "origin": self.store.origin_name,
             "uptime_s": round(self.clock.seconds() - self.started, 3),
             "connections": c.connections,
             "waiting": len(self.hub),
-            "channels": len(self.store.channels),
+            "channels": self.store.channel_count,
             "messages": self.store.message_count,
             "cached_bytes": self.store.bytes,
             "published": c.published,

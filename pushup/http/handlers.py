@@ -312,7 +312,7 @@ class Handlers:
         if self.service.draining:
             raise errors.ShuttingDown("the node is draining for shutdown")
         self._ready()
-        return Response(200, dumps({"status": "ok", "node_id": self.service.store.origin.node_id}))
+        return Response(200, dumps({"status": "ok", "node_id": self.service.store.node_id}))
 
     def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, dumps(self._stats()))

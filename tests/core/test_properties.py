@@ -55,7 +55,7 @@ class StoreMachine(RuleBasedStateMachine):
     # -- the model ---------------------------------------------------------
 
     def retained(self, channel: str) -> set[str]:
-        ch = self.store.channels.get(channel)
+        ch = self.store.channel(channel)
         return {m.id for run in (ch.runs.values() if ch else ()) for m in run}
 
     def note_evictions(self) -> None:
@@ -153,7 +153,7 @@ class StoreMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         assert self.store.bytes <= self.store.retention.max_bytes
-        for ch in self.store.channels.values():
+        for ch in map(self.store.channel, self.store.channel_names()):
             assert ch.count <= self.store.retention.max_per_channel
         assert len(self.hub) == sum(c.waiter is not None for c in self.clients)
 

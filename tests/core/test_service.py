@@ -510,3 +510,21 @@ def test_refused_publish_counts_nothing(node):
     assert response.status == 400
     stats = node.stats()
     assert (stats["published"], stats["messages"], stats["channels"]) == (0, 0, 0)
+
+
+# -- the publish door ------------------------------------------------------
+
+
+def test_a_publish_the_log_stamped_is_stored_when_next_and_answers_subscribers(node):
+    from pushup.core.model import Message
+
+    service = node.service
+    held = node.subscribe("a", timeout=30)
+    first = [Message("p0.e", 1, 1_763_800_000 * 10**6, ("a",), b"1")]
+    assert service.publish([Draft(("a",), b"1")], logged=first) == first
+    node.clock.advance(0)
+    assert ids(held.response) == [1] and service.counters.published == 1
+    later = [Message("p0.e", 3, 1_763_800_001 * 10**6, ("a",), b"3")]  # 2 is not here yet
+    service.publish([Draft(("a",), b"3")], logged=later)
+    assert service.store.message_count == 1  # the log's tail brings it, in order
+    assert service.counters.published == 2

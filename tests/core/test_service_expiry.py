@@ -43,12 +43,12 @@ def test_channels_named_only_by_pull_subscribes_expire_one_ttl_later() -> None:
     service, clock = make_service(channel_ttl=2)
     for k in range(0, 200, 50):
         pull(service, *(f"pulled-{k + i}" for i in range(50)))
-    assert len(service.store.channels) == 200
+    assert service.store.channel_count == 200
     assert clock.getDelayedCalls(), "no timer is armed to expire the channels"
     clock.advance(1.9)
-    assert len(service.store.channels) == 200
+    assert service.store.channel_count == 200
     clock.advance(0.5)  # past the ttl, plus the sweep's 0.25 s grain
-    assert service.store.channels == {}
+    assert service.store.channel_count == 0
     assert not [c for c in clock.getDelayedCalls() if c.active()], "a timer is left armed"
 
 
@@ -58,6 +58,6 @@ def test_each_pulled_channel_expires_one_ttl_after_it_was_named() -> None:
     clock.advance(1)
     pull(service, "late")  # created one second later: expires one second later
     clock.advance(1.3)
-    assert set(service.store.channels) == {"late"}
+    assert set(service.store.channel_names()) == {"late"}
     clock.advance(1)
-    assert service.store.channels == {}
+    assert service.store.channel_count == 0

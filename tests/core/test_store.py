@@ -2,6 +2,7 @@ import pytest
 
 from pushup.core.cursor import Cursor
 from pushup.core.errors import BadRequest, ChannelExists, NoSuchChannel
+from pushup.core.image import StoreImage
 from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.store import Retention, Store
 
@@ -124,7 +125,7 @@ def test_channel_lifecycle():
     with pytest.raises(ChannelExists):
         s.create("room", None, T0)
     generated = s.create(None, None, T0)
-    assert generated.name != "room" and generated.name in s.channels
+    assert generated.name != "room" and s.channel(generated.name) is not None
     assert s.renew("room", 120 * S, T0 + S).expires_at == T0 + 121 * S
     s.delete("room")
     with pytest.raises(NoSuchChannel):
@@ -150,7 +151,7 @@ def test_a_channel_expires_after_its_ttl_without_publishes_or_subscribers():
     pub(s, "live", at=T0 + 8 * S)
     removed = s.expire(T0 + 11 * S, busy=lambda name: name == "busy")
     assert removed == ["idle"]
-    assert set(s.channels) == {"busy", "live"}
+    assert set(s.channel_names()) == {"busy", "live"}
     assert s.expire(T0 + 19 * S, busy=lambda name: False) == ["live"]
     assert s.expire(T0 + 22 * S, busy=lambda name: False) == ["busy"]
     assert s.message_count == 0 and s.next_deadline() is None
@@ -168,13 +169,13 @@ def test_expiry_sweeps_many_channels_in_one_pass():
     for i in range(1000):
         s.touch([f"c{i}"], T0)
     assert len(s.expire(T0 + 2 * S, busy=lambda name: False)) == 1000
-    assert not s.channels
+    assert s.channel_count == 0
 
 
 def test_a_node_that_does_not_know_an_origin_keeps_the_clients_position_for_it():
     s = make()
     pub(s, "a")
-    since = Cursor.of({"elsewhere.x": 42, s.origin.name: 0})
+    since = Cursor.of({"elsewhere.x": 42, s.origin_name: 0})
     r = read(s, ["a"], since=since)
     assert len(r.messages) == 1
     assert r.cursor.position("elsewhere.x") == 42  # kept, never rewound
@@ -201,7 +202,7 @@ def test_a_cursor_naming_an_origin_lost_with_a_restart_gets_one_gap_then_none():
     fresh = pub(after, "a", at=T0 + 6 * S)
     first = read(after, ["a"], since=cursor)
     assert first.gap and first.messages == (fresh,)
-    assert before.origin.name not in first.cursor.as_dict()
+    assert before.origin_name not in first.cursor.as_dict()
     second = read(after, ["a"], since=first.cursor)
     assert not second.gap and second.messages == ()
 
@@ -221,27 +222,32 @@ def test_an_origin_newer_than_the_store_knows_is_kept_without_a_gap():
     assert not r.gap and r.cursor.position(newer) == 3
 
 
+def image_of(m: Message) -> StoreImage:
+    """A peer's snapshot holding ``m`` alone."""
+    return StoreImage(horizon=(), lost=(), channels=(), messages=((m, m.channels),))
+
+
 def test_a_superseded_origin_is_dropped_from_cursors_once_its_messages_are_gone():
     s = boot(at=T0 + 10 * S, message_ttl=60 * S)
     old = Message(f"n1.{_epoch(T0)}", 1, T0 + 1, ("a",), b"1")  # from a peer's snapshot
-    s.load(old, T0 + 10 * S)
+    s.load(image_of(old), T0 + 10 * S)
     r = read(s, ["a"])
     assert r.messages == (old,)  # a superseded origin's messages still serve
     mine = pub(s, "a", at=T0 + 11 * S)
     cursor = read(s, ["a"], since=r.cursor).cursor
-    assert cursor.as_dict() == {old.origin: 1, s.origin.name: mine.seq}
+    assert cursor.as_dict() == {old.origin: 1, s.origin_name: mine.seq}
     s.expire(T0 + 200 * S, busy=lambda name: True)  # both messages expire
     r = read(s, ["a"], since=cursor)
     assert not r.gap  # the reader had both
-    assert r.cursor.as_dict() == {s.origin.name: mine.seq}
+    assert r.cursor.as_dict() == {s.origin_name: mine.seq}
     assert read(s, ["a"], since=r.cursor).gap is False
-    assert s.end().as_dict() == {s.origin.name: mine.seq}
+    assert s.end().as_dict() == {s.origin_name: mine.seq}
 
 
 def test_a_reader_behind_a_retired_origin_is_told_of_the_gap_once():
     s = boot(at=T0 + 10 * S, message_ttl=60 * S)
     old = f"n1.{_epoch(T0)}"
-    s.load(Message(old, 1, T0 + 1, ("a",), b"1"), T0 + 10 * S)
+    s.load(image_of(Message(old, 1, T0 + 1, ("a",), b"1")), T0 + 10 * S)
     behind = Cursor.of({old: 0})
     pub(s, "a", at=T0 + 11 * S)
     s.expire(T0 + 200 * S, busy=lambda name: True)
@@ -253,7 +259,7 @@ def test_a_reader_behind_a_retired_origin_is_told_of_the_gap_once():
 def test_a_retired_origin_stays_in_cursors_until_its_node_names_a_newer_one():
     s = boot(at=T0 + 10 * S, message_ttl=60 * S)
     old = f"n1.{_epoch(T0)}"
-    s.load(Message(old, 1, T0 + 1, ("a",), b"1"), T0 + 10 * S)
+    s.load(image_of(Message(old, 1, T0 + 1, ("a",), b"1")), T0 + 10 * S)
     cursor = read(s, ["a"]).cursor
     s.expire(T0 + 200 * S, busy=lambda name: True)
     # nothing published by the new origin yet: dropping the old one would make
@@ -262,7 +268,7 @@ def test_a_retired_origin_stays_in_cursors_until_its_node_names_a_newer_one():
     assert not r.gap and r.cursor.as_dict() == {old: 1}
     pub(s, "a", at=T0 + 201 * S)
     r = read(s, ["a"], since=r.cursor)
-    assert not r.gap and set(r.cursor.as_dict()) == {s.origin.name}
+    assert not r.gap and set(r.cursor.as_dict()) == {s.origin_name}
 
 
 def test_two_thousand_restarts_of_one_node_keep_the_cursor_bounded():
@@ -289,7 +295,7 @@ def test_a_cursor_of_many_foreign_origins_stays_one_the_node_accepts():
     pub(s, "a")
     r = read(s, ["a"], since=decode(foreign.encode()))
     assert len(r.cursor.positions) == MAX_ORIGINS
-    assert s.origin.name in r.cursor.as_dict()
+    assert s.origin_name in r.cursor.as_dict()
     decode(r.cursor.encode())
 
 
@@ -297,3 +303,56 @@ def _epoch(us):
     from pushup.core.model import base36
 
     return base36(us // 1000)
+
+
+# -- the store's own state: journal, image, another node's channel operations --
+
+
+def test_a_store_without_a_journal_notes_nothing_and_one_installed_sees_every_change():
+    from pushup.core.changes import NO_CHANGES, Changes
+
+    s = make()
+    pub(s, "a")
+    assert not NO_CHANGES  # the default journal keeps nothing
+    turns = []
+    changes = Changes(lambda: turns.append(1))
+    s.journal_to(changes)
+    m = pub(s, "b", at=T0 + 1)
+    assert turns == [1] and changes.messages == {m.id: m}
+    assert changes.channels == {"b"} and changes.origins == {s.origin_name}
+    s.journal_to(NO_CHANGES)
+    pub(s, "c", at=T0 + 2)
+    assert "c" not in changes.channels
+
+
+def test_an_image_loads_into_an_empty_store_as_the_store_it_was_made_of():
+    from pushup.core.channels import ChannelOp
+
+    old = make(per_channel=1)
+    pub(old, "a", at=T0 + 1)
+    pub(old, "a", "b", at=T0 + 2)  # pushes the first out of "a": a gap there
+    old.apply_op(ChannelOp("create", "room", 0, 60 * S, T0 + 60 * S), T0 + 3)
+    old.origins.skip_to("elsewhere.1", 7, T0)
+    new = Store(old.retention, Origin("you", T0 + S))
+    assert new.load(old.image(), T0 + 10) == old.message_count
+    assert new.image().messages == old.image().messages
+    assert new.image().channels == old.image().channels
+    assert new.origins.lost_of("elsewhere.1") == (7, T0)
+    assert new.origins.horizon_of(old.origin_name) == 2
+    for since in (0, Cursor(())):
+        assert read(new, ["a", "b"], since) == read(old, ["a", "b"], since)
+
+
+def test_another_nodes_channel_operation_leaves_the_channel_as_that_node_did():
+    from pushup.core.channels import ChannelOp
+
+    s = make()
+    s.apply_op(ChannelOp("create", "room", 3, 60 * S, T0 + 60 * S), T0)
+    room = s.channel("room")
+    assert room is not None and (room.ttl, room.expires_at) == (60 * S, T0 + 60 * S)
+    s.apply_op(ChannelOp("renew", "room", 4, 90 * S, T0 + 95 * S), T0 + 5 * S)
+    assert (room.ttl, room.expires_at) == (90 * S, T0 + 95 * S)
+    assert s.expire(T0 + 94 * S, busy=lambda name: False) == []
+    s.apply_op(ChannelOp("delete", "room", 5), T0 + 6 * S)
+    s.apply_op(ChannelOp("delete", "room", 6), T0 + 6 * S)  # again: nothing to do
+    assert s.channel("room") is None and s.channel_count == 0

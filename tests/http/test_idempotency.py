@@ -108,15 +108,15 @@ def test_a_peer_that_received_a_keyed_publish_answers_its_retry_without_storing(
     drafts = [Draft(("c",), b"1"), Draft(("c",), b"2")]
     idem = Idem("k", "f")
     first = a.service.publish(drafts, idem)
-    origin = a.store.origin
-    batch = decode_batch(encode_batch(backlog(a.store, origin.name, 0,
-                                              (origin.seq, origin.last_ts))))
+    store = a.store
+    batch = decode_batch(encode_batch(backlog(store, store.origin_name, 0,
+                                              (store.own_seq, store.last_ts))))
     b.receive(batch)
     retried = b.publish(drafts, idem)
     answer = retried.result
     assert isinstance(answer, Replayed)
     assert [(m.id, m.ts) for m in answer] == [(m.id, m.ts) for m in first]
-    assert b.store.message_count == 2 and b.store.origin.seq == 0  # nothing stored again
+    assert b.store.message_count == 2 and b.store.own_seq == 0  # nothing stored again
 
 
 def test_a_node_that_joins_later_knows_the_keys_from_its_snapshot():

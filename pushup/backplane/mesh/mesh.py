@@ -33,17 +33,17 @@ from pushup.backplane.mesh.wire import (
     backlog,
     decode_batch,
     decode_repair,
+    decode_snapshot,
     encode_batch,
     encode_repair,
     export_snapshot,
-    import_snapshot,
 )
 from pushup.config import Config
 from pushup.core import errors
+from pushup.core.channels import Channel
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
-from pushup.core.store import Channel
 
 log = Logger()
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
@@ -111,7 +111,7 @@ class Cluster:
     def _replayed(self, messages: Replayed) -> defer.Deferred[list[Message]]:
         last = messages[-1]
         if self.publish_ack == "local" or not self.links \
-                or last.origin != self.store.origin.name or self._confirmed() >= last.seq:
+                or last.origin != self.store.origin_name or self._confirmed() >= last.seq:
             return defer.succeed(messages)
         return self._acknowledged(messages)
 
@@ -153,11 +153,11 @@ class Cluster:
     def delete_channel(self, name: str) -> defer.Deferred[None]:
         self.service.delete_channel(name)
         for link in self.links:
-            link.add_op(ChannelOp("delete", name, self.store.origin.seq))
+            link.add_op(ChannelOp("delete", name, self.store.own_seq))
         return defer.succeed(None)
 
     def _tell(self, kind: OpKind, channel: Channel) -> None:
-        op = op_of(kind, channel, self.store.origin.seq)
+        op = op_of(kind, channel, self.store.own_seq)
         for link in self.links:
             link.add_op(op)
 
@@ -168,42 +168,39 @@ class Cluster:
         self.check_ready()
         self._peer_alive()
         now = self.service.now()
-        store = self.store
-        if batch.origin not in store.horizon:
+        store, origins = self.store, self.store.origins
+        if batch.origin not in origins.horizon:
             # Even an empty batch (a link's hello) says which epoch its node
             # runs: its older origins are superseded, and a cursor naming one
             # we do not hold is told of the gap now (pushup.core.origins).
-            store.raise_horizon(batch.origin, 0)
+            origins.raise_horizon(batch.origin, 0)
         ops = sorted(batch.ops, key=lambda op: op.at_seq)
         if batch.skip is not None:
-            store.skip_to(batch.origin, *batch.skip)
+            origins.skip_to(batch.origin, *batch.skip)
         applied = []
         hole = False
         for i, m in enumerate(batch.messages):
             if i == 0 and batch.first:
-                store.skip_to(batch.origin, m.seq - 1, m.ts - 1)
+                origins.skip_to(batch.origin, m.seq - 1, m.ts - 1)
             while ops and ops[0].at_seq < m.seq \
-                    and ops[0].at_seq <= store.horizon.get(batch.origin, 0):
-                self._apply_op(ops.pop(0), now)
+                    and ops[0].at_seq <= origins.horizon_of(batch.origin):
+                self.service.apply_op(ops.pop(0), now)
             try:
                 if store.apply(m, now):
                     applied.append(m)
             except ValueError:
                 hole = True
                 break
-        horizon = store.horizon.get(batch.origin, 0)
+        horizon = origins.horizon_of(batch.origin)
         for record in batch.keys:  # a keyed publish we hold all of: its key is known here
             if record.stamps[-1][0] <= horizon:
                 store.remember(record, now)
         while ops and ops[0].at_seq <= horizon:
-            self._apply_op(ops.pop(0), now)
+            self.service.apply_op(ops.pop(0), now)
         self.service.arrived(applied, now)
         if hole or ops:
             return Hole(horizon + 1)
         return Applied(horizon)
-
-    def _apply_op(self, op: ChannelOp, now: int) -> None:
-        self.service.apply_op(op.kind, op.name, op.ttl, op.expires_at, now)
 
     def _peer_alive(self) -> None:
         # A peer just spoke: links in backoff (e.g. to a node that was still
@@ -233,11 +230,11 @@ class Cluster:
         self.check_ready()
         asker, theirs = decode_repair(body)
         store = self.store
-        for origin, have in store.horizon.items():
+        for origin, have in store.origins.horizons().items():
             after = theirs.get(origin, 0)
-            if origin in (store.origin.name, asker) or have <= after:
+            if origin in (store.origin_name, asker) or have <= after:
                 continue
-            lost = store.lost.get(origin)  # if all of it was evicted here too: skip it
+            lost = store.origins.lost_of(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
             return encode_batch(backlog(store, origin, after, (have, ts)))
         return None
@@ -251,7 +248,7 @@ class Cluster:
         link = live[self._next_repair % len(live)]
         self._next_repair += 1
         for _ in range(REPAIR_ROUNDS):
-            body = encode_repair(self.store.origin.name, self.store.horizon)
+            body = encode_repair(self.store.origin_name, self.store.origins.horizons())
             try:
                 status, raw = yield link.request("POST", "/peer/repair", body)
             except Exception as e:
@@ -307,7 +304,7 @@ class Cluster:
                     link.set_state("connecting", f"snapshot request failed: {e}")
                     continue
                 if status == 200:
-                    n = import_snapshot(self.store, raw, self.service.now())
+                    n = self.store.load(decode_snapshot(raw), self.service.now())
                     self.service.rearm()
                     log.info("caught up from {url}: {n} messages", url=link.url, n=n)
                     return

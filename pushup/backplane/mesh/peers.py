@@ -49,6 +49,23 @@ class PeerRefused(PeerError):
 
 
 class PeerLink:
+    """This node's link to one peer: sends it our own messages and channel
+    operations, in order, and learns how far it holds them.
+
+    - Order: one POST in flight at a time, messages in sequence order, each
+      operation after the messages that came before it; a 409 (a hole at the
+      peer) resends from the sequence it expects.
+    - Memory: the queue of messages is the store (what it still holds past
+      ``after``); operations wait in a deque of ``max_ops``, the oldest
+      dropped (and counted) when it is full.
+    - Failure is state, never an exception to the caller: ``state`` moves
+      between connecting, up, down (``DOWN_AFTER`` failures in a row) and
+      refused (a 4xx: another secret, or not a PushUp node), is shown in
+      ``/stats``, and the link retries with backoff until :meth:`stop`.
+    - ``on_change`` is told when ``after`` advances or ``state`` changes.
+    - Time: every timer and request timeout is on the injected ``clock``.
+    """
+
     def __init__(self, url: str, store: Store, secret: str, http: Any, clock: IReactorTime,
                  max_ops: int = 10_000, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
@@ -96,7 +113,7 @@ class PeerLink:
 
     @property
     def queued(self) -> int:
-        return max(0, self.store.origin.seq - self.after) + len(self.ops)
+        return max(0, self.store.own_seq - self.after) + len(self.ops)
 
     def stats(self) -> dict[str, Any]:
         return {"url": self.url, "state": self.state, "queued": self.queued, "sent": self.sent}
@@ -139,8 +156,9 @@ class PeerLink:
         self._busy = True
         try:
             while not self.stopped:
-                ours = self.store.origin
-                batch = backlog(self.store, ours.name, self.after, (ours.seq, ours.last_ts))
+                store = self.store
+                batch = backlog(store, store.origin_name, self.after,
+                                (store.own_seq, store.last_ts))
                 messages = batch.messages
                 # An op is stamped with our seq when it happened: it travels
                 # with (or after) the messages before it.
@@ -170,7 +188,7 @@ class PeerLink:
                 self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
                 self._up()
                 self._confirmed(horizon)
-                if not self.ops and self.after >= self.store.origin.seq:
+                if not self.ops and self.after >= self.store.own_seq:
                     break  # the peer has everything: no empty POST to say so
         except Exception as e:
             self._failed(e)

@@ -4,9 +4,10 @@ A keyed publish's record (:mod:`pushup.core.idempotency`) travels with its last
 message, in the same batch, so a retry on any node that holds the message
 finds the key.
 
-Pure encoding and decoding of peer payloads, and applying a snapshot to a
-store. A message's data travels as the exact JSON text its origin accepted,
-so every node serves byte-identical messages. No sockets, no clock.
+Pure encoding and decoding of peer payloads; a snapshot is a store's image
+(:mod:`pushup.core.image`) on the wire. A message's data travels as the exact
+JSON text its origin accepted, so every node serves byte-identical messages.
+No sockets, no clock.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 from pushup.backplane import ChannelOp
 from pushup.core.errors import BadJSON, BadRequest
 from pushup.core.idempotency import Remembered, check_key
+from pushup.core.image import ChannelImage, StoreImage
 from pushup.core.model import Message, check_channel_name
-from pushup.core.store import Channel, Store
+from pushup.core.store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,34 +125,43 @@ def decode_repair(body: bytes) -> tuple[str, dict[str, int]]:
 
 def export_snapshot(store: Store) -> bytes:
     """Everything a new node needs to serve like this one (one JSON document)."""
+    return encode_snapshot(store.image())
+
+
+def encode_snapshot(image: StoreImage) -> bytes:
+    """A store's image as a snapshot. Messages travel with all their channels
+    and this node's last timestamp does not travel (the format predates both)."""
     channels = [{"name": c.name, "ttl": c.ttl, "expires_at": c.expires_at,
-                 "evicted": c.evicted, "evicted_ts": c.evicted_ts}
-                for c in store.channels.values()]
-    messages = [[m.origin, *_wire(m)] for m in store.all_messages()]
-    keys = [[r.origin, *_wire_key(r)] for r in store.keys.records()]
-    return json.dumps({"horizon": store.horizon, "lost": store.lost, "channels": channels,
-                       "messages": messages, "keys": keys}, separators=(",", ":")).encode()
+                 "evicted": dict(c.evicted), "evicted_ts": c.evicted_ts}
+                for c in image.channels]
+    messages = [[m.origin, *_wire(m)] for m, _ in image.messages]
+    keys = [[r.origin, *_wire_key(r)] for r in image.keys]
+    return json.dumps({"horizon": dict(image.horizon),
+                       "lost": {o: (seq, ts) for o, seq, ts in image.lost},
+                       "channels": channels, "messages": messages, "keys": keys},
+                      separators=(",", ":")).encode()
+
+
+def decode_snapshot(body: bytes) -> StoreImage:
+    """A peer's snapshot as an image: each message held by all its channels."""
+    raw = json.loads(body)
+    channels = tuple(ChannelImage(c["name"], c["ttl"], c["expires_at"],
+                                  tuple(dict(c["evicted"]).items()), c["evicted_ts"])
+                     for c in raw["channels"])
+    messages = []
+    for row in raw["messages"]:
+        m = _message(row[0], row[1:])
+        messages.append((m, m.channels))
+    return StoreImage(
+        horizon=tuple(raw["horizon"].items()),
+        lost=tuple((origin, seq, ts) for origin, (seq, ts) in raw["lost"].items()),
+        channels=channels, messages=tuple(messages),
+        keys=tuple(_key(row[0], row[1:]) for row in raw.get("keys", ())))
 
 
 def import_snapshot(store: Store, body: bytes, now: int) -> int:
     """Load a peer's snapshot into an empty store; returns messages loaded."""
-    raw = json.loads(body)
-    for c in raw["channels"]:
-        channel = Channel(c["name"], c["ttl"], now)
-        channel.expires_at = c["expires_at"]
-        channel.evicted = dict(c["evicted"])
-        channel.evicted_ts = c["evicted_ts"]
-        store.adopt_channel(channel)
-    for row in raw["messages"]:
-        store.load(_message(row[0], row[1:]), now)
-    for origin, (seq, ts) in raw["lost"].items():
-        store.lost[origin] = (seq, ts)
-    for origin, seq in raw["horizon"].items():
-        if origin != store.origin.name:
-            store.raise_horizon(origin, seq)
-    for row in raw.get("keys", ()):
-        store.remember(_key(row[0], row[1:]), now)
-    return len(raw["messages"])
+    return store.load(decode_snapshot(body), now)
 
 
 # On the wire a keyed publish's record is [key, fingerprint, [[seq, ts], ...]]

@@ -45,7 +45,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane import OpKind
+from pushup.backplane import ChannelOp, OpKind
 from pushup.backplane.redis.client import (
     RedisConnection,
     RedisError,
@@ -55,10 +55,10 @@ from pushup.backplane.redis.client import (
 )
 from pushup.config import Config, parse_url
 from pushup.core import errors
+from pushup.core.channels import Channel, check_ttl
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message, base36, check_channel_name, dumps
 from pushup.core.service import Service
-from pushup.core.store import Channel, check_ttl
 
 log = Logger()
 PARTITION = "p0"
@@ -229,25 +229,13 @@ class RedisEngine:
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
         if again:
-            messages = Replayed(messages)
-        else:
-            self.service.counters.published += len(messages)
-        if epoch == self.epoch:
-            self._apply_own(messages)
-        else:
+            return Replayed(messages)
+        # Our publish, if next in the log, is stored now (the publisher's next
+        # poll here sees it); otherwise the tail brings it in order.
+        messages = self.service.publish(drafts, logged=messages, current=epoch == self.epoch)
+        if epoch != self.epoch:
             self._resync(f"a publish found the log at epoch {epoch}")
         return messages
-
-    def _apply_own(self, messages: list[Message]) -> None:
-        """Our publish, if next in the log: into the store now (the publisher's
-        next poll here sees it); otherwise the tail brings it in order."""
-        store = self.store
-        if messages[0].seq != store.horizon.get(messages[0].origin, 0) + 1:
-            return
-        now = self.service.now()
-        for m in messages:
-            store.apply(m, now)
-        self.service.arrived(messages, now)
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
         name = self.store.new_name(name)
@@ -269,11 +257,11 @@ class RedisEngine:
 
         def done(reply: list[Any]) -> Channel:
             epoch, seq = self._epoch_of(reply), int(reply[1])
-            if epoch == self.epoch and seq == self.store.horizon.get(self.origin, 0) + 1:
+            if epoch == self.epoch and seq == self.store.origins.horizon_of(self.origin) + 1:
                 self._apply_op(seq, name, op)
             elif epoch != self.epoch:
                 self._resync(f"an operation found the log at epoch {epoch}")
-            channel = self.store.channels.get(name)
+            channel = self.store.channel(name)
             if channel is None:  # deleted, or not applied here yet: as the log has it
                 channel = Channel(name, ttl, expires_at - ttl)
             return channel
@@ -300,7 +288,7 @@ class RedisEngine:
 
     def _held(self) -> tuple[str, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
-        held = self.store.horizon.get(self.origin, 0) if self.epoch else 0
+        held = self.store.origins.horizon_of(self.origin) if self.epoch else 0
         return self._spare_epoch, self.maxlen, self.epoch, held
 
     def _epoch_of(self, reply: list[Any]) -> str:
@@ -314,7 +302,7 @@ class RedisEngine:
         return {"engine": self.engine, "peers": [], "redis": {
             "url": str(self.url), "up": self.commands.connected and self.tail.connected,
             "origin": self.origin if self.epoch else None,
-            "horizon": self.store.horizon.get(self.origin, 0),
+            "horizon": self.store.origins.horizon_of(self.origin),
             "lost_epochs": self.lost_epochs}}
 
     # -- the tail ------------------------------------------------------------
@@ -353,10 +341,10 @@ class RedisEngine:
         if not self.ready:
             self.ready = True
             log.info("redis: loaded the log ({origin} up to {seq}); serving",
-                     origin=self.origin, seq=self.store.horizon.get(self.origin, 0))
+                     origin=self.origin, seq=self.store.origins.horizon_of(self.origin))
             self._loaded.callback(None)
         while not self.stopped:
-            after = self.store.horizon.get(self.origin, 0)
+            after = self.store.origins.horizon_of(self.origin)
             reply = yield self.tail.execute(
                 "XREAD", "COUNT", PAGE, "BLOCK", BLOCK_MS, "STREAMS", LOG, f"{after}-0",
                 timeout=BLOCK_MS / 1000 + self.timeout)
@@ -370,14 +358,14 @@ class RedisEngine:
         """The log we held is gone: everyone behind its end is told of a gap."""
         self.lost_epochs += 1
         old = self.origin
-        held = self.store.horizon.get(old, 0)
+        held = self.store.origins.horizon_of(old)
         if held == 0:
             # We read nothing of it: a cursor naming it is told of the gap as
             # one naming any origin lost with a restart (pushup.core.origins).
             log.warn("redis: the log {old} is gone; now reading {new}", old=old,
                      new=f"{PARTITION}.{epoch}")
             return
-        self.store.skip_to(old, held + 1, self.service.now())
+        self.store.origins.skip_to(old, held + 1, self.service.now())
         log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
                  "failed over); now reading {new}; readers behind {old}:{seq} get a gap",
                  old=old, new=f"{PARTITION}.{epoch}", seq=held)
@@ -389,14 +377,14 @@ class RedisEngine:
         for name, value in zip(raw[::2], raw[1::2], strict=True):
             op = json.loads(value)
             if op["expires_at"] > now:
-                self.service.apply_op("create", name.decode(), op["ttl"], op["expires_at"],
-                                      now)
+                self.service.apply_op(
+                    ChannelOp("create", name.decode(), 0, op["ttl"], op["expires_at"]), now)
 
     @defer.inlineCallbacks
     def _catch_up(self) -> Any:
         """Read what the log holds past our horizon, a page at a time."""
         while True:
-            after = self.store.horizon.get(self.origin, 0)
+            after = self.store.origins.horizon_of(self.origin)
             page = yield self.tail.execute("XRANGE", LOG, f"({after}-0", "+", "COUNT", PAGE,
                                            timeout=self.timeout)
             if page:
@@ -411,13 +399,13 @@ class RedisEngine:
         arrived = []
         for ident, fields in entries:
             seq = int(ident[:-2])  # "<seq>-0"
-            have = store.horizon.get(origin, 0)
+            have = store.origins.horizon_of(origin)
             if seq <= have:  # e.g. our own publish, applied when Redis answered
                 continue
             f = dict(zip(fields[::2], fields[1::2], strict=True))
             ts = int(f[b"t"])
             if seq > have + 1:  # trimmed before we read it
-                store.skip_to(origin, seq - 1, ts - 1)
+                store.origins.skip_to(origin, seq - 1, ts - 1)
             if f[b"k"] == b"m":
                 channels = tuple(json.loads(f[b"c"]))
                 m = Message(origin, seq, ts, channels, f[b"d"])
@@ -429,9 +417,11 @@ class RedisEngine:
             self.service.arrived(arrived, now)
 
     def _apply_op(self, seq: int, name: str, raw: bytes) -> None:
+        """The log's entry ``seq`` is a channel operation: it carries no message."""
         op = json.loads(raw)
-        self.store.pass_over(self.origin, seq)
-        self.service.apply_op(op["op"], name, op["ttl"], op["expires_at"], self.service.now())
+        self.store.origins.pass_over(self.origin, seq)
+        self.service.apply_op(ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]),
+                              self.service.now())
 
 
 def _unavailable(failure: Failure) -> Any:

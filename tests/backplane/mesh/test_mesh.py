@@ -60,7 +60,7 @@ def test_a_batch_in_order_is_applied_and_answers_waiters(node):
 def test_a_hole_is_refused_with_the_sequence_expected(node):
     node.receive(Batch(P, False, (msg(1),), ()))
     assert node.receive(Batch(P, False, (msg(3), msg(4)), ())) == Hole(2)
-    assert node.store.horizon[P] == 1 and node.store.message_count == 1
+    assert node.store.origins.horizon_of(P) == 1 and node.store.message_count == 1
 
 
 def test_a_repeated_batch_changes_nothing(node):
@@ -184,7 +184,7 @@ def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
     assert len(wire.held) == 1 and answered(pending) is None  # ...not confirmed yet
     wire.deliver()
     assert answered(pending).status == 201
-    assert wire.receiver.store.horizon[node.service.store.origin.name] == 2
+    assert wire.receiver.store.origins.horizon_of(node.service.store.origin_name) == 2
 
 
 def test_with_publish_ack_local_the_201_comes_at_once():
@@ -307,11 +307,11 @@ def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     holder, asker = _peer("b", clock), _peer("c", clock)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
     asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
-    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizon)))
+    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.origins.horizons())))
     assert asker.receive(repaired) == Applied(5)
     assert asker.receive(repaired) == Applied(5)
     assert asker.store.message_count == 5
-    assert holder.repair(encode_repair("c.0", asker.store.horizon)) is None
+    assert holder.repair(encode_repair("c.0", asker.store.origins.horizons())) is None
 
 
 def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():

@@ -89,10 +89,10 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
     sender = Store(Retention(10 * S, 3600 * S, 100, 10**9), Origin("a", 0))
     sender.publish([Draft(("x",), b"%d" % i) for i in range(5)], now)
     sender.expire(now + 11 * S, busy=lambda name: True)  # all five evicted here
-    assert sender.message_count == 0 and sender.origin.seq == 5
+    assert sender.message_count == 0 and sender.own_seq == 5
 
     receiver_store, wire, peer = _linked(sender, clock)
-    assert receiver_store.horizon[sender.origin.name] == 5 and peer.after == 5
+    assert receiver_store.origins.horizon_of(sender.origin_name) == 5 and peer.after == 5
     assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
     behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
     assert behind.gap and behind.messages == ()
@@ -111,7 +111,7 @@ def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat
     peer.poke()
     peer.poke()
     clock.advance(LINGER)
-    assert receiver_store.horizon.get(sender.origin.name) == 2
+    assert receiver_store.origins.horizon_of(sender.origin_name) == 2
     assert wire.posts == posts + 1  # one batch carrying both
 
 

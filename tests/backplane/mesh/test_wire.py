@@ -36,13 +36,13 @@ def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
     old.create("empty", 60 * S, T0)
     new = store("b")
     assert import_snapshot(new, export_snapshot(old), T0 + 20) == old.message_count
-    for since in (0, Cursor(()), Cursor.of({"a." + old.origin.name.split(".")[1]: 2})):
+    for since in (0, Cursor(()), Cursor.of({"a." + old.origin_name.split(".")[1]: 2})):
         q = Query(("c", "e"), since, None, 100)
         a, b = old.query(q), new.query(q)
         assert [m.id for m in a.messages] == [m.id for m in b.messages]
         assert a.gap == b.gap and a.cursor == b.cursor
     assert new.get("empty").expires_at == old.get("empty").expires_at
-    assert new.horizon[old.origin.name] == 5
+    assert new.origins.horizon_of(old.origin_name) == 5
 
 
 def test_signatures_need_the_secret_and_a_fresh_time():
