@@ -104,8 +104,9 @@ class Writer:
                       if cors_origin else b"")
         self._second = -1
         self._date = b""
-        # id(delivery) -> (the delivery, kept so its id is not reused; body; response)
-        self._shared: dict[int, tuple[Delivery, bytes, bytes]] = {}
+        # id(delivery) -> (the delivery, kept so its id is not reused; its bytes)
+        self._bodies: dict[int, tuple[Delivery, bytes]] = {}  # this fan-out's bodies
+        self._shared: dict[int, tuple[Delivery, bytes]] = {}  # their whole responses
         self._shared_bytes = 0
 
     def tick(self, now: float) -> None:
@@ -149,30 +150,40 @@ class Writer:
         """A plain keep-alive 200 answering ``delivery``, built once per delivery.
 
         A fan-out hands the same ``Delivery`` object to thousands of
-        subscribers; each gets the same bytes, rendered once. An entry lives
-        until ``release_shared`` (the fan-out's end), or until the cache is
-        past its count or byte bound.
+        subscribers; each gets the same bytes. Its body is rendered once and
+        kept until ``release_shared`` (the fan-out's end); the whole response
+        is kept as long, or until the cache of responses is past its count or
+        byte bound (then it is rebuilt from the kept body).
         """
-        cached = self._shared.get(id(delivery))
+        key = id(delivery)
+        cached = self._shared.get(key)
         if cached is not None and cached[0] is delivery:
-            return cached[2]
-        body = poll_body(delivery)
+            return cached[1]
+        kept = self._bodies.get(key)  # (inlined shared_body: this is the fan-out's path)
+        body = kept[1] if kept is not None and kept[0] is delivery else self._render(delivery)
         raw = self.head(200, JSON, len(body)) + body
         if (len(self._shared) >= _SHARED_CACHE
                 or self._shared_bytes + len(raw) > _SHARED_BYTES):
-            self.release_shared()
-        self._shared[id(delivery)] = (delivery, body, raw)
+            self._shared.clear()
+            self._shared_bytes = 0
+        self._shared[key] = (delivery, raw)
         self._shared_bytes += len(raw)
         return raw
 
     def shared_body(self, delivery: Delivery) -> bytes:
-        """The body alone of ``shared(delivery)`` (same cache), for an answer
-        whose head is not the plain keep-alive one (HTTP/1.0, HEAD, a close)."""
-        cached = self._shared.get(id(delivery))
-        if cached is None or cached[0] is not delivery:
-            self.shared(delivery)
-            cached = self._shared[id(delivery)]
-        return cached[1]
+        """The body of ``shared(delivery)``, rendered once per delivery (also
+        for an answer whose head is not the plain keep-alive one: HTTP/1.0,
+        HEAD, a close). Bodies are kept until ``release_shared``: no more of
+        them than the deliveries the fan-out holds."""
+        cached = self._bodies.get(id(delivery))
+        if cached is not None and cached[0] is delivery:
+            return cached[1]
+        return self._render(delivery)
+
+    def _render(self, delivery: Delivery) -> bytes:
+        body = poll_body(delivery)
+        self._bodies[id(delivery)] = (delivery, body)
+        return body
 
     @property
     def shared_bytes(self) -> int:
@@ -180,10 +191,11 @@ class Writer:
         return self._shared_bytes
 
     def release_shared(self) -> None:
-        """Forget every cached fan-out response: once a fan-out ends its
-        deliveries are never answered again, and keeping them would hold their
-        bytes (and the deliveries) until the next one."""
+        """Forget every cached fan-out body and response: once a fan-out ends
+        its deliveries are never answered again, and keeping them would hold
+        their bytes (and the deliveries) until the next one."""
         self._shared.clear()
+        self._bodies.clear()
         self._shared_bytes = 0
 
     def canned(self, e: PushUpError) -> bytes:

@@ -33,7 +33,7 @@ def test_a_delivery_is_rendered_once_and_the_same_bytes_are_shared():
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(poll_body(d))
     assert w.shared(d) is first
     assert w.shared_bytes == len(first)
-    assert w.shared_body(d) == poll_body(d) and w.shared(d) is first  # the same entry
+    assert w.shared_body(d) is w.shared_body(d) == poll_body(d)  # rendered once
 
 
 def test_an_equal_delivery_that_is_another_object_is_rendered_anew():
@@ -75,3 +75,19 @@ def test_the_cache_is_bounded_in_count(monkeypatch):
     raws = [w.shared(d) for d in deliveries]  # the fourth clears the three before
     assert w.shared_bytes == len(raws[3])
     assert w.shared(deliveries[3]) is raws[3] and w.shared(deliveries[0]) is not raws[0]
+
+
+def test_a_response_past_the_bounds_is_rebuilt_from_the_body_rendered_once(monkeypatch):
+    monkeypatch.setattr(exchange, "_SHARED_CACHE", 2)
+    w = writer()
+    rendered: list[Delivery] = []
+    monkeypatch.setattr(exchange, "poll_body", lambda d: rendered.append(d) or poll_body(d))
+    deliveries = [delivery(10, chr(65 + i)) for i in range(3)]
+    for _ in range(3):  # more deliveries than responses kept: responses are rebuilt
+        raws = [w.shared(d) for d in deliveries]
+    assert raws == [w.head(200, exchange.JSON, len(poll_body(d))) + poll_body(d)
+                    for d in deliveries]
+    assert rendered == deliveries  # each body once
+    w.release_shared()
+    w.shared_body(deliveries[0])
+    assert rendered == [*deliveries, deliveries[0]]  # a new fan-out renders anew

@@ -13,8 +13,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from pushup.config import Config
-from pushup.http import handlers as handlers_module
 from pushup.core.service import Delivery
+from pushup.http import handlers as handlers_module
 from pushup.http.exchange import Held, Request, Response
 from pushup.http.params import QUERY_CACHE_BYTES
 from pushup.http.render import poll_body
