@@ -7,7 +7,7 @@ keep-alive a long-polling client holds one connection, so this is one thread
 per held poll). Every thread shares one ``pushup.core.store.Store`` behind one
 ``threading.Condition``: a held ``/subscribe`` waits on the condition and
 re-queries the store each time a publish notifies it. Parsing, validation,
-cursors, the store, ``Query`` and the response body (``pushup.core.service.render``)
+cursors, the store, ``Query`` and the response body (``pushup.http.render.poll_body``)
 are PushUp's own functions, so a comparison with ``pushup serve`` isolates the
 concurrency model: threads + a lock versus one event loop.
 
@@ -44,10 +44,11 @@ from pushup.core.model import (
     format_time,
     loads,
 )
-from pushup.core.service import render
+from pushup.core.service import Delivery
 from pushup.core.store import Retention, Store
 from pushup.http.exchange import error_body
 from pushup.http.params import query_args, subscribe_query
+from pushup.http.render import poll_body
 
 JSON = "application/json; charset=utf-8"
 
@@ -90,7 +91,7 @@ class Core:
             result = self.store.query(query)
             if result.messages or result.gap or timeout <= 0:
                 self.delivered += len(result.messages)
-                return render(query, result)
+                return poll_body(Delivery(query, result))
             self._hold(query.channels, +1)
             try:
                 while True:
@@ -103,7 +104,7 @@ class Core:
                         break
                 result = self.store.query(query)  # also the timeout's fresh cursor
                 self.delivered += len(result.messages)
-                return render(query, result)
+                return poll_body(Delivery(query, result))
             finally:
                 self._hold(query.channels, -1)
 

@@ -2,16 +2,17 @@
 
 ``Service`` owns the store, the hub and the counters, and is driven by an
 injected clock (``IReactorTime``, typed as ``Clock``): one timer for every subscriber timeout,
-one for retention. It builds response bodies (each message's JSON was
-serialised once at publish; equal queries share one body) and hands them to
-the subscriber objects the HTTP layer gives it. It parses no HTTP.
+one for retention. It answers a subscriber with a ``Delivery``, a value (the
+query, the store's result, the channels closed): equal queries in one fan-out
+share one ``Delivery`` object, so the HTTP layer, which renders it, renders it
+once. It parses no HTTP and writes no bytes.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from pushup.core.channels import ChannelOp
@@ -19,7 +20,7 @@ from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
 from pushup.core.hub import Hub, Waiter
 from pushup.core.idempotency import Idem, replay
-from pushup.core.model import Draft, Message, Now, Query, dumps
+from pushup.core.model import Draft, Message, Now, Query
 from pushup.core.store import Channel, Result, Store
 
 SLICE = 1000  # subscribers answered per reactor turn during a fan-out (~20 ms)
@@ -43,27 +44,32 @@ class Clock(Protocol):
                   *args: object) -> DelayedCall: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a subscriber is answered with: ``result`` is the store's answer to
+    ``query`` (messages, the next cursor, a gap flag); ``closed`` names the
+    channels whose closing this answer reports.
+
+    One fan-out makes one ``Delivery`` per distinct (query, closed) and hands
+    that same object to every subscriber with that query: whoever renders it
+    may cache the rendering by the object's identity.
+    """
+
+    query: Query
+    result: Result
+    closed: tuple[str, ...] = ()
+
+
 class Subscriber(Protocol):
     """The HTTP layer's end of a held subscription."""
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
-        """Send ``body`` as the 200 answer; False if the client is gone.
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        """Answer with ``delivery`` (a 200); False if the client is gone.
 
-        ``hold``: a fan-out is still under way; do not read this client's next
-        request until ``Service.on_fanout_done`` listeners run (they run at the
-        end of every fan-out, held or not).
+        Called at most once per hold. ``hold``: a fan-out is still under way;
+        do not read this client's next request until ``Service.on_fanout_done``
+        listeners run (they run at the end of every fan-out, held or not).
         """
-
-
-def render(query: Query, result: Result, closed: Sequence[str] = ()) -> bytes:
-    """The subscribe response body for ``result``."""
-    wanted = frozenset(query.channels)
-    parts = [b'{"messages":[', b",".join(m.json_for(wanted) for m in result.messages),
-             b'],"cursor":"', result.cursor.encode().encode(), b'"']
-    if result.gap:
-        parts.append(b',"gap":true')
-    parts += [b',"closed":', dumps(list(closed)), b"}"]
-    return b"".join(parts)
 
 
 class Alarm:
@@ -118,7 +124,7 @@ class Service:
         self.on_fanout_done: list[Callable[[], None]] = []
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
-        self._backlog: deque[tuple[Subscriber, bytes, int]] = deque()
+        self._backlog: deque[tuple[Subscriber, Delivery, int]] = deque()
         self._flushing: DelayedCall | None = None
         self._arrivals: list[Message] = []  # stored, waiters not yet woken
         self._arriving: DelayedCall | None = None
@@ -192,8 +198,9 @@ class Service:
 
     # -- subscribing -------------------------------------------------------
 
-    def subscribe(self, query: Query, timeout: float, who: Subscriber) -> bytes | Waiter:
-        """Answer now (returns the body) or hold (returns the Waiter to forget)."""
+    def subscribe(self, query: Query, timeout: float, who: Subscriber) -> Delivery | Waiter:
+        """Answer now (returns the ``Delivery``; ``who`` is not called) or hold
+        (returns the Waiter to ``forget``; ``who.respond`` is called later)."""
         now = self.now()
         if isinstance(query.since, Now):
             query = replace(query, since=self.store.end())
@@ -205,7 +212,7 @@ class Service:
         past_until = query.until is not None and query.until < now
         if result.messages or result.gap or timeout <= 0 or self.draining or past_until:
             self.counters.delivered += len(result.messages)
-            return render(query, result)
+            return Delivery(query, result)
         waiter = Waiter(query, now + round(min(timeout, self.max_timeout) * 1e6), who)
         self.hub.add(waiter)
         self._timeouts.set(waiter.deadline, now)
@@ -254,18 +261,18 @@ class Service:
 
     def _answer(self, waiters: Iterable[Waiter], closed: str | None = None,
                 at_once: bool = False) -> None:
-        """Queue an answer for each waiter; equal queries share one body.
+        """Queue an answer for each waiter; equal queries share one ``Delivery``.
 
         The first slice goes out ``at_once`` or on the reactor's next turn.
         """
-        bodies: dict[Query, tuple[bytes, int]] = {}
+        shut = (closed,) if closed else ()
+        deliveries: dict[Query, tuple[Delivery, int]] = {}
         for waiter in waiters:
-            entry = bodies.get(waiter.query)
+            entry = deliveries.get(waiter.query)
             if entry is None:
                 result = self.store.query(waiter.query)
-                entry = (render(waiter.query, result, [closed] if closed else ()),
-                         len(result.messages))
-                bodies[waiter.query] = entry
+                entry = (Delivery(waiter.query, result, shut), len(result.messages))
+                deliveries[waiter.query] = entry
             self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
         if at_once:
             self._flush()
@@ -286,14 +293,14 @@ class Service:
         hold = n < len(backlog)
         delivered = 0
         for _ in range(n):
-            who, body, count = backlog.popleft()
-            if who.respond(body, hold):
+            who, delivery, count = backlog.popleft()
+            if who.respond(delivery, hold):
                 delivered += count
         self.counters.delivered += delivered
         if backlog:
             if self._flushing is None:
                 self._flushing = self.clock.callLater(0, self._flush)
-        else:  # the fan-out is over: held clients read on, its bodies can go
+        else:  # the fan-out is over: held clients read on, its renderings can go
             for listener in self.on_fanout_done:
                 listener()
 

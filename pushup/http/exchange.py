@@ -1,25 +1,31 @@
 """What a request and a response are, and how a response becomes bytes.
 
 A ``Request`` is the value the HTTP front hands to the handlers; a
-``Response`` is the value they hand back (or ``Held``: answered later). The
-``Writer`` turns responses into HTTP/1.1 bytes with our standard headers and
-a ``Date`` rebuilt once a second. This module is pure: no sockets, no
-reactor; the clock's reading is an argument.
+``Response`` is the value they hand back (or ``Held``: answered later, or
+``Pending``: a ``Deferred`` fires with it). The ``Writer`` turns responses
+into HTTP/1.1 bytes (the status line, our standard headers and a ``Date``
+rebuilt once a second), and renders a fan-out's ``Delivery`` once for all
+who get it. This module is pure: no sockets, no reactor; the clock's reading
+is an argument.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+
+from twisted.internet.defer import Deferred
 
 from pushup.core.errors import MethodNotAllowed, PushUpError, Unavailable
 from pushup.core.model import dumps
+from pushup.core.service import Delivery
+from pushup.http.render import poll_body
 
 JSON = b"application/json; charset=utf-8"
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_SHARED_CACHE = 64  # fan-out bodies whose whole response is kept for reuse...
+_SHARED_CACHE = 64  # fan-out deliveries whose whole response is kept for reuse...
 _SHARED_BYTES = 16 * 1024 * 1024  # ...and their bytes in all (the newest is always kept)
 
 
@@ -52,17 +58,21 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """The request waits; ``token`` is what to hand back if the client leaves."""
+    """The request waits: the client (a ``service.Subscriber``, or an event
+    stream's ``StreamClient``) is answered through its own methods later.
+    ``cancel`` is called once if the client goes away first (it forgets the
+    hold and any timer); never after the answer."""
 
-    token: Any
+    cancel: Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """The answer comes later: ``answer`` (a Deferred) fires with the Response,
-    e.g. a 201 once the backplane acknowledges a publish."""
+    """The answer comes later: ``answer`` fires with the Response, e.g. a 201
+    once the backplane acknowledges a publish (a ``Failure`` is a bug: the
+    front logs it and answers 500)."""
 
-    answer: Any
+    answer: Deferred[Response]
 
 
 def error_body(e: PushUpError) -> bytes:
@@ -94,7 +104,9 @@ class Writer:
                       if cors_origin else b"")
         self._second = -1
         self._date = b""
-        self._shared: dict[int, tuple[bytes, bytes]] = {}
+        # id(delivery) -> (the delivery, kept so its id is not reused; its bytes)
+        self._bodies: dict[int, tuple[Delivery, bytes]] = {}  # this fan-out's bodies
+        self._shared: dict[int, tuple[Delivery, bytes]] = {}  # their whole responses
         self._shared_bytes = 0
 
     def tick(self, now: float) -> None:
@@ -134,23 +146,44 @@ class Writer:
                          response.headers, connection)
         return head if head_only else head + body
 
-    def shared(self, body: bytes) -> bytes:
-        """A plain keep-alive 200 carrying ``body``, built once per body.
+    def shared(self, delivery: Delivery) -> bytes:
+        """A plain keep-alive 200 answering ``delivery``, built once per delivery.
 
-        A fan-out hands the same body object to thousands of subscribers;
-        each gets the same bytes. An entry lives until ``release_shared`` (the
-        fan-out's end), or until the cache is past its count or byte bound.
+        A fan-out hands the same ``Delivery`` object to thousands of
+        subscribers; each gets the same bytes. Its body is rendered once and
+        kept until ``release_shared`` (the fan-out's end); the whole response
+        is kept as long, or until the cache of responses is past its count or
+        byte bound (then it is rebuilt from the kept body).
         """
-        cached = self._shared.get(id(body))
-        if cached is not None and cached[0] is body:
+        key = id(delivery)
+        cached = self._shared.get(key)
+        if cached is not None and cached[0] is delivery:
             return cached[1]
+        kept = self._bodies.get(key)  # (inlined shared_body: this is the fan-out's path)
+        body = kept[1] if kept is not None and kept[0] is delivery else self._render(delivery)
         raw = self.head(200, JSON, len(body)) + body
         if (len(self._shared) >= _SHARED_CACHE
                 or self._shared_bytes + len(raw) > _SHARED_BYTES):
-            self.release_shared()
-        self._shared[id(body)] = (body, raw)
+            self._shared.clear()
+            self._shared_bytes = 0
+        self._shared[key] = (delivery, raw)
         self._shared_bytes += len(raw)
         return raw
+
+    def shared_body(self, delivery: Delivery) -> bytes:
+        """The body of ``shared(delivery)``, rendered once per delivery (also
+        for an answer whose head is not the plain keep-alive one: HTTP/1.0,
+        HEAD, a close). Bodies are kept until ``release_shared``: no more of
+        them than the deliveries the fan-out holds."""
+        cached = self._bodies.get(id(delivery))
+        if cached is not None and cached[0] is delivery:
+            return cached[1]
+        return self._render(delivery)
+
+    def _render(self, delivery: Delivery) -> bytes:
+        body = poll_body(delivery)
+        self._bodies[id(delivery)] = (delivery, body)
+        return body
 
     @property
     def shared_bytes(self) -> int:
@@ -158,10 +191,11 @@ class Writer:
         return self._shared_bytes
 
     def release_shared(self) -> None:
-        """Forget every cached fan-out response: once a fan-out ends its bodies
-        are never answered again, and keeping them would hold their bytes (and
-        the bodies) until the next one."""
+        """Forget every cached fan-out body and response: once a fan-out ends
+        its deliveries are never answered again, and keeping them would hold
+        their bytes (and the deliveries) until the next one."""
         self._shared.clear()
+        self._bodies.clear()
         self._shared_bytes = 0
 
     def canned(self, e: PushUpError) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from importlib.resources import files
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ from pushup.core.model import (
     encode_data,
     format_time,
 )
-from pushup.core.service import Service, Subscriber
+from pushup.core.service import Delivery, Service, Subscriber
 from pushup.core.store import Channel
 from pushup.http.exchange import Held, Pending, Request, Response, error_response
 from pushup.http.params import (
@@ -54,6 +55,7 @@ from pushup.http.params import (
     subscribe_query,
     ttl_of,
 )
+from pushup.http.render import poll_body
 from pushup.http.sse import EventStream, StreamClient, closed_in
 from pushup.http.tokens import Verifier
 
@@ -135,13 +137,6 @@ class Handlers:
             return handler(request, params, client)
         except PushUpError as e:
             return error_response(e)
-
-    def gone(self, token: Any) -> None:
-        """The client of a held subscribe (or of an event stream) went away."""
-        if isinstance(token, EventStream):
-            token.stop()
-        else:
-            self.service.forget(token)
 
     def _route(self, raw_path: bytes) -> tuple[dict[bytes, Handler], tuple[str, ...]]:
         segments = raw_path.split(b"/")[1:]
@@ -251,9 +246,9 @@ class Handlers:
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)
-        if isinstance(outcome, bytes):
-            return Response(200, outcome)
-        return Held(outcome)
+        if isinstance(outcome, Delivery):
+            return Response(200, poll_body(outcome))
+        return Held(partial(self.service.forget, outcome))
 
     def _stream(self, request: Request, query: Query, client: Client,
                 expires: float | None) -> Response | Held:
@@ -272,7 +267,7 @@ class Handlers:
             return _NO_CONTENT
         client.open_stream()
         stream.start()
-        return Held(stream)
+        return Held(stream.stop)
 
     def create_channel(self, request: Request, _: tuple[str, ...], __: Client,
                        ) -> Response | Pending:
@@ -361,9 +356,7 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
     answered as itself; anything else is a bug the front logs and answers 500.
     """
     if not acknowledged.called:
-        acknowledged.addCallback(answer)
-        acknowledged.addErrback(_error_answer)
-        return Pending(acknowledged)
+        return Pending(acknowledged.addCallback(answer).addErrback(_error_answer))
     done: list[Any] = []  # acknowledged already (a single node): answer now
     acknowledged.addBoth(done.append)
     if isinstance(done[0], Failure):
@@ -373,10 +366,11 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
     return answer(done[0])
 
 
-def _error_answer(failure: Failure) -> Response | Failure:
+def _error_answer(failure: Failure) -> Response:
+    """A ``PushUpError`` is answered as itself; anything else fails on."""
     if isinstance(failure.value, PushUpError):
         return error_response(failure.value)
-    return failure
+    failure.raiseException()
 
 
 def _channel_json(channel: Channel, extra: dict[str, Any] | None = None) -> bytes:

@@ -1,11 +1,15 @@
-"""HTTP/1.1 in and out: the only code that reads or writes HTTP bytes.
+"""HTTP/1.1 on the connection: the only code that reads HTTP bytes, and the
+only code that writes to a socket.
 
 One ``HTTPProtocol`` per connection parses with httptools (llhttp, strict:
 no leniency flag is ever set) into ``Request`` values, hands them in order
-to the handlers and writes their ``Response`` values. It owns every limit
-that lives on a connection: head and body sizes, head, idle and send
-timeouts, pipelining depth, unread output. ``Front`` is the factory: it
-counts connections and answers those past the limit with a 503 of its own.
+to the handlers and writes their answers: the bytes of a response come from
+``exchange.Writer`` (status line, headers, a shared fan-out response), those
+of an event stream from ``sse``; this module frames a stream in chunks and
+decides keep-alive and close. It owns every limit that lives on a
+connection: head and body sizes, head, idle and send timeouts, pipelining
+depth, unread output. ``Front`` is the factory: it counts connections and
+answers those past the limit with a 503 of its own.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pushup._twisted import write_now
 from pushup.core import errors
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
+from pushup.core.service import Delivery
 from pushup.http.exchange import Held, Pending, Request, Response, Writer, error_response
 
 log = Logger()
@@ -63,8 +68,6 @@ class App(TypingProtocol):
 
     def handle(self, request: Request, client: Any) -> Response | Held | Pending: ...
 
-    def gone(self, token: Any) -> None: ...
-
 
 class _Refuse(Exception):
     """Raised from a parser callback: answer ``response`` and close (``None``:
@@ -75,6 +78,32 @@ class _Refuse(Exception):
 
 
 class HTTPProtocol(Protocol):
+    """One client connection: requests in, answers out, in order.
+
+    What it guarantees:
+
+    - Answers go out in the order the requests came; a held or pending one
+      holds back those pipelined behind it (reading pauses once
+      ``PIPELINE_BYTES`` are read ahead).
+    - A request it refuses (malformed, too large, a bad Host, a head too
+      slow) is answered after those before it, and nothing after it is read;
+      the refusals that leave the connection in doubt also close it once sent.
+    - At most one request is held at a time. ``respond`` answers it, once: it
+      returns False and writes nothing when nothing is held or the connection
+      is closing. If the client goes first, that request's ``Held.cancel`` is
+      called, once, from ``connectionLost``.
+    - An event stream (``open_stream``, then ``send_events``,
+      ``when_writable``, ``end_stream``) is the last answer on its
+      connection: it ends with it.
+    - ``close`` is one-way: what was written is sent, nothing more is answered.
+    - Time: the head comes within ``header_timeout`` (else 408 and close), a
+      body stalls no longer than ``keepalive_timeout``, an idle connection
+      closes after ``keepalive_timeout``, and one whose client reads nothing
+      for ``send_timeout`` is aborted.
+    - Nothing is raised into the reactor: an exception from the handlers, or
+      from our own parser callbacks, is logged and answered 500.
+    """
+
     def __init__(self, front: Front) -> None:
         self.front = front
         self._parser = HttpRequestParser(self)
@@ -82,7 +111,7 @@ class HTTPProtocol(Protocol):
         self._queue: deque[tuple[Request, bool, bool, int] | Response] = deque()
         self._queued_bytes = 0
         self._reading = True
-        self._waiting: Any = None  # token of the held request being answered
+        self._waiting: Callable[[], None] | None = None  # a held request's cancel
         self._busy = False  # a request is being answered (held)
         self._held = False  # a fan-out asked us to answer nothing more for now
         self._blocked_since: float | None = None  # output not taken by the client
@@ -163,8 +192,8 @@ class HTTPProtocol(Protocol):
             self._timer.cancel()
         self._timer = None
         if self._waiting is not None:
-            token, self._waiting = self._waiting, None
-            self.front.app.gone(token)
+            cancel, self._waiting = self._waiting, None
+            cancel()
         self._queue.clear()
 
     # IPushProducer: the transport tells us when the client stops reading.
@@ -311,7 +340,7 @@ class HTTPProtocol(Protocol):
                 result = error_response(PushUpError("the server failed; it keeps serving"))
             if isinstance(result, Held):
                 self._busy = True
-                self._waiting = result.token
+                self._waiting = result.cancel
                 return
             if isinstance(result, Pending):
                 self._busy = True
@@ -353,8 +382,8 @@ class HTTPProtocol(Protocol):
             self._arm(now + self.front.keepalive_timeout)
         self._dispatch()
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
-        """Answer the held subscribe with ``body`` (see ``service.Subscriber``)."""
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        """Answer the held subscribe with ``delivery`` (see ``service.Subscriber``)."""
         if self._waiting is None or self._closing:
             return False
         self._waiting = None
@@ -362,11 +391,11 @@ class HTTPProtocol(Protocol):
         front = self.front
         self._stamp = now = front.clock.seconds()
         keep_alive, http10, head = self._keep
+        front.writer.tick(now)
         if keep_alive and not http10 and not head and not front.draining:
-            front.writer.tick(now)
-            self._write(front.writer.shared(body))
+            self._write(front.writer.shared(delivery))
         else:
-            self._send(Response(200, body))
+            self._send(Response(200, front.writer.shared_body(delivery)))
         if self._timer is None:
             self._arm(now + front.keepalive_timeout)
         if hold:

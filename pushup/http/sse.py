@@ -26,7 +26,7 @@ from pushup.core.cursor import PREFIX, Cursor
 from pushup.core.errors import BadRequest, Unauthorized
 from pushup.core.hub import Waiter
 from pushup.core.model import Now, Query
-from pushup.core.service import DelayedCall, Service
+from pushup.core.service import DelayedCall, Delivery, Service
 from pushup.core.store import Result
 from pushup.http.exchange import error_body
 from pushup.http.params import MAX_CURSOR_CHARS
@@ -76,7 +76,30 @@ class StreamClient(Protocol):
 class EventStream:
     """One open stream. ``closed``: digests of channels a reconnect's id says
     were closed (they are left out and never held on); ``expires``: when the
-    subscriber token stops being valid (Unix seconds), if there is one."""
+    subscriber token stops being valid (Unix seconds), if there is one.
+
+    The contract, once ``start`` is called (once):
+
+    - The first event names the position (``event: cursor``, or
+      ``event: gap`` if history from a ``since`` time is already partly
+      evicted); every message event's ``id`` is the position just after it,
+      and every id carries the channels this stream saw closed.
+    - Every message after the position on the stream's channels is sent, in
+      the store's order, once; a page at a time, the next only once the client
+      has taken the last (``StreamClient.when_writable``). A gap in history is
+      said (``event: gap``) where it falls.
+    - With nothing to send it holds in the service (as a long poll of
+      ``heartbeat`` seconds, at most until just after ``until``); a hold
+      that times out sends a heartbeat comment.
+    - It ends, once, with ``end_stream``: after ``event: end`` when ``until``
+      is past and nothing before it is left; after ``event: closed`` once
+      every channel it follows is closed; after ``event: expired`` when the
+      token expires; after a last ``event: cursor`` at the drain.
+    - ``stop`` (the client went away, or the stream ended) is final and may
+      be called more than once: the hold and the expiry timer are forgotten,
+      nothing more is written.
+    - Messages sent are counted in ``counters.delivered`` once each.
+    """
 
     def __init__(self, service: Service, query: Query, client: StreamClient, *,
                  closed: frozenset[bytes] = frozenset(), expires: float | None = None,
@@ -144,17 +167,19 @@ class EventStream:
             self._expiry.cancel()
         self._expiry = None
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
         """The service answered the current hold (see ``service.Subscriber``):
-        with messages, a timeout, closed channels or the drain."""
+        with messages, a timeout, closed channels or the drain.
+
+        ``delivery.result`` answers this stream's own query, so it is the
+        next page as it is (the service counted its messages)."""
         self.waiter = None
         if self.stopped:
             return False
-        closed = _closed_names(body)
+        closed = delivery.closed
         if closed:
             self._drop(closed)
-        # The service counted what its body carried; the page below is the same.
-        page = self._page(count=False)
+        page = self._events(delivery.result)
         if closed:
             page.append(self._mark(b"closed", self.cursor, json.dumps(closed).encode()))
         if self.service.draining or not self.query.channels:
@@ -171,7 +196,7 @@ class EventStream:
         """One page if there is one (the next on a later turn), else hold."""
         if self.stopped:
             return
-        page = self._page(count=True)
+        page = self._page()
         if page:
             if self.client.send_events(b"".join(page)):
                 self.client.when_writable(self._step)
@@ -193,9 +218,17 @@ class EventStream:
         else:  # answered at once (the drain began, or until passed): see next turn
             self.client.when_writable(self._step)
 
-    def _page(self, count: bool) -> list[bytes]:
+    def _page(self) -> list[bytes]:
         """Events for the next page of what follows the cursor; moves it."""
-        result: Result = self.service.store.query(self.query)
+        result = self.service.store.query(self.query)
+        self.service.counters.delivered += len(result.messages)
+        return self._events(result)
+
+    def _events(self, result: Result) -> list[bytes]:
+        """Events for ``result``, the page that follows the cursor; moves it.
+
+        A closed channel left the query already: messages are listed with
+        the channels the stream still follows."""
         if not (result.messages or result.gap):
             return []
         wanted = frozenset(self.query.channels)
@@ -207,8 +240,6 @@ class EventStream:
         for m in result.messages:
             position = position.advanced([(m.origin, m.seq)])
             parts.append(b"id: %s\ndata: %s\n\n" % (self._id(position), m.json_for(wanted)))
-        if count:
-            self.service.counters.delivered += len(result.messages)
         self.query = replace(self.query, since=result.cursor)
         return parts
 
@@ -251,12 +282,3 @@ class EventStream:
         ident = self._id(cursor)
         return b"event: %s\nid: %s\ndata: %s\n\n" % (event, ident, ident if data is None else data)
 
-
-_CLOSED_NONE = b'"closed":[]}'
-
-
-def _closed_names(body: bytes) -> list[str]:
-    if body.endswith(_CLOSED_NONE):
-        return []
-    closed: list[str] = json.loads(body).get("closed", [])
-    return closed

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pushup.core.model import Draft, Query
-from pushup.core.service import SLICE
+from pushup.core.service import SLICE, Delivery
 
 START = 1_763_800_000.0
 
@@ -18,11 +18,11 @@ class Recorder:
     """A Subscriber that records what it was answered with."""
 
     def __init__(self, present: bool = True) -> None:
-        self.bodies: list[bytes] = []
+        self.deliveries: list[Delivery] = []
         self.present = present
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
-        self.bodies.append(body)
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        self.deliveries.append(delivery)
         return self.present
 
 
@@ -287,7 +287,7 @@ def test_equal_queries_share_one_body_over_http(node):
     assert other.response.body not in bodies  # a different query lists other channels
 
 
-def test_equal_queries_share_one_body_object(node):
+def test_equal_queries_share_one_delivery_object(node):
     service = node.service
     query = Query(("s",), 0, None, 100)
     recorders = [Recorder() for _ in range(3)]
@@ -295,8 +295,9 @@ def test_equal_queries_share_one_body_object(node):
         service.subscribe(Query(("s",), 0, None, 100), 30, r)
     service.publish([Draft(("s",), b'"m"')])
     node.turn()  # answers go out on the reactor's next turn
-    bodies = [r.bodies[0] for r in recorders]
-    assert all(b is bodies[0] for b in bodies), "equal queries were rendered separately"
+    deliveries = [r.deliveries[0] for r in recorders]
+    assert all(d is deliveries[0] for d in deliveries), "equal queries got separate answers"
+    assert len(deliveries[0].result.messages) == 1 and deliveries[0].closed == ()
     assert query == Query(("s",), 0, None, 100)
 
 
@@ -318,7 +319,7 @@ def test_subscriber_that_is_gone_is_not_counted_as_delivered(node):
     service.subscribe(Query(("a",), 0, None, 100), 30, gone)
     service.publish([Draft(("a",), b"1")])
     node.turn()
-    assert len(gone.bodies) == 1
+    assert len(gone.deliveries) == 1
     assert service.counters.delivered == 1
 
 

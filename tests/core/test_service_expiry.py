@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 
 from pushup.core.cursor import Cursor
 from pushup.core.model import Origin, Query
-from pushup.core.service import Service
+from pushup.core.service import Delivery, Service
 from pushup.core.store import Retention, Store
 
 S = 1_000_000
@@ -19,10 +19,10 @@ START = 1_763_800_000.0
 
 class Recorder:
     def __init__(self) -> None:
-        self.bodies: list[bytes] = []
+        self.deliveries: list[Delivery] = []
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
-        self.bodies.append(body)
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        self.deliveries.append(delivery)
         return True
 
 
@@ -33,9 +33,9 @@ def make_service(channel_ttl: int = 2) -> tuple[Service, Clock]:
     return Service(store, clock, max_timeout=120), clock
 
 
-def pull(service: Service, *channels: str) -> bytes:
+def pull(service: Service, *channels: str) -> Delivery:
     answer = service.subscribe(Query(channels, Cursor(()), None, 100), 0, Recorder())
-    assert isinstance(answer, bytes)  # a pull is answered at once
+    assert isinstance(answer, Delivery)  # a pull is answered at once
     return answer
 
 

@@ -13,9 +13,11 @@ import pytest
 from twisted.internet.task import Clock
 
 from pushup.config import Config
+from pushup.core.service import Delivery
 from pushup.http import handlers as handlers_module
 from pushup.http.exchange import Held, Request, Response
 from pushup.http.params import QUERY_CACHE_BYTES
+from pushup.http.render import poll_body
 from pushup.http.tokens import issue
 from pushup.ops.node import Node
 
@@ -26,8 +28,8 @@ class Client:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    def respond(self, body: bytes, hold: bool = False) -> bool:
-        self.bodies.append(body)
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        self.bodies.append(poll_body(delivery))
         return True
 
 
@@ -64,7 +66,7 @@ def test_a_waiting_subscribe_is_held_and_answered_through_its_client(handlers):
 def test_a_gone_client_is_forgotten(handlers):
     held = handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=30"), Client())
     assert len(handlers.service.hub) == 1
-    handlers.gone(held.token)
+    held.cancel()
     assert len(handlers.service.hub) == 0
 
 

@@ -464,9 +464,6 @@ class Recorder:
         self.seen.append(request)
         return Response(200, b"{}")
 
-    def gone(self, token: object) -> None:
-        pass
-
 
 REQUESTS = [
     raw_get("/subscribe?channels=a,b&since=c1.abc&timeout=50", "User-Agent: t\r\nAccept: */*\r\n"),

@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 
 from pushup.core.cursor import Cursor
+from pushup.core.model import Draft
 from pushup.http import tokens
 from tests.conftest import Conn, _Transport, assert_error
 from tests.sse_client import data_of, dechunk, parse_events
@@ -223,6 +224,32 @@ def test_a_deleted_channel_leaves_the_stream_and_is_never_re_created(node):
     assert node.get("/channels/a").status == 404 and node.get("/channels/b").status == 404
     # the same id as since (a client that keeps its own cursor) counts the same
     assert stream(node, "a,b", since=last).response.status == 204
+
+
+def test_a_channel_closed_with_a_message_in_flight_lists_it_on_the_channels_left(node):
+    conn = stream(node, "a,b")
+    node.turn()
+    service = node.service
+    service.publish([Draft(("a", "b"), b'"both"')])  # its fan-out is on the next turn
+    service.delete_channel("b")  # answers the stream first, closing b
+    node.turn()
+    message = [e for e in events(conn) if "event" not in e]
+    assert [json.loads(e["data"])["channels"] for e in message] == [["a"]]
+    assert [json.loads(e["data"]) for e in named(conn, "closed")] == [["b"]]
+    assert not ended(conn)
+
+
+def test_a_stream_answered_by_a_fan_out_reads_the_store_no_second_time(node, monkeypatch):
+    conn = stream(node, "a")
+    node.turn()
+    store = node.service.store
+    queries: list[object] = []
+    query = store.query
+    monkeypatch.setattr(store, "query", lambda q: queries.append(q) or query(q))
+    node.service.publish([Draft(("a",), b"1")])
+    node.turn()  # the fan-out: one query for the stream's hold, rendered as it is
+    assert len(queries) == 1
+    assert data_of([e for e in events(conn) if "event" not in e]) == [1]
 
 
 # -- tokens --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
 from pushup.http.exchange import Pending, Request, Response
+from pushup.http.render import poll_body
 from pushup.ops.node import Node
 
 S = 1_000_000
@@ -29,8 +30,8 @@ class Held:
     def __init__(self):
         self.bodies = []
 
-    def respond(self, body, hold=False):
-        self.bodies.append(json.loads(body))
+    def respond(self, delivery, hold=False):
+        self.bodies.append(json.loads(poll_body(delivery)))
         return True
 
 
