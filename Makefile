@@ -68,7 +68,9 @@ ENGINE ?= mesh
 cluster: setup
 	$(PY) deploy/launch.py --nodes $(NODES) --port 8000 --engine $(ENGINE)
 
-test: setup bench-packages
+# The lint (ruff, mypy --strict over the package) runs first: a layer or type
+# error fails the tests as surely as a broken test does.
+test: setup bench-packages lint
 	$(PY) -m pytest
 
 # The external checks, longer than `make test` runs them: the SSE clients (npm

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from typing import Protocol as TypingProtocol
 
 from httptools import (
@@ -75,6 +75,25 @@ class _Refuse(Exception):
 
     def __init__(self, response: Response | None) -> None:
         self.response = response
+
+
+class Connection(TypingProtocol):
+    """What the front uses of its TCP transport: Twisted's ``ITCPTransport``,
+    as a consumer of our pauses and a push producer we pause."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...  # noqa: N802 (Twisted's names)
+
+    def loseWriteConnection(self) -> None: ...  # noqa: N802
+
+    def abortConnection(self) -> None: ...  # noqa: N802
+
+    def registerProducer(self, producer: object, streaming: bool) -> None: ...  # noqa: N802
+
+    def pauseProducing(self) -> None: ...  # noqa: N802
+
+    def resumeProducing(self) -> None: ...  # noqa: N802
 
 
 class HTTPProtocol(Protocol):
@@ -146,7 +165,9 @@ class HTTPProtocol(Protocol):
     # -- Twisted calls these -------------------------------------------------
 
     def connectionMade(self) -> None:
-        self.transport.registerProducer(self, True)
+        # The one narrowing of Twisted's Optional[ITransport]: a TCP server transport.
+        self.conn = cast(Connection, self.transport)
+        self.conn.registerProducer(self, True)
         self._stamp = self.front.clock.seconds()
         self._arm(self._stamp + self.front.keepalive_timeout)
 
@@ -168,7 +189,8 @@ class HTTPProtocol(Protocol):
         except HttpParserCallbackError as e:
             cause = e.__context__  # what our callback raised
             if not isinstance(cause, _Refuse):
-                log.failure("unexpected error parsing a request", failure=Failure(cause))
+                log.failure("unexpected error parsing a request",
+                            failure=Failure(cause))  # type: ignore[no-untyped-call]
                 cause = _Refuse(error_response(PushUpError("the server failed reading this")))
             self._refuse(cause.response)
         except HttpParserError:
@@ -183,7 +205,7 @@ class HTTPProtocol(Protocol):
         self._dispatch()
         if self._queued_bytes > PIPELINE_BYTES and self._reading:
             self._reading = False
-            self.transport.pauseProducing()  # read on once the queue is answered
+            self.conn.pauseProducing()  # read on once the queue is answered
 
     def connectionLost(self, reason: object = None) -> None:
         self._closing = True
@@ -353,7 +375,7 @@ class HTTPProtocol(Protocol):
                 self._write(_CONTINUE)
             if not self._reading and not self._closing:
                 self._reading = True
-                self.transport.resumeProducing()
+                self.conn.resumeProducing()
 
     def _send(self, response: Response) -> None:
         keep_alive, http10, head = self._keep
@@ -469,7 +491,7 @@ class HTTPProtocol(Protocol):
     def close(self) -> None:
         """Close once the answers written so far are sent."""
         self._closing = True
-        self.transport.loseConnection()
+        self.conn.loseConnection()
 
     # -- time ------------------------------------------------------------------
 
@@ -493,7 +515,7 @@ class HTTPProtocol(Protocol):
             due = self._blocked_since + front.send_timeout
             if now >= due:
                 log.info("closing a connection whose client reads nothing")
-                self.transport.abortConnection()
+                self.conn.abortConnection()
                 return
         elif self._busy or self._queue:
             return  # being answered: the service's timeout answers a held poll
@@ -527,9 +549,10 @@ class _Refusal(Protocol):
     def connectionMade(self) -> None:
         self.front.refusing += 1
         self.front.counters.refused += 1
-        self.transport.write(self.front.refusal)
-        self.transport.loseWriteConnection()  # FIN after the answer; read until theirs
-        self.timer = self.front.clock.callLater(REFUSAL_LINGER, self.transport.abortConnection)
+        self.conn = cast(Connection, self.transport)
+        self.conn.write(self.front.refusal)
+        self.conn.loseWriteConnection()  # FIN after the answer; read until theirs
+        self.timer = self.front.clock.callLater(REFUSAL_LINGER, self.conn.abortConnection)
 
     def dataReceived(self, data: bytes) -> None:
         pass  # their request: read and dropped, so closing sends no RST over the 503
@@ -567,7 +590,7 @@ class Front(Factory):
             f"this node holds its limit of {limit} connections; retry later"))
         self._on_empty: list[defer.Deferred[None]] = []
 
-    def buildProtocol(self, addr: IAddress) -> Protocol | None:
+    def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         if len(self.protocols) >= self.limit:
             if self.refusing >= REFUSING_AT_ONCE:
                 self.counters.refused += 1

@@ -163,7 +163,7 @@ class PeerLink:
                 # An op is stamped with our seq when it happened: it travels
                 # with (or after) the messages before it.
                 upto = messages[-1].seq if messages else self.after
-                ops = []
+                ops: list[ChannelOp] = []
                 while self.ops and self.ops[0].at_seq <= upto and len(ops) < 100:
                     ops.append(self.ops.popleft())
                 body = encode_batch(replace(batch, ops=tuple(ops)))
@@ -278,5 +278,7 @@ def http_client(reactor: Any) -> Any:
     pool = quiet_pool(reactor)
     pool.maxPersistentPerHost = 2
     pool.cachedConnectionTimeout = 30
-    return HTTPClient(Agent.usingEndpointFactory(reactor, _Endpoints(reactor), pool=pool))
+    agent = Agent.usingEndpointFactory(  # type: ignore[no-untyped-call]
+        reactor, _Endpoints(reactor), pool=pool)
+    return HTTPClient(agent)
 
