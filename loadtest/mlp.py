@@ -127,11 +127,11 @@ class Core:
     def stats(self) -> dict[str, Any]:
         with self.cond:
             return {
-                "node_id": self.store.origin.node_id,
+                "node_id": self.store.node_id,
                 "uptime_s": round(time.time() - self.started, 3),
                 "threads": threading.active_count(),
                 "waiting": self.held,
-                "channels": len(self.store.channels),
+                "channels": self.store.channel_count,
                 "messages": self.store.message_count,
                 "published": self.published,
                 "delivered": self.delivered,

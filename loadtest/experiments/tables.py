@@ -31,7 +31,7 @@ def idle_table(rows: list[Row]) -> str:
         out.append([r["reactor"], r["kind"], r["idle"], f"{r['reply_rate']:.0f} "
                     f"({r['reply_rate_min']:.0f}–{r['reply_rate_max']:.0f})",
                     f"{r['latency_p50_ms']:.2f}", f"{r['latency_p99_ms']:.1f}",
-                    f"{r['server_cpu_us_per_reply']:.0f}", f"{100 * r['server_user_share']:.0f} %",
+                    f"{r['server_cpu_us_per_reply']:.0f}", _share(r["server_user_share"]),
                     f"{r['server_cpu_pct']:.0f} %", f"{r['generator_cpu_pct']:.0f} %",
                     f"{r['others_cpu_pct']:.0f} %"])
     fixed = next((r["fixed_rate"] for r in rows if "fixed_rate" in r), "?")
@@ -106,3 +106,9 @@ if __name__ == "__main__":
     folder = Path(sys.argv[1])
     print(render([json.loads(line)
                   for line in (folder / "results.jsonl").read_text().splitlines()]))
+
+
+def _share(share: float | None) -> str:
+    """The user share of the server's CPU; none when the window saw no CPU
+    tick (an idle smoke run can measure 0 s of server CPU)."""
+    return "–" if share is None else f"{100 * share:.0f} %"
