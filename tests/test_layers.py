@@ -29,6 +29,7 @@ ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.backplane": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.ops": ("pushup",),
     "pushup.__main__": ("pushup.ops",),
+    "pushup.client": ("pushup.client",),  # installed apart (pushup[client]): no server layer
 }
 NO_REACTOR = ("pushup.core", "pushup.http")
 
@@ -95,3 +96,5 @@ def test_the_rule_catches_a_core_module_importing_http() -> None:
     assert allowed("pushup.http.handlers", "pushup.backplane")
     assert allowed("pushup.backplane.mesh.peers", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.backplane.redis.engine", "pushup.backplane.mesh.wire")
+    assert not allowed("pushup.client.sync", "pushup.core.errors")
+    assert allowed("pushup.client.sync", "pushup.client.values")
