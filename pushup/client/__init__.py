@@ -16,9 +16,11 @@ dropped connections: on the next URL, with jittered backoff) and what is
 raised (``APIError`` with ``status`` and ``code`` on a 4xx; ``Unavailable``
 when the retries ran out) is decided in one place, ``Client._send``. A publish
 keeps one ``Idempotency-Key`` over all its attempts, so it is stored once.
+``AsyncClient`` is the same on asyncio (``await``, ``async for``).
 ``mint_token`` signs subscriber tokens for ``--subscribe-secret``.
 """
 
+from pushup.client.aio import AsyncClient, AsyncSubscription
 from pushup.client.retry import Backoff
 from pushup.client.sync import Client, Subscription
 from pushup.client.tokens import mint_token
@@ -35,5 +37,6 @@ from pushup.client.values import (
     Unavailable,
 )
 
-__all__ = ["APIError", "Backoff", "ChannelInfo", "Client", "Closed", "Event", "Gap", "Message",
-           "Published", "PushUpError", "Receipt", "Subscription", "Unavailable", "mint_token"]
+__all__ = ["APIError", "AsyncClient", "AsyncSubscription", "Backoff", "ChannelInfo", "Client",
+           "Closed", "Event", "Gap", "Message", "Published", "PushUpError", "Receipt",
+           "Subscription", "Unavailable", "mint_token"]

@@ -11,6 +11,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pushup.client.values import APIError, Unavailable
+
 RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
 
 
@@ -60,3 +62,40 @@ class Rotation:
 
     def advance(self) -> None:
         self._index = (self._index + 1) % len(self.urls)
+
+
+class Attempts:
+    """The decisions of one logical request over its attempts: each outcome
+    gives the delay before the next attempt, or raises. A 4xx raises
+    ``APIError`` at once; a retryable outcome past the last try raises
+    ``Unavailable``, saying whether anything may have been stored."""
+
+    def __init__(self, what: str, tries: int, backoff: Backoff,
+                 idempotency_key: str | None = None) -> None:
+        self.what = what
+        self.tries = tries
+        self.backoff = backoff
+        self.idempotency_key = idempotency_key
+        self.made = 0
+        self.outcome_unknown = False
+
+    def answered(self, status: int, code: str, message: str, retry_after: str | None) -> float:
+        """An error answer (status >= 400)."""
+        if status not in RETRYABLE_STATUSES:
+            raise APIError(status, code, message)
+        # PushUp's own 503 says nothing was stored; a 504 or a proxy's 5xx may hide a store
+        self.outcome_unknown |= not (status == 503 and code)
+        return self._next(status, code, None, retry_after_seconds(retry_after))
+
+    def failed(self, error: Exception, sent: bool) -> float:
+        """No answer: ``sent`` is False when no connection was made."""
+        self.outcome_unknown |= sent
+        return self._next(None, None, error, None)
+
+    def _next(self, status: int | None, code: str | None, error: Exception | None,
+              retry_after: float | None) -> float:
+        self.made += 1
+        if self.made >= self.tries:
+            raise Unavailable(self.what, self.made, status, code, self.outcome_unknown,
+                              self.idempotency_key) from error
+        return self.backoff.delay(self.made - 1, retry_after)

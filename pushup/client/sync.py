@@ -14,30 +14,21 @@ import json
 import random
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from pushup.client.retry import RETRYABLE_STATUSES, Backoff, Rotation, retry_after_seconds
-from pushup.client.values import (
-    APIError,
-    ChannelInfo,
-    Closed,
-    Event,
-    Gap,
-    Message,
-    Published,
-    Receipt,
-    Unavailable,
-)
+from pushup.client.reading import Reading
+from pushup.client.retry import Attempts, Backoff, Rotation
+from pushup.client.values import ChannelInfo, Event, Published, Receipt
 
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # nothing reached a node
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # nothing reached a node
+FOREVER = 1_000_000_000  # a subscription's retries without max_failures
 
 
-def _error_of(response: httpx.Response) -> tuple[str, str]:
+def error_of(response: httpx.Response) -> tuple[str, str]:
     """The (code, message) of an error answer; HAProxy's or a proxy's page
     without PushUp's JSON body gives ("", its first characters)."""
     try:
@@ -45,6 +36,19 @@ def _error_of(response: httpx.Response) -> tuple[str, str]:
         return str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         return "", response.text[:200]
+
+
+def encode(body: Any, headers: dict[str, str] | None) -> tuple[bytes | None, dict[str, str]]:
+    """A request's JSON body and its headers."""
+    all_headers = dict(headers or {})
+    if body is None:
+        return None, all_headers
+    all_headers["Content-Type"] = "application/json"
+    return json.dumps(body).encode(), all_headers
+
+
+def quote_name(name: str) -> str:
+    return quote(name, safe="")
 
 
 class Client:
@@ -134,14 +138,14 @@ class Client:
     def renew_channel(self, name: str, ttl: float | None = None) -> ChannelInfo:
         """Push a channel's expiry to now + ``ttl`` (its own ttl if None)."""
         body = {} if ttl is None else {"ttl": ttl}
-        response = self._send("POST", f"/channels/{_quote(name)}/renew", what="renew_channel",
+        response = self._send("POST", f"/channels/{quote_name(name)}/renew", what="renew_channel",
                               body=body, headers=self._auth())
         return ChannelInfo.from_json(response.json())
 
     def channel_info(self, name: str) -> ChannelInfo:
         """A channel's expiry, cached messages and waiting subscribers;
         ``APIError`` 404 ``no_such_channel`` if there is none."""
-        response = self._send("GET", f"/channels/{_quote(name)}", what="channel_info",
+        response = self._send("GET", f"/channels/{quote_name(name)}", what="channel_info",
                               headers=self._auth())
         return ChannelInfo.from_json(response.json())
 
@@ -149,7 +153,7 @@ class Client:
         """Delete a channel and its messages; its subscribers see it ``Closed``.
         ``APIError`` 404 if there is none (also for a retried delete whose
         first attempt was done but not answered)."""
-        self._send("DELETE", f"/channels/{_quote(name)}", what="delete_channel",
+        self._send("DELETE", f"/channels/{quote_name(name)}", what="delete_channel",
                    headers=self._auth())
 
     # -- subscribing ---------------------------------------------------------------
@@ -174,44 +178,25 @@ class Client:
               retries: int | None = None) -> httpx.Response:
         """One logical request: answered (< 400), ``APIError`` (4xx), or
         ``Unavailable`` after ``retries`` more attempts, each on the next node."""
-        tries = (self.retries if retries is None else retries) + 1
-        content = None if body is None else json.dumps(body).encode()
-        all_headers = {**(headers or {})}
-        if content is not None:
-            all_headers["Content-Type"] = "application/json"
-        outcome_unknown = False
-        status: int | None = None
-        code: str | None = None
-        cause: Exception | None = None
-        for attempt in range(tries):
-            retry_after = None
+        attempts = Attempts(what, (self.retries if retries is None else retries) + 1,
+                            self.backoff, idempotency_key)
+        content, all_headers = encode(body, headers)
+        while True:
             try:
                 response = self._http.request(
                     method, self._nodes.current + path, content=content, params=params,
                     headers=all_headers, timeout=self.timeout if timeout is None else timeout)
-            except _NOT_SENT as e:
-                status, code, cause = None, None, e
+            except NOT_SENT as e:
+                delay = attempts.failed(e, sent=False)
             except httpx.TransportError as e:  # timeouts, resets: it may have been stored
-                status, code, cause, outcome_unknown = None, None, e, True
+                delay = attempts.failed(e, sent=True)
             else:
                 if response.status_code < 400:
                     return response
-                code, message = _error_of(response)
-                if response.status_code not in RETRYABLE_STATUSES:
-                    raise APIError(response.status_code, code, message)
-                status, cause = response.status_code, None
-                # a 503 from PushUp says nothing was stored; a proxy's 5xx or a 504 may hide one
-                outcome_unknown |= not (status == 503 and code)
-                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+                delay = attempts.answered(response.status_code, *error_of(response),
+                                          response.headers.get("Retry-After"))
             self._nodes.advance()
-            if attempt + 1 < tries:
-                time.sleep(self.backoff.delay(attempt, retry_after))
-        raise Unavailable(what, tries, status, code, outcome_unknown,
-                          idempotency_key) from cause
-
-
-def _quote(name: str) -> str:
-    return quote(name, safe="")
+            time.sleep(delay)
 
 
 class Subscription(Iterator[Event]):
@@ -223,7 +208,9 @@ class Subscription(Iterator[Event]):
     - A ``Gap`` comes (before that response's messages) when messages after
       the position were evicted unread: what is missing is not coming.
     - A ``Closed`` names deleted channels; they are dropped, and the iteration
-      ends when no channel is left.
+      ends when no channel is left. (A long poll learns of a delete while it
+      waits on the channel; one made between two polls goes unseen, and the
+      next poll names a new, empty channel.)
     - Errors, timeouts and 5xx are retried forever (or ``max_failures``
       times in a row, then ``Unavailable``) on the next node with backoff;
       a 4xx raises ``APIError`` at once (a bad name, an expired token).
@@ -239,64 +226,45 @@ class Subscription(Iterator[Event]):
     def __init__(self, client: Client, channels: list[str], since: str | float,
                  token: str | None, poll_timeout: float, limit: int | None,
                  max_failures: int | None) -> None:
-        if not channels:
-            raise ValueError("subscribe to at least one channel")
         self._client = client
-        self.channels = list(channels)
-        self._start = since if isinstance(since, str) else f"{since:.6f}"
-        self._end = self._start
-        self._token = token
+        self._reading = Reading(channels, since, token, limit)
         self.poll_timeout = poll_timeout
-        self.limit = limit
         self.max_failures = max_failures
-        self._pending: deque[Event] = deque()
 
     @property
     def cursor(self) -> str:
-        return self._start if self._pending else self._end
+        return self._reading.cursor
+
+    @property
+    def channels(self) -> list[str]:
+        """The channels still followed (closed ones are dropped)."""
+        return list(self._reading.channels)
 
     def __iter__(self) -> Subscription:
         return self
 
     def __next__(self) -> Event:
-        while not self._pending:
-            if not self.channels:
+        reading = self._reading
+        while not reading.pending:
+            if reading.done:
                 raise StopIteration
-            self._start = self._end
-            self._pending.extend(self._round(self.poll_timeout))
-        return self._pending.popleft()
+            reading.pending.extend(self._round(self.poll_timeout))
+        return reading.pending.popleft()
 
     def poll(self, timeout: float | None = None) -> list[Event]:
         """One round (``timeout`` seconds held at most, 0 = answer at once):
         the items it brought, possibly none. Items still buffered by the
         iteration come first."""
-        if self._pending:
-            items = list(self._pending)
-            self._pending.clear()
-            return items
-        if not self.channels:
+        if self._reading.pending:
+            return self._reading.drain()
+        if self._reading.done:
             return []
-        self._start = self._end
         return self._round(self.poll_timeout if timeout is None else timeout)
 
     def _round(self, hold: float) -> list[Event]:
-        params = {"channels": ",".join(self.channels), "since": self._end,
-                  "timeout": f"{hold:g}"}
-        if self.limit is not None:
-            params["limit"] = str(self.limit)
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        retries = 1_000_000_000 if self.max_failures is None else self.max_failures - 1
+        params, headers = self._reading.request(hold)
+        retries = FOREVER if self.max_failures is None else max(self.max_failures - 1, 0)
         response = self._client._send("GET", "/subscribe", what="subscribe", params=params,
                                       headers=headers, timeout=hold + self._client.timeout,
-                                      retries=max(retries, 0))
-        body = response.json()
-        items: list[Event] = []
-        if body.get("gap"):
-            items.append(Gap(body["cursor"]))
-        items += [Message.from_json(m) for m in body.get("messages", [])]
-        closed = [c for c in body.get("closed", []) if c in self.channels]
-        if closed:
-            items.append(Closed(tuple(closed)))
-            self.channels = [c for c in self.channels if c not in closed]
-        self._end = body["cursor"]
-        return items
+                                      retries=retries)
+        return self._reading.take(response.json())

@@ -8,6 +8,7 @@ Each test starts its own nodes (fresh_cluster) and stops them by PID.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ from pushup_cluster import retained, uniq, wait_until
 
 from pushup.client import (
     APIError,
+    AsyncClient,
     Backoff,
     Client,
     Closed,
@@ -210,6 +212,43 @@ def test_a_minted_token_subscribes_and_none_is_refused(fresh_cluster):
         with pytest.raises(APIError) as forbidden:
             pushup.subscribe("other", token=token).poll(timeout=0)
         assert forbidden.value.code == "forbidden"
+
+
+def test_an_async_subscription_moves_to_another_node_when_its_node_is_killed(fresh_cluster):
+    c = fresh_cluster(2, haproxy=False)
+    channel = uniq("async")
+
+    def waited_on() -> list[int]:  # [the node holding the poll], or [] for none yet
+        for i, base in enumerate(c.bases):
+            with Client(base) as node:
+                if node.channel_info(channel).subscribers:
+                    return [i]
+        return []
+
+    async def scenario() -> list[object]:
+        async with AsyncClient(c.bases, backoff=FAST) as pushup:
+            subscription = pushup.subscribe(channel, since="now", poll_timeout=30)
+            assert await subscription.poll(timeout=0) == []
+            first = await pushup.publish_batch([(channel, 1), (channel, 2)])
+            got = [m async for m in first_n(subscription, 2)]
+            reading = asyncio.create_task(anext(subscription))
+            (held,) = await asyncio.to_thread(wait_until, waited_on, 10, 0.02, "a held poll")
+            c.kill(held)  # the node holding the poll
+            again = await pushup.publish(channel, 3)  # on the node left
+            got.append(await asyncio.wait_for(reading, 60))
+            return [first, again, got]
+
+    first, again, got = asyncio.run(scenario())
+    assert [m.id for m in got] == [*(r.id for r in first.messages), again.id]  # type: ignore
+    assert [m.data for m in got] == [1, 2, 3]  # type: ignore[attr-defined]
+
+
+async def first_n(subscription, n: int):
+    async for item in subscription:
+        yield item
+        n -= 1
+        if n == 0:
+            return
 
 
 def load_example():
