@@ -130,6 +130,25 @@ def test_a_publish_redis_did_not_answer_is_retried_with_its_key_and_stored_once(
     assert list(retained(c.bases[0], [channel])) == [sent.id]  # type: ignore[attr-defined]
 
 
+def test_a_publish_refused_while_redis_is_down_is_retried_after_retry_after_and_stored_once(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
+    channel = uniq("down")
+    attempts = Recorder()
+    pushup = Client(c.bases[0], retries=60, backoff=FAST, http_client=attempts.client())
+    outcome: list[object] = []
+    redis_server.kill()  # the node cannot send anything: 503 engine_unavailable, Retry-After
+    worker = threading.Thread(target=lambda: outcome.append(pushup.publish(channel, "y")),
+                              daemon=True)
+    worker.start()
+    wait_until(lambda: 503 in attempts.statuses, 20, 0.05, "a 503 engine_unavailable")
+    redis_server.restart()  # same port, empty
+    worker.join(90)
+    (sent,) = outcome
+    assert attempts.statuses[-1] == 201 and len(set(attempts.keys)) == 1, attempts.statuses
+    assert list(retained(c.bases[0], [channel])) == [sent.id]  # type: ignore[attr-defined]
+
+
 def test_a_refused_request_raises_its_status_and_code_and_is_not_retried(fresh_cluster):
     c = fresh_cluster(1, haproxy=False, node_args=["--publish-token", "right"])
     attempts = Recorder()
