@@ -4,6 +4,7 @@ tests/cluster/test_client.py."""
 from __future__ import annotations
 
 import json
+
 import httpx
 import pytest
 
