@@ -2,8 +2,10 @@
 
 Precedence: flags win over ``PUSHUP_*`` environment variables, which win
 over the ``--config`` TOML file, which wins over the defaults below. Any
-invalid value raises ``ConfigError`` with a one-line message; the CLI turns
-that into exit code 2. Nothing here starts the reactor or opens a socket.
+invalid value raises ``ConfigError`` with a one-line message naming where it
+was given; the CLI turns that into exit code 2. An unknown ``PUSHUP_*``
+variable is only a warning (``unknown_environment``). Nothing here starts
+the reactor or opens a socket.
 """
 
 from __future__ import annotations
@@ -141,9 +143,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pushup", description="PushUp long-polling pub/sub server")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="pushup", description="PushUp long-polling pub/sub server",
+                     epilog="`pushup COMMAND --help` shows a command's options.")
+    parser.add_argument("-V", "--version", action="store_true",
+                        help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                     metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
+    # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
+    commands.add_parser("token", help="print a subscriber token for --subscribe-secret",
+                        add_help=False)
+    commands.add_parser("help", help="show this help, or a command's (pushup help serve)",
+                        add_help=False)
     serve.add_argument("--config", metavar="FILE", help="TOML file of settings")
     defaults = {f.name: f.default for f in fields(Config)}
     for name, (text, metavar) in (_HELP | _FILE_HELP).items():
@@ -170,12 +181,6 @@ def load(
     args = vars(build_parser().parse_args(list(argv)))
     config_path = args.pop("config") or environ.get("PUSHUP_CONFIG")
     from_file = _read_toml(config_path, read_file) if config_path else {}
-    known_env = {"PUSHUP_" + o.upper() for o in _OPTIONS} | {"PUSHUP_CONFIG"}
-    for key in sorted(environ):
-        if key.startswith("PUSHUP_") and key not in known_env \
-                and not key.startswith(INTERNAL_ENV_PREFIX):
-            raise ConfigError(f"unknown environment variable {key}"
-                              + _did_you_mean(key, sorted(known_env)))
     from_env: dict[str, Any] = {}
     for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
@@ -183,11 +188,24 @@ def load(
             from_env[name] = value.split(",") if name == "peer" else value
     from_flags = {name: args[name] for name in _OPTIONS if args.get(name) is not None}
     raw: dict[str, Any] = {}
-    for layer, name_of in ((from_file, lambda o: f"config file key {o}"),
+    for layer, name_of in ((from_file, lambda o: f"config file {config_path}, key {o}"),
                            (from_env, lambda o: "PUSHUP_" + o.upper()),
                            (from_flags, lambda o: "--" + o.replace("_", "-"))):
-        raw.update(_read_secret_files(layer, name_of, read_file))
-    return validate(Config(**{k: _convert(k, v) for k, v in raw.items()}))
+        # each value is converted where it was given, so an error names that source
+        raw.update({name: _convert(name, value, name_of(name)) for name, value
+                    in _read_secret_files(layer, name_of, read_file).items()})
+    return validate(Config(**raw))
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """One warning for each ``PUSHUP_*`` variable that names no setting, with
+    the closest setting's variable. A warning, not an error: another program
+    on the host (a web app's ``PUSHUP_URL``) may use the prefix too."""
+    known = sorted({"PUSHUP_" + o.upper() for o in _OPTIONS} | {"PUSHUP_CONFIG"})
+    return [f"unknown environment variable {key} ignored" + _did_you_mean(key, known)
+            for key in sorted(environ)
+            if key.startswith("PUSHUP_") and key not in known
+            and not key.startswith(INTERNAL_ENV_PREFIX)]
 
 
 def _read_secret_files(layer: dict[str, Any], name_of: Callable[[str], str],
@@ -247,9 +265,10 @@ def _read_toml(path: str, read_file: Callable[[str], bytes]) -> dict[str, Any]:
     return data
 
 
-def _convert(name: str, value: Any) -> Any:
+def _convert(name: str, value: Any, spelled: str) -> Any:
+    """``value`` as setting ``name`` holds it, or ConfigError naming ``spelled``
+    (the flag, variable or file key the value came from)."""
     kind = _TYPES[name]
-    flag = "--" + name.replace("_", "-")
     try:
         if kind == "bool":
             return _to_bool(value)
@@ -271,7 +290,7 @@ def _convert(name: str, value: Any) -> Any:
             raise ValueError
         return value
     except (TypeError, ValueError):
-        raise ConfigError(f"{flag}: invalid value {value!r}") from None
+        raise ConfigError(f"{spelled}: invalid value {value!r}") from None
 
 
 def _to_bool(value: Any) -> bool:

@@ -17,7 +17,16 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
-from pushup.config import Config, ConfigError, load, read_secret
+from pushup.config import (
+    Config,
+    ConfigError,
+    build_parser,
+    load,
+    read_secret,
+    unknown_environment,
+)
+from pushup.core.errors import BadChannelName
+from pushup.core.model import check_channel_name
 
 MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keeps
 
@@ -29,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args[:1] == ["token"]:
         return token(args[1:], os.environ)
+    if args[:1] == ["help"]:
+        return show_help(args[1:])
+    for warning in unknown_environment(os.environ):
+        print(f"pushup: warning: {warning}", file=sys.stderr)
     try:
         config = load(args, os.environ)
     except ConfigError as e:
@@ -67,12 +80,44 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except ConfigError as e:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
-    channels = [c for c in opts.channels.split(",") if c]
-    if not secret or not channels or opts.ttl <= 0:
-        print("pushup: error: needs the subscribe secret (--secret-file or "
-              "PUSHUP_SUBSCRIBE_SECRET), --channels and a positive --ttl", file=sys.stderr)
+    problem = token_problem(secret, opts.channels, opts.ttl)
+    if problem:
+        print(f"pushup token: error: {problem}", file=sys.stderr)
         return 2
-    print(issue(secret, channels, time.time() + opts.ttl))
+    print(issue(secret, opts.channels.split(","), time.time() + opts.ttl))
+    return 0
+
+
+def token_problem(secret: str, channels: str, ttl: float) -> str | None:
+    """What is wrong with ``pushup token``'s inputs, naming the input, or None."""
+    if not secret:
+        return ("no subscribe secret: give --secret-file, or set PUSHUP_SUBSCRIBE_SECRET_FILE "
+                "or PUSHUP_SUBSCRIBE_SECRET")
+    for name in channels.split(","):
+        if name == "*":
+            continue
+        try:
+            check_channel_name(name[:-1] if name.endswith("*") else name)
+        except BadChannelName as e:
+            kind = "prefix" if name.endswith("*") else "name"
+            return f"--channels: {name!r} is not a valid channel {kind}: {e}"
+    if not ttl > 0 or ttl == float("inf"):
+        return f"--ttl: a lifetime in seconds above 0, not {ttl:g}"
+    return None
+
+
+def show_help(argv: Sequence[str]) -> int:
+    """``pushup help [COMMAND]``: the commands, or one command's options."""
+    if argv[:1] == ["token"]:
+        return token(["--help"], {})
+    if argv and argv[0] != "serve":
+        print(f"pushup: error: no command {argv[0]!r}: choose from serve, token, help",
+              file=sys.stderr)
+        return 2
+    try:
+        build_parser().parse_args([*argv[:1], "--help"])
+    except SystemExit as e:
+        return int(e.code or 0)
     return 0
 
 

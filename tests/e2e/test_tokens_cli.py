@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import tomllib
 
+import pytest
 from pushup_e2e import ROOT, assert_error, run_cli, uniq
 
 SECRET = "e2e-subscribe-secret-0123456789abcdef"
@@ -38,6 +40,46 @@ def test_token_without_a_secret_is_a_one_line_error():
     assert result.returncode == 2
     err = result.stderr.decode().strip()
     assert "\n" not in err and "secret" in err
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--channels", "news,bad name"), "--channels: 'bad name' is not a valid channel name"),
+    (("--channels", "news,,sport"), "--channels: '' is not a valid channel name"),
+    (("--channels", "room 1:*"), "--channels: 'room 1:*' is not a valid channel prefix"),
+    (("--channels", "news", "--ttl", "0"), "--ttl: a lifetime in seconds above 0, not 0"),
+])
+def test_token_refuses_a_bad_input_and_names_it(args, said):
+    result = run_cli("token", *args, env={"PUSHUP_SUBSCRIBE_SECRET": SECRET})
+    assert (result.returncode, result.stdout) == (2, b"")
+    err = result.stderr.decode().strip()
+    assert "\n" not in err and said in err, err
+
+
+def test_help_lists_every_command_and_the_version_flag():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    out = result.stdout.decode()
+    for command in ("serve", "token", "help", "--version"):
+        assert command in out, out
+    assert run_cli("help").stdout == result.stdout
+    assert b"--channels" in run_cli("help", "token").stdout
+    assert b"--max-timeout" in run_cli("help", "serve").stdout
+
+
+def test_an_unknown_pushup_variable_is_a_warning_and_the_node_serves(start_node):
+    node = start_node(env={"PUSHUP_URL": "http://app.example", "PUSHUP_PUBLISH_TOKN": "x"})
+    assert node.get("/health").status == 200
+
+    def warnings() -> list[str]:  # printed before the listening line; the pump may lag
+        return [line for line in node.stderr_lines if "warning" in line]
+    deadline = time.monotonic() + 10
+    while len(warnings()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert warnings() == [
+        "pushup: warning: unknown environment variable PUSHUP_PUBLISH_TOKN ignored "
+        "(did you mean 'PUSHUP_PUBLISH_TOKEN'?)",
+        "pushup: warning: unknown environment variable PUSHUP_URL ignored "
+        "(did you mean 'PUSHUP_PORT'?)"], node.stderr_lines
 
 
 def test_json_logs_are_one_object_a_line(start_node):
