@@ -27,7 +27,7 @@ system-packages:
 	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
 	  && command -v npm >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
-	  && command -v redis-server >/dev/null || \
+	  && command -v redis-server >/dev/null && command -v openssl >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server >/dev/null; }
 

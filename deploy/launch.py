@@ -32,6 +32,7 @@ from deploy.redis_server import RedisServer, free_port  # noqa: E402,F401  (run 
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "haproxy.cfg.template"
+ERRORS = HERE / "errors"  # the JSON answers HAProxy gives itself (errorfile)
 
 
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",
@@ -42,7 +43,8 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
     web = (f"backend web\n    server web1 {web_backend}\n" if web_backend else "")
     default = "web" if web_backend else "pushup"
     return TEMPLATE.read_text().format(front=f"{host}:{front_port}", servers=servers,
-                                       web_backend=web, default_backend=default)
+                                       web_backend=web, default_backend=default,
+                                       errors=ERRORS)
 
 
 def listening_ports(pid: int) -> set[int]:

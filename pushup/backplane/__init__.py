@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from twisted.internet import defer
 
@@ -135,6 +135,17 @@ class Backplane(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """The engine's part of ``/stats``: ``engine``, ``peers`` and its own."""
+
+
+@runtime_checkable
+class ExternalEngine(Protocol):
+    """A backplane that relies on a server outside the node (Redis): the node
+    can be up while that server is not, and then it cannot take a publish.
+    ``/health`` asks ``probe`` so that a balancer stops sending it traffic."""
+
+    def probe(self) -> defer.Deferred[None]:
+        """Fires once the engine answered; fails with ``errors.EngineUnavailable``
+        when it is unreachable or does not answer in time (never anything else)."""
 
 
 def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:

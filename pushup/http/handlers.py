@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from pushup.backplane import (
     PEER_BODY_LIMIT,
     Backplane,
+    ExternalEngine,
     PeerEndpoints,
     PeerRequest,
     Unconfirmed,
@@ -303,11 +304,18 @@ class Handlers:
                 "subscribers": self.service.hub.waiting_on(channel.name)}
         return Response(200, _channel_json(channel, info))
 
-    def health(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+    def health(self, request: Request, _: tuple[str, ...], __: Client,
+               ) -> Response | Pending:
+        """200 only when this node can take a publish: 503 ``shutting_down``
+        while draining, ``catching_up`` while loading, ``engine_unavailable``
+        while an outside engine (Redis) does not answer."""
         if self.service.draining:
             raise errors.ShuttingDown("the node is draining for shutdown")
         self._ready()
-        return Response(200, dumps({"status": "ok", "node_id": self.service.store.node_id}))
+        ok = Response(200, dumps({"status": "ok", "node_id": self.service.store.node_id}))
+        if isinstance(self.backplane, ExternalEngine):
+            return _when(self.backplane.probe(), lambda _: ok)
+        return ok
 
     def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, dumps(self._stats()))

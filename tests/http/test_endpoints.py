@@ -698,6 +698,37 @@ def test_health_is_503_while_draining(node, check_error):
     check_error(node.get("/health"), 503, "shutting_down")
 
 
+class OutsideEngine:
+    """The node's backplane, plus an outside engine whose probe we decide."""
+
+    def __init__(self, inner, probe):
+        self.inner, self.probe = inner, probe
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_health_is_503_engine_unavailable_while_the_outside_engine_does_not_answer(
+        node, check_error):
+    from twisted.internet import defer
+
+    from pushup.core import errors
+
+    handlers = node.node.handlers
+    asked = []
+    unanswered = defer.Deferred()
+    handlers.backplane = OutsideEngine(handlers.backplane,
+                                       lambda: asked.append(1) or unanswered)
+    conn = node.open("GET", "/health")
+    assert conn.response is None  # waits for the engine's answer
+    unanswered.errback(errors.EngineUnavailable("Redis is unreachable"))
+    check_error(conn.response, 503, "engine_unavailable")
+    handlers.backplane = OutsideEngine(handlers.backplane.inner,
+                                       lambda: defer.succeed(None))
+    assert node.get("/health").status == 200
+    assert asked == [1]
+
+
 def test_connections_over_the_limit_are_answered_503_overloaded(make_node, check_error):
     node = make_node(max_connections=2, cors_origin="*")
     first, second = node.connect(), node.connect()

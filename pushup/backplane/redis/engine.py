@@ -202,6 +202,26 @@ class RedisEngine:
         if not self.ready:
             raise errors.CatchingUp("this node is loading the log from Redis; retry shortly")
 
+    def probe(self) -> defer.Deferred[None]:
+        """``/health``'s question: both connections up and a PING answered
+        within ``COMMAND_TIMEOUT`` (a Redis that is paused holds the TCP
+        connection open: only an unanswered command shows it; the timeout
+        drops the connection, so later probes fail at once)."""
+        if not (self.commands.connected and self.tail.connected):
+            return defer.fail(errors.EngineUnavailable(
+                "Redis is unreachable: this node cannot take publishes"))
+
+        def unanswered(failure: Failure) -> None:
+            if not isinstance(failure.value, (RedisGone, RedisError)):
+                failure.raiseException()
+            raise errors.EngineUnavailable(
+                f"Redis did not answer a PING ({failure.getErrorMessage()}): "
+                "this node cannot take publishes")
+
+        d = self.commands.execute("PING", timeout=self.timeout)
+        d.addCallbacks(lambda _: None, unanswered)
+        return d
+
     def start(self) -> defer.Deferred[None]:
         self.commands.start()
         self.tail.start()

@@ -1,0 +1,103 @@
+"""The shipped nginx front (deploy/nginx-pushup.conf.template) keeps the contract
+over HTTPS.
+
+A real nginx (Debian's, installed by `make bench-packages`) with its own
+prefix in a temporary directory, a self-signed certificate made here by
+`openssl`, and two real nodes upstream: a held poll, an event stream that
+delivers a publish as it happens, a publish, and JSON errors when no node
+answers. nginx's default 60 s read timeout is not waited out; the shipped
+file's timeout is read and compared with --max-timeout instead.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+from pushup_cluster import uniq
+
+from deploy.nginx import SITE_TEMPLATE, PrivateNginx, read_timeout_seconds
+from deploy.redis_server import free_port
+from pushup.config import Config
+
+
+def test_the_shipped_site_outlasts_the_longest_poll_and_streams_unbuffered():
+    site = SITE_TEMPLATE.read_text()
+    assert read_timeout_seconds(site) > Config().max_timeout
+    assert "proxy_buffering off;" in site
+    assert "proxy_http_version 1.1;" in site and 'proxy_set_header Connection "";' in site
+    assert "keepalive " in site
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[str, str]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def https(port: int, cafile: str, method: str, path: str, payload: object = None,
+          timeout: float = 15.0) -> tuple[int, dict[str, str], dict]:
+    """One request over TLS, the certificate verified against ``cafile``."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                       context=ssl.create_default_context(cafile=cafile))
+    try:
+        body = None if payload is None else json.dumps(payload).encode()
+        conn.request(method, path, body=body,
+                     headers={"Content-Type": "application/json"} if body else {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def test_over_https_a_held_poll_an_event_stream_and_a_publish(fresh_cluster, certificate):
+    c = fresh_cluster(2, haproxy=False)
+    cert, key = certificate
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
+                         cert, key)
+    front.start()
+    try:
+        ch = uniq("tls")
+        # An event stream over TLS: the head comes through before any message.
+        raw = socket.create_connection(("127.0.0.1", port), timeout=15)
+        stream = ssl.create_default_context(cafile=cert).wrap_socket(
+            raw, server_hostname="127.0.0.1")
+        stream.sendall(f"GET /subscribe?channels={ch} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Accept: text/event-stream\r\n\r\n".encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += stream.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in got.lower()
+        # A publish over TLS reaches the stream as it happens, not when a
+        # buffer fills (recv would hit its 15 s hang guard).
+        status, _, receipt = https(port, cert, "POST", "/publish",
+                                   {"channels": [ch], "data": "over tls"})
+        assert status == 201
+        while receipt["id"].encode() not in got:
+            chunk = stream.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert b'"over tls"' in got
+        stream.close()
+        # A poll held to its timeout is answered by the node, not cut by nginx.
+        status, _, body = https(port, cert, "GET", f"/subscribe?channels={uniq('idle')}"
+                                f"&timeout=5")
+        assert status == 200 and body["messages"] == [] and body["cursor"]
+        # No node left: nginx's own answer is the JSON error body.
+        for i in range(2):
+            c.kill(i)
+        status, headers, body = https(port, cert, "POST", "/publish",
+                                      {"channels": [ch], "data": 1})
+        assert status == 502 and body["error"]["code"] == "bad_gateway"
+        assert headers["content-type"].startswith("application/json")
+    finally:
+        front.stop()
