@@ -29,7 +29,7 @@ system-packages:
 	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
 	  && command -v redis-server >/dev/null && command -v openssl >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server >/dev/null; }
+	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server openssl >/dev/null; }
 
 setup: $(STAMP) system-packages npm-clients
 
