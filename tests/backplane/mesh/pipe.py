@@ -79,6 +79,11 @@ class Pipe:
                                     or (self.st is not None and self.st.disconnecting)):
             self._lose()
 
+    def notice(self) -> None:
+        """The link closed or aborted its end: the connection is lost (nothing crosses)."""
+        if self.ct is not None and self.ct.disconnecting:
+            self._lose()
+
     def _lose(self) -> None:
         client, server = self.client, self.server
         self.client = self.server = self.ct = self.st = None
