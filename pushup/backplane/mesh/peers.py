@@ -302,10 +302,12 @@ class PeerLink:
         sent = self._window.popleft()
         self._window_bytes -= sent.size
         if kind == b"n":
-            if value - 1 == sent.start:  # what we just sent: no progress
-                raise PeerError(f"asks again for {value}")
             ops = [op for s in (sent, *self._window) for op in s.ops]
-            self.ops.extendleft(reversed(ops))
+            self.ops.extendleft(reversed(ops))  # they go again, first and in order
+            if value - 1 == sent.start:  # what we just sent: no progress
+                self._window.clear()
+                self._window_bytes = 0
+                raise PeerError(f"asks again for {value}")
             self._stale = len(self._window)
             self._window.clear()
             self._window_bytes = 0

@@ -210,3 +210,31 @@ def test_a_peer_that_stops_reading_holds_a_window_at_most_and_is_down_after_the_
     pipe.notice()
     assert link.state == "down" and pipe.ct is None  # ...and calls the peer down
     assert link.after == 0 and not link._window
+
+
+def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_order(
+        monkeypatch):
+    """A peer that lost our history (a fresh node behind the same URL) answers
+    each of three pipelined batches with a hole: the link rewinds once, to
+    what it expects, ignores the answers to the other two, and resends."""
+    monkeypatch.setattr("pushup.backplane.mesh.wire.BATCH", 2)
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    _published(sender, clock, 5)
+    link.poke()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 5 and receiver.store.message_count == 5
+    pipe.dead = True
+    pipe.receiver = fresh = _cluster(clock)
+    pipe.dead = False
+    _published(sender, clock, 6)
+    clock.advance(0)  # reconnect at once
+    pipe.deliver()  # the handshake; three batches out, three holes back
+    assert link.after == 0 and link._stale == 0 and fresh.store.message_count == 0
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 11 and link.settled and link.state == "up"
+    assert _held(fresh.store) == [b"%d" % i for i in range(5)] + [b"%d" % i for i in range(6)]
