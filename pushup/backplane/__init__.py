@@ -13,7 +13,9 @@ the hub and the cursor never know which backplane runs:
 
 A backplane may also answer requests of its own (the mesh's ``/peer/``
 endpoints): the HTTP layer hands them over as ``PeerRequest`` values and
-renders the ``PeerAnswer``, knowing nothing of what they carry.
+renders the ``PeerAnswer``, knowing nothing of what they carry; a connection
+upgraded to ``pushup-peer`` is handed to the protocol ``PeerEndpoints.stream``
+gives.
 
 This module holds the interface and the values that cross it (a channel
 operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IProtocol
 
 from pushup.core import errors
 from pushup.core.channels import Channel
@@ -68,6 +71,11 @@ class PeerEndpoints(Protocol):
     def answer(self, request: PeerRequest, now: float) -> PeerAnswer:
         """The answer to a request; ``Unauthorized`` (see ``unsigned``) if it is
         not signed with the cluster secret, ``NotFound`` for an unknown path."""
+
+    def stream(self) -> IProtocol:
+        """The protocol that takes over a connection upgraded to the peers'
+        replication stream (``GET /peer/stream``, ``Upgrade: pushup-peer``);
+        it authenticates the peer itself."""
 
 
 def unsigned() -> errors.PushUpError:

@@ -18,6 +18,7 @@ from importlib.resources import files
 from typing import Any, Protocol
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IProtocol
 from twisted.python.failure import Failure
 
 from pushup.backplane import (
@@ -109,12 +110,23 @@ class Handlers:
     def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
         """Before the body: the most body bytes this request may bring, or the
         answer that refuses it unread (a peer request nobody signed)."""
+        if path == b"/peer/stream" and self.peers is not None:
+            return 0  # an upgrade: the stream authenticates itself (see ``upgrade``)
         if path.startswith(b"/peer/"):
             signed = b"x-pushup-signature" in headers
             if self.peers is None or not self.peers.admits(signed):
                 return error_response(unsigned(), close=True)
             return PEER_BODY_LIMIT
         return self.config.max_body_bytes
+
+    def upgrade(self, request: Request) -> IProtocol | None:
+        """The protocol that takes over this connection, for a request to
+        upgrade it: the backplane's replication stream, when it has one."""
+        if (self.peers is not None and request.method == b"GET"
+                and request.path == b"/peer/stream"
+                and request.header(b"upgrade").lower() == "pushup-peer"):
+            return self.peers.stream()
+        return None
 
     def too_large(self, path: bytes) -> PushUpError:
         limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes

@@ -28,13 +28,13 @@ from httptools import (
     parse_url,
 )
 from twisted.internet import defer
-from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import toChunk
 
-from pushup._twisted import write_now
+from pushup._twisted import switch_protocol, write_now
 from pushup.core import errors
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
@@ -68,6 +68,10 @@ class App(TypingProtocol):
 
     def handle(self, request: Request, client: Any) -> Response | Held | Pending: ...
 
+    def upgrade(self, request: Request) -> IProtocol | None:
+        """The protocol that takes over the connection for this request to
+        upgrade it, or None (the request is answered, then the connection closes)."""
+
 
 class _Refuse(Exception):
     """Raised from a parser callback: answer ``response`` and close (``None``:
@@ -90,6 +94,8 @@ class Connection(TypingProtocol):
     def abortConnection(self) -> None: ...  # noqa: N802
 
     def registerProducer(self, producer: object, streaming: bool) -> None: ...  # noqa: N802
+
+    def unregisterProducer(self) -> None: ...  # noqa: N802
 
     def pauseProducing(self) -> None: ...  # noqa: N802
 
@@ -180,8 +186,10 @@ class HTTPProtocol(Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except HttpParserUpgrade:
-            # We speak no other protocol: answer the request, then close.
+        except HttpParserUpgrade as e:
+            if self._upgraded(data[e.args[0]:]):
+                return
+            # No protocol for it: answer the request, then close.
             self._broken = True
             last = self._queue[-1] if self._queue else None
             if isinstance(last, tuple):
@@ -206,6 +214,29 @@ class HTTPProtocol(Protocol):
         if self._queued_bytes > PIPELINE_BYTES and self._reading:
             self._reading = False
             self.conn.pauseProducing()  # read on once the queue is answered
+
+    def _upgraded(self, rest: bytes) -> bool:
+        """Hand the connection to the protocol the app gives for the request
+        just read (it alone, nothing before it unanswered); ``rest`` is what
+        was read past its head. False if the app has none."""
+        last = self._queue[-1] if len(self._queue) == 1 and not self._busy else None
+        if not isinstance(last, tuple):
+            return False
+        protocol = self.front.app.upgrade(last[0])
+        if protocol is None:
+            return False
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + last[0].headers.get(
+            b"upgrade", b"") + b"\r\nConnection: Upgrade\r\n\r\n")
+        self._closing = True  # this protocol answers nothing more
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self.front.lost(self)
+        self.conn.unregisterProducer()
+        switch_protocol(self.transport, protocol, rest)
+        return True
 
     def connectionLost(self, reason: object = None) -> None:
         self._closing = True

@@ -8,15 +8,20 @@ values and renders the ``PeerAnswer``; this module reads no socket.
 
 from __future__ import annotations
 
+from twisted.internet.interfaces import IProtocol
+
 from pushup.backplane import Applied, PeerAnswer, PeerRequest, unsigned
 from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.stream import PeerStream
 from pushup.backplane.mesh.wire import decode_batch, verify
 from pushup.core import errors
 from pushup.core.model import dumps
 
 
 class MeshEndpoints:
-    """``POST /peer/messages`` (a batch in), ``GET /peer/snapshot`` (everything
+    """``GET /peer/stream`` upgraded (the replication stream: batches in,
+    :mod:`pushup.backplane.mesh.stream`), ``POST /peer/messages`` (a batch in,
+    as nodes before the stream sent them; still answered), ``GET /peer/snapshot`` (everything
     we hold, for a joining node), ``POST /peer/repair`` (a batch a peer lacks).
     Every refusal is counted in ``cluster.refused`` (``peer_refused`` in /stats)."""
 
@@ -28,6 +33,9 @@ class MeshEndpoints:
             return True
         self.cluster.refused += 1
         return False
+
+    def stream(self) -> IProtocol:
+        return PeerStream(self.cluster)
 
     def answer(self, request: PeerRequest, now: float) -> PeerAnswer:
         cluster = self.cluster

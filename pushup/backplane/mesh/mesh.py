@@ -1,8 +1,9 @@
 """This node in its cluster: batches in, links out, catching up after a start.
 
 A node applies each origin's messages in sequence order only; a batch that
-would leave a hole is answered 409 with the sequence it expects, and the
-sender resends from there. A node that starts with peers fills its cache
+would leave a hole is answered with the sequence it expects (a hole frame on
+the replication stream, a 409 to the older POST), and the sender resends from
+there. A node that starts with peers fills its cache
 from a live peer's snapshot before it reports healthy; while it catches up it
 answers 503 ``catching_up``. Channel operations travel with the origin's
 messages, stamped with the origin's sequence at the time, and are applied in

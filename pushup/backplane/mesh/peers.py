@@ -1,30 +1,41 @@
-"""Peers out: one link per peer, ordered, batched, authenticated, retried.
+"""Peers out: one link per peer, ordered, pipelined, authenticated, retried.
 
-A link sends this node's own messages to one peer, in sequence order, one
-batched POST in flight at a time (order and back-pressure in one rule). Its
-queue is the store itself: the link only remembers how far the peer has
-confirmed (``after``), so a peer that is down costs no memory beyond the
-cache, and when it returns it is sent what is still retained. Channel
-operations wait in a bounded queue beside it. Failures are link state, shown
-in ``/stats``; they never reach a client.
+A link sends this node's own messages to one peer over one long-lived
+connection (the replication stream, :mod:`pushup.backplane.mesh.stream`):
+batches in sequence order, up to ``WINDOW`` of them unanswered, each answered
+by the peer with an ack (how far it holds us) or a hole (the sequence it
+expects: the link rewinds and resends from there). Its queue is the store
+itself: the link remembers how far the peer has confirmed (``after``) and how
+far it has sent (``_next``), so a peer that is down costs no memory beyond the
+cache. Channel operations wait in a bounded queue beside it. Failures are
+link state, shown in ``/stats``; they never reach a client. Snapshots and
+repair, which are rare, stay signed HTTP requests (``request``).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from twisted.internet import defer
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    connectProtocol,
+)
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.protocols.basic import Int32StringReceiver
 
-from pushup.backplane import ChannelOp
+from pushup.backplane import PEER_BODY_LIMIT, ChannelOp
+from pushup.backplane.mesh.stream import PROOF, nonce, proof, request_head
 from pushup.backplane.mesh.wire import backlog, encode_batch, sign
 from pushup.core.store import Store
 
@@ -32,11 +43,14 @@ log = Logger()
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
-LINGER = 0.003  # an idle link waits this long for more messages before it sends
+WINDOW = 8  # batches sent and not yet answered, at most...
+WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
+LINGER = 0.0  # compatibility: sending is once per reactor turn, no fixed linger
 
 # connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);
-# up: the last exchange succeeded; down: DOWN_AFTER failures in a row;
-# refused: the peer answers 4xx (another cluster secret, or not a PushUp node).
+# up: the last exchange succeeded; down: DOWN_AFTER failures in a row, or a
+# batch unanswered for ``timeout``; refused: the peer does not take our
+# handshake (another cluster secret, or not a PushUp node).
 LinkState = Literal["connecting", "up", "down", "refused"]
 
 
@@ -45,44 +59,74 @@ class PeerError(Exception):
 
 
 class PeerRefused(PeerError):
-    """A peer refuses us (4xx): another cluster secret, or not a PushUp peer URL."""
+    """A peer refuses us: another cluster secret, or not a PushUp peer URL."""
+
+
+class PeerTimeout(PeerError):
+    """A peer holds a batch (or our handshake) unanswered for too long."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A batch on the wire, not yet answered."""
+
+    start: int  # it carries our messages after this sequence...
+    seqs: tuple[int, ...]  # ...these ones
+    ops: tuple[ChannelOp, ...]
+    size: int
+    at: float
 
 
 class PeerLink:
     """This node's link to one peer: sends it our own messages and channel
     operations, in order, and learns how far it holds them.
 
-    - Order: one POST in flight at a time, messages in sequence order, each
-      operation after the messages that came before it; a 409 (a hole at the
-      peer) resends from the sequence it expects.
+    - Order: batches in sequence order on one connection, each operation
+      after the messages that came before it; a hole at the peer rewinds the
+      link to the sequence it expects (operations of unanswered batches go
+      back to the queue, in order). A lost connection rewinds to ``after``.
     - Memory: the queue of messages is the store (what it still holds past
-      ``after``); operations wait in a deque of ``max_ops``, the oldest
-      dropped (and counted) when it is full.
+      ``after``); at most ``WINDOW`` batches (about ``WINDOW_BYTES``) are in
+      flight; operations wait in a deque of ``max_ops``, the oldest dropped
+      (and counted) when it is full.
     - Failure is state, never an exception to the caller: ``state`` moves
-      between connecting, up, down (``DOWN_AFTER`` failures in a row) and
-      refused (a 4xx: another secret, or not a PushUp node), is shown in
-      ``/stats``, and the link retries with backoff until :meth:`stop`.
+      between connecting, up, down (``DOWN_AFTER`` failures in a row, or a
+      batch unanswered for ``timeout``) and refused (the handshake fails:
+      another secret, or not a PushUp node), is shown in ``/stats``, and the
+      link reconnects with backoff until :meth:`stop`.
     - ``on_change`` is told when ``after`` advances or ``state`` changes.
-    - Time: every timer and request timeout is on the injected ``clock``.
+    - Time: every timer is on the injected ``clock``; ``dial`` (a protocol
+      in, a Deferred of its connection out) is the only way out.
     """
 
     def __init__(self, url: str, store: Store, secret: str, http: Any, clock: IReactorTime,
-                 max_ops: int = 10_000, timeout: float = 10.0) -> None:
+                 max_ops: int = 10_000, timeout: float = 10.0,
+                 dial: Callable[[Protocol], defer.Deferred[Any]] | None = None) -> None:
         self.url = url.rstrip("/")
         self.store = store
         self.secret = secret
         self.http = http
         self.clock = clock
         self.timeout = timeout
+        self.dial = dial or _dialer(clock, self.url)
         self.state: LinkState = "connecting"
         self.after = 0  # the peer holds our messages up to this sequence number
         self.sent = 0  # our messages the peer accepted
         self.ops: deque[ChannelOp] = deque(maxlen=max_ops)
         self.dropped_ops = 0
-        self._busy = False
         self._failures = 0
         self._retry_now = False
         self._timer: IDelayedCall | None = None
+        self._flush_call: IDelayedCall | None = None
+        self._stream: _Dial | None = None  # the connection, once dialled
+        self._open = False  # ...and authenticated both ways
+        self._dialled_at = 0.0
+        self._dialling: defer.Deferred[Any] | None = None
+        self._next = 0  # sent up to this sequence number
+        self._window: deque[_Sent] = deque()  # sent, not yet answered, in order
+        self._window_bytes = 0
+        self._stale = 0  # answers still due to batches sent before a rewind
+        self._why: Exception | None = None  # why we closed the connection
         self.stopped = False
         # Told when ``after`` advances or ``state`` changes (the mesh answers
         # publishes waiting for a peer to hold them).
@@ -94,10 +138,12 @@ class PeerLink:
         self._wake(0)
 
     def poke(self) -> None:
-        """New messages or ops: send them soon, batched with what follows within
-        ``LINGER`` (a POST costs far more than a message in it)."""
-        if not self._busy and self._failures == 0:
-            self._wake(LINGER)
+        """New messages or ops: send them on this reactor turn's end, together."""
+        if self._open:
+            if self._flush_call is None:
+                self._flush_call = self.clock.callLater(0, self._flush)
+        elif self._stream is None and self._failures == 0:
+            self._wake(0)
 
     def add_op(self, op: ChannelOp) -> None:
         if len(self.ops) == self.ops.maxlen:
@@ -108,8 +154,12 @@ class PeerLink:
 
     def stop(self) -> None:
         self.stopped = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
+        for call in (self._timer, self._flush_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._flush_call = None
+        if self._stream is not None and self._stream.transport is not None:
+            self._stream.transport.loseConnection()
 
     @property
     def queued(self) -> int:
@@ -118,7 +168,27 @@ class PeerLink:
     def stats(self) -> dict[str, Any]:
         return {"url": self.url, "state": self.state, "queued": self.queued, "sent": self.sent}
 
-    # -- the loop ----------------------------------------------------------
+    @property
+    def settled(self) -> bool:
+        """The peer has confirmed everything we have for it."""
+        return self.queued == 0 and not self._window
+
+    @property
+    def failing(self) -> bool:
+        return self._failures > 0
+
+    def kick(self) -> None:
+        """Try now, whatever the backoff says (draining, or a peer spoke up)."""
+        self._retry_now = True  # if an attempt is under way and fails, retry at once
+        if self._open:
+            self.poke()
+        elif self._stream is None:
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            self._wake(0)
+
+    # -- the loop: connect, watch, heartbeat ---------------------------------
 
     def _wake(self, delay: float) -> None:
         """Run the loop no later than ``delay`` seconds from now."""
@@ -130,72 +200,155 @@ class PeerLink:
             self._timer.cancel()  # e.g. an idle link's heartbeat, seconds away
         self._timer = self.clock.callLater(delay, self._run)
 
-    @property
-    def settled(self) -> bool:
-        """The peer has confirmed everything we have for it."""
-        return self.queued == 0 and not self._busy
-
-    @property
-    def failing(self) -> bool:
-        return self._failures > 0
-
-    def kick(self) -> None:
-        """Try now, whatever the backoff says (draining, or a peer spoke up)."""
-        self._retry_now = True  # if an attempt is under way and fails, retry at once
-        if not self._busy:
-            if self._timer is not None and self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-            self._wake(0)
-
-    @defer.inlineCallbacks
-    def _run(self) -> Any:
+    def _run(self) -> None:
         self._timer = None
-        if self._busy or self.stopped:
+        if self.stopped:
             return
-        self._busy = True
+        now = self.clock.seconds()
+        if self._stream is None:
+            self._connect()
+            return
+        waiting = self._window[0].at if self._window else None if self._open else self._dialled_at
+        if waiting is not None and now - waiting >= self.timeout:
+            self._drop(PeerTimeout(f"no answer within {self.timeout:g} s"))
+            return
+        if self._open and not self._window:
+            self._flush(hello=True)  # a heartbeat: an empty batch, answered
+        self._wake(HEARTBEAT if waiting is None else min(HEARTBEAT, waiting + self.timeout - now))
+
+    def _connect(self) -> None:
+        stream = self._stream = _Dial(self)
+        self._dialled_at = self.clock.seconds()
+        self._why = None
+        d = self._dialling = self.dial(stream)
+        d.addErrback(self._not_connected, stream)
+        self._wake(self.timeout)
+
+    def _not_connected(self, failure: Any, stream: _Dial) -> None:
+        if self._stream is stream:
+            self._stream = None
+            self._failed(failure.value)
+
+    def _drop(self, why: Exception) -> None:
+        """Close the connection; ``_lost`` counts the failure."""
+        stream = self._stream
+        if stream is None:
+            return
+        self._why = why
+        if stream.transport is not None:
+            if isinstance(why, PeerTimeout):  # it reads nothing: nothing more to send
+                stream.transport.abortConnection()  # type: ignore[attr-defined]
+            else:  # what we said last (a refusal) still goes
+                stream.transport.loseConnection()
+        else:  # still dialling: forget it
+            self._stream = None
+            if self._dialling is not None:
+                self._dialling.cancel()
+            self._failed(why)
+
+    # -- the stream, as _Dial tells us -----------------------------------------
+
+    def _lost(self, stream: _Dial, reason: Any) -> None:
+        if stream is not self._stream:
+            return
+        self._stream = None
+        self._open = False
+        ops = [op for sent in self._window for op in sent.ops]
+        self.ops.extendleft(reversed(ops))  # they go again, first and in order
+        self._window.clear()
+        self._window_bytes = 0
+        self._stale = 0
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if not self.stopped:
+            self._failed(self._why or PeerError(f"connection lost: {reason}"))
+
+    def _frame(self, stream: _Dial, frame: bytes) -> None:
+        """A frame from the peer."""
+        if stream is not self._stream:
+            return
+        kind, payload = frame[:1], frame[1:]
         try:
-            while not self.stopped:
-                store = self.store
-                batch = backlog(store, store.origin_name, self.after,
-                                (store.own_seq, store.last_ts))
-                messages = batch.messages
-                # An op is stamped with our seq when it happened: it travels
-                # with (or after) the messages before it.
-                upto = messages[-1].seq if messages else self.after
-                ops: list[ChannelOp] = []
-                while self.ops and self.ops[0].at_seq <= upto and len(ops) < 100:
-                    ops.append(self.ops.popleft())
-                body = encode_batch(replace(batch, ops=tuple(ops)))
-                try:
-                    status, raw = yield self.request("POST", "/peer/messages", body)
-                    reply = json.loads(raw) if status in (200, 409) else raw[:200]
-                except Exception:
-                    self.ops.extendleft(reversed(ops))
-                    raise
-                if status == 409:
-                    self.ops.extendleft(reversed(ops))
-                    expected = int(reply["expected"]) - 1
-                    if expected == self.after:  # what we just sent: no progress
-                        raise PeerError(f"asks again for {expected + 1}")
-                    self._confirmed(expected)
-                    continue
-                if status != 200:
-                    self.ops.extendleft(reversed(ops))
-                    kind = PeerRefused if 400 <= status < 500 else PeerError
-                    raise kind(f"answered {status}: {reply!r}")
-                horizon = int(reply["horizon"])
-                self.sent += sum(1 for m in messages if self.after < m.seq <= horizon)
-                self._up()
-                self._confirmed(horizon)
-                if not self.ops and self.after >= self.store.own_seq:
-                    break  # the peer has everything: no empty POST to say so
+            if kind == b"c" and not self._open:
+                self._challenged(stream, payload)
+            elif kind in (b"a", b"n") and self._open:
+                self._answered(kind, int(payload))
+            elif kind == b"e":
+                text = payload.decode(errors="replace")
+                error = PeerRefused if not self._open or text == "refused" else PeerError
+                raise error(f"it says: {text[:200]}")
+            else:
+                raise PeerError(f"unexpected frame {frame[:20]!r}")
         except Exception as e:
-            self._failed(e)
+            self._drop(e)
+
+    def _challenged(self, stream: _Dial, payload: bytes) -> None:
+        nonce_s, theirs = payload[:-PROOF], payload[-PROOF:]
+        if not _same(theirs, proof(self.secret, b"server", stream.nonce_c, nonce_s)):
+            stream.sendString(b"erefused")  # type: ignore[no-untyped-call]
+            raise PeerRefused("its handshake proof is wrong (another cluster secret?)")
+        stream.sendString(b"p" + proof(self.secret, b"client", nonce_s, stream.nonce_c))  # type: ignore[no-untyped-call]
+        self._open = True
+        self._next = self.after
+        self._flush(hello=True)  # even an empty batch says who we are (our epoch)
+
+    def _answered(self, kind: bytes, value: int) -> None:
+        if self._stale:  # an answer to a batch sent before a rewind
+            self._stale -= 1
+            if kind == b"a" and value > self.after:
+                self._confirmed(value)
+            return
+        sent = self._window.popleft()
+        self._window_bytes -= sent.size
+        if kind == b"n":
+            ops = [op for s in (sent, *self._window) for op in s.ops]
+            self.ops.extendleft(reversed(ops))  # they go again, first and in order
+            if value - 1 == sent.start:  # what we just sent: no progress
+                self._window.clear()
+                self._window_bytes = 0
+                raise PeerError(f"asks again for {value}")
+            self._stale = len(self._window)
+            self._window.clear()
+            self._window_bytes = 0
+            self._confirmed(value - 1)
+            self._next = self.after
         else:
-            self._wake(HEARTBEAT)
-        finally:
-            self._busy = False
+            self.sent += sum(1 for seq in sent.seqs if self.after < seq <= value)
+            self._up()
+            self._confirmed(value)
+        self.poke()
+
+    def _flush(self, hello: bool = False) -> None:
+        """Send what the window has room for (``hello``: at least one batch)."""
+        self._flush_call = None
+        stream = self._stream
+        if not self._open or stream is None:
+            return
+        store = self.store
+        while len(self._window) < WINDOW and (self._window_bytes < WINDOW_BYTES
+                                               or not self._window):
+            batch = backlog(store, store.origin_name, self._next,
+                            (store.own_seq, store.last_ts))
+            messages = batch.messages
+            # An op is stamped with our seq when it happened: it travels
+            # with (or after) the messages before it.
+            upto = messages[-1].seq if messages else self._next
+            ops: list[ChannelOp] = []
+            while self.ops and self.ops[0].at_seq <= upto and len(ops) < 100:
+                ops.append(self.ops.popleft())
+            if not (messages or ops or batch.skip or hello):
+                break
+            hello = False
+            body = encode_batch(replace(batch, ops=tuple(ops)))
+            stream.sendString(b"b" + body)  # type: ignore[no-untyped-call]
+            self._window.append(_Sent(self._next, tuple(m.seq for m in messages), tuple(ops),
+                                      len(body), self.clock.seconds()))
+            self._window_bytes += len(body)
+            self._next = batch.skip[0] if batch.skip is not None else upto
+        if self._window and (self._timer is None or not self._timer.active()
+                             or self._timer.getTime() > self.clock.seconds() + self.timeout):
+            self._wake(self.timeout)
 
     def _confirmed(self, after: int) -> None:
         """The peer holds our messages up to ``after``."""
@@ -223,14 +376,16 @@ class PeerLink:
         self.set_state("up")
         self._failures = 0
 
-    def _failed(self, e: Exception) -> None:
+    def _failed(self, e: BaseException) -> None:
         self._failures += 1
+        if isinstance(e, PeerTimeout):  # it holds what we sent: it is not coming back soon
+            self._failures = max(self._failures, DOWN_AFTER)
         if isinstance(e, PeerRefused):
             self.set_state("refused", e)
         else:
             self.set_state("down" if self._failures >= DOWN_AFTER else "connecting", e)
-        # The first failure after success is often a stale pooled connection:
-        # retry at once; then back off (unless kicked meanwhile).
+        # The first failure after success is often a peer restarting: retry
+        # at once; then back off (unless kicked meanwhile).
         quick = self._failures == 1 or self._retry_now
         self._retry_now = False
         self._wake(0 if quick else min(BACKOFF_MAX, 0.1 * 2 ** self._failures))
@@ -247,6 +402,79 @@ class PeerLink:
                                            reactor=self.clock)
         raw = yield response.content()
         return response.code, raw
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)
+
+
+class _Dial(Int32StringReceiver):
+    """The dialling end of a stream: asks the peer's front for it (HTTP
+    ``Upgrade``), then says hello and hands every frame to its link."""
+
+    MAX_LENGTH = PEER_BODY_LIMIT
+
+    def __init__(self, link: PeerLink) -> None:
+        self.link = link
+        self.nonce_c = nonce()
+        self._head: bytes | None = b""  # the HTTP answer, until it is complete
+
+    def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
+        assert self.transport is not None
+        self.transport.write(request_head(urlsplit(self.link.url).netloc or "peer"))
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        if self._head is None:
+            super().dataReceived(data)  # type: ignore[no-untyped-call]
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > 8192:
+                self.link._frame(self, b"enot a PushUp peer (no HTTP answer)")
+            return
+        head, rest = self._head[:end], self._head[end + 4:]
+        self._head = None
+        status = head.split(b" ", 2)[1:2]
+        if status != [b"101"]:
+            code = int(status[0]) if status and status[0].isdigit() else 0
+            why = f"answered {code} to the stream request"
+            self.link._frame(self, (b"e" if 400 <= code < 500 else b"x") + why.encode())
+            return
+        self.sendString(b"h" + self.nonce_c)  # type: ignore[no-untyped-call]
+        if rest:
+            super().dataReceived(rest)  # type: ignore[no-untyped-call]
+
+    def stringReceived(self, frame: bytes) -> None:  # noqa: N802
+        self.link._frame(self, frame)
+
+    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+        self.link._lost(self, reason)
+
+    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
+        self.link._frame(self, b"xframe too long")
+
+
+def _dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
+    """Dial the peer's HTTP port (IP literals directly: no resolver thread)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+
+    def dial(protocol: Protocol) -> defer.Deferred[Any]:
+        try:
+            version = ipaddress.ip_address(host).version
+        except ValueError:
+            endpoint: Any = HostnameEndpoint(reactor, host, port, timeout=5)
+        else:
+            kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+            endpoint = kind(reactor, host, port, timeout=5)
+        d: defer.Deferred[Any] = connectProtocol(  # type: ignore[no-untyped-call]
+            endpoint, protocol)
+        return d
+
+    return dial
 
 
 class _Endpoints:

@@ -4,8 +4,7 @@ and when a publish is acknowledged (a fake wire into receiving Clusters)."""
 import json
 
 import pytest
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
 from pushup.backplane import Applied, ChannelOp, Hole
@@ -21,6 +20,7 @@ from pushup.core.store import Retention, Store
 from pushup.http.exchange import Pending, Request, Response
 from pushup.http.render import poll_body
 from pushup.ops.node import Node
+from tests.backplane.mesh.pipe import Pipe
 
 S = 1_000_000
 P = "peer.x"
@@ -107,37 +107,8 @@ class _Answer:
         return succeed(self._body)
 
 
-class Wire:
-    """A link's HTTP client, held by the test: each POST waits in ``held``
-    until ``deliver`` hands it to the peer's Cluster; with ``dead`` every
-    request fails at once (a peer that is not running), with ``status`` it is
-    answered that (e.g. 401: a peer with another secret)."""
-
-    def __init__(self, receiver: Cluster) -> None:
-        self.receiver = receiver
-        self.held: list[tuple[Deferred, bytes]] = []
-        self.dead = False
-        self.status = 0
-
-    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
-        if self.dead:
-            return fail(ConnectionRefusedError())
-        if self.status:
-            return succeed(_Answer(self.status, b"{}"))
-        if method == "GET":  # a snapshot: the peer is not serving, start empty
-            return succeed(_Answer(503, b"{}"))
-        if url.endswith("/peer/repair"):  # it holds nothing of a third origin we lack
-            return succeed(_Answer(204, b""))
-        d: Deferred = Deferred()
-        self.held.append((d, data))
-        return d
-
-    def deliver(self) -> None:
-        held, self.held = self.held, []
-        for d, data in held:
-            received = self.receiver.receive(decode_batch(data))
-            assert isinstance(received, Applied), received
-            d.callback(_Answer(200, json.dumps({"horizon": received.horizon}).encode()))
+class Wire(Pipe):
+    """A link's connection to a peer's Cluster, held by the test (see pipe.Pipe)."""
 
 
 def _peer(name: str, clock: Clock, per_channel: int = 100) -> Cluster:
@@ -153,7 +124,7 @@ def mesh(peers: int = 1, **settings) -> tuple[Node, list[Wire]]:
     node = Node(Config(node_id="a", cluster_secret="s", peer=urls, **settings), clock)
     wires = [Wire(_peer(f"p{i}", clock)) for i in range(peers)]
     for link, wire in zip(node.cluster.links, wires, strict=True):
-        link.http = wire
+        link.http, link.dial = wire, wire.dial
     node.start()
     clock.advance(0)  # each link says hello (an empty batch)...
     for wire in wires:
@@ -206,13 +177,13 @@ def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms()
     node, [wire] = mesh()
     order: list[int] = []
     first = publish(node, 1)
-    node.reactor.advance(LINGER)  # the first batch is on the wire: one POST at a time
+    node.reactor.advance(LINGER)  # the first batch is on the wire...
     rest = [publish(node, 2), publish(node, 3, 4)]
     for i, p in enumerate([first, *rest]):
         p.answer.addCallback(lambda r, i=i: order.append(i) or r)
-    wire.deliver()  # confirms the first; the link sends the other two in one batch
-    assert order == [0] and len(wire.held) == 1
-    wire.deliver()
+    node.reactor.advance(0)  # ...and the other two follow it in one batch, unanswered
+    assert order == [] and len(wire.held) == 2
+    wire.deliver()  # both confirmed: answered in order
     assert order == [0, 1, 2] and all(answered(p).status == 201 for p in rest)
 
 
@@ -253,9 +224,7 @@ def test_a_peer_that_refuses_us_does_not_count():
     pending = publish(node, 1)
     node.reactor.advance(LINGER)
     assert node.cluster.links[1].state == "refused" and answered(pending) is None
-    good.dead = True  # the only peer that counts goes down too
-    good.held[0][0].errback(ConnectionRefusedError())
-    good.held.clear()
+    good.dead = True  # the only peer that counts goes down too (its connection drops)
     for _ in range(10):  # the link retries (backoff) before it calls the peer down
         node.reactor.advance(0.1)
     assert node.cluster.links[0].state == "down" and answered(pending).status == 202

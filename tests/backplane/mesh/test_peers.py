@@ -1,13 +1,12 @@
 """PeerLink's own bookkeeping (the link's HTTP behaviour is covered by tests/cluster)."""
 
-import json
-
 from twisted.internet.task import Clock
 
 from pushup.backplane.mesh.peers import PeerLink
 from pushup.config import load
 from pushup.core.model import Draft, Origin
 from pushup.core.store import Retention, Store
+from tests.backplane.mesh.pipe import Pipe
 
 S = 1_000_000
 
@@ -33,37 +32,7 @@ def test_queued_counts_our_messages_the_peer_has_not_confirmed():
     assert peer.queued == 1 and peer.url == "http://127.0.0.1:1"
 
 
-class _Response:
-    def __init__(self, code: int, body: bytes) -> None:
-        self.code, self._body = code, body
-
-    def content(self):  # treq's Response.content
-        from twisted.internet.defer import succeed
-
-        return succeed(self._body)
-
-
-class _Wire:
-    """Stands in for the HTTP client: hands each batch to another node's Cluster."""
-
-    def __init__(self, receiver) -> None:
-        self.receiver = receiver
-        self.posts = 0
-
-    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
-        from twisted.internet.defer import succeed
-
-        from pushup.backplane import Applied
-        from pushup.backplane.mesh.wire import decode_batch
-
-        self.posts += 1
-        received = self.receiver.receive(decode_batch(data))
-        if isinstance(received, Applied):  # as the /peer/messages endpoint answers
-            return succeed(_Response(200, json.dumps({"horizon": received.horizon}).encode()))
-        return succeed(_Response(409, json.dumps({"expected": received.expected}).encode()))
-
-
-def _linked(sender: Store, clock: Clock) -> tuple[Store, _Wire, PeerLink]:
+def _linked(sender: Store, clock: Clock) -> tuple[Store, Pipe, PeerLink]:
     """A started link from ``sender`` to a receiving node's Cluster, run once."""
     from pushup.backplane.mesh.mesh import Cluster
     from pushup.config import Config
@@ -72,10 +41,11 @@ def _linked(sender: Store, clock: Clock) -> tuple[Store, _Wire, PeerLink]:
     receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
     receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
                        clock, http=None)
-    wire = _Wire(receiver)
-    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock)
+    wire = Pipe(receiver)
+    peer = PeerLink("http://b", sender, "s", http=wire, clock=clock, dial=wire.dial)
     peer.start()
     clock.advance(0)
+    wire.deliver()  # handshake, the hello batch, its answer
     return receiver_store, wire, peer
 
 
@@ -98,20 +68,20 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
     assert behind.gap and behind.messages == ()
 
 
-def test_an_idle_link_sends_a_new_message_within_the_linger_not_at_its_heartbeat():
-    from pushup.backplane.mesh.peers import HEARTBEAT, LINGER
+def test_an_idle_link_sends_new_messages_on_this_reactor_turn_in_one_batch():
+    from pushup.backplane.mesh.peers import HEARTBEAT
 
     clock = Clock()
     clock.advance(1_700_000_000)
     sender = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("a", 0))
     receiver_store, wire, peer = _linked(sender, clock)  # idle now: next run, the heartbeat
-    assert LINGER < HEARTBEAT
     posts = wire.posts
     sender.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], int(clock.seconds() * S))
     peer.poke()
     peer.poke()
-    clock.advance(LINGER)
-    assert receiver_store.origins.horizon_of(sender.origin_name) == 2
+    clock.advance(0)  # no linger: the end of this turn, long before HEARTBEAT
+    wire.deliver()
+    assert receiver_store.origins.horizon_of(sender.origin_name) == 2 and HEARTBEAT > 0
     assert wire.posts == posts + 1  # one batch carrying both
 
 

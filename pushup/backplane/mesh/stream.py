@@ -1,0 +1,120 @@
+"""The replication stream's frames and its receiving end.
+
+One long-lived connection per link carries Int32-length-prefixed frames
+(Twisted's ``Int32StringReceiver``; no parser of ours). A frame's first byte
+says what it is:
+
+- ``h`` nonce_c: the dialing node's hello (16 fresh random bytes);
+- ``c`` nonce_s proof: the answering node's challenge and its proof,
+  HMAC(secret, "server" | nonce_c | nonce_s);
+- ``p`` proof: the dialing node's proof, HMAC(secret, "client" | nonce_s | nonce_c);
+- ``b`` batch: a batch of the dialer's own messages and ops (``wire.encode_batch``);
+- ``a`` horizon / ``n`` expected: the answer to each batch, in order (an ack
+  with how far we hold its origin, or a hole with the sequence we expect);
+- ``e`` reason: the sender refuses or fails; the connection closes after it.
+
+Both sides bring a fresh nonce, so a recorded handshake replayed is refused;
+the secret never travels. This module reads no clock; its socket is the one
+the HTTP front hands over after ``101 Switching Protocols``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from typing import Protocol
+
+from twisted.logger import Logger
+from twisted.protocols.basic import Int32StringReceiver
+
+from pushup.backplane import PEER_BODY_LIMIT, Applied, Received
+from pushup.backplane.mesh.wire import Batch, decode_batch
+from pushup.core.errors import PushUpError
+
+log = Logger()
+NONCE = 16
+PROOF = 32
+UPGRADE = b"pushup-peer"
+PATH = "/peer/stream"
+
+
+def nonce() -> bytes:
+    return os.urandom(NONCE)
+
+
+def proof(secret: str, role: bytes, first: bytes, second: bytes) -> bytes:
+    """HMAC-SHA256 over a role and both nonces: a proof for this handshake only."""
+    return hmac.new(secret.encode(), role + b"|" + first + b"|" + second, hashlib.sha256).digest()
+
+
+def answer_frame(received: Received) -> bytes:
+    if isinstance(received, Applied):
+        return b"a%d" % received.horizon
+    return b"n%d" % received.expected
+
+
+def request_head(host: str) -> bytes:
+    """The HTTP request that asks a peer's front for the stream."""
+    return (f"GET {PATH} HTTP/1.1\r\nHost: {host}\r\nUpgrade: pushup-peer\r\n"
+            "Connection: Upgrade\r\n\r\n").encode()
+
+
+class Receiver(Protocol):
+    """What the receiving end needs of its node (the mesh's ``Cluster``)."""
+
+    secret: str
+    refused: int
+
+    def receive(self, batch: Batch) -> Received: ...
+
+
+class PeerStream(Int32StringReceiver):
+    """A peer's stream into this node: handshake, then batches in, answers out.
+
+    Nothing is applied before the dialer has proven it holds the secret; a
+    bad or replayed proof, or any frame out of turn, is counted in the node's
+    ``refused`` and closes the connection. Each batch is answered once, in
+    order; a batch the node cannot take now (catching up, malformed) is
+    answered ``e`` and the connection closes (the dialer retries).
+    """
+
+    MAX_LENGTH = PEER_BODY_LIMIT
+
+    def __init__(self, node: Receiver) -> None:
+        self.node = node
+        self.state = "hello"  # hello -> proof -> open -> closed
+        self._nonce_c = b""
+        self._nonce_s = b""
+
+    def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
+        kind, payload = frame[:1], frame[1:]
+        if self.state == "open" and kind == b"b":
+            try:
+                received = self.node.receive(decode_batch(payload))
+            except PushUpError as e:
+                self._close(b"e" + str(e).encode())
+                return
+            self.sendString(answer_frame(received))  # type: ignore[no-untyped-call]
+        elif self.state == "hello" and kind == b"h" and len(payload) == NONCE:
+            self._nonce_c, self._nonce_s = payload, nonce()
+            self.state = "proof"
+            self.sendString(b"c" + self._nonce_s  # type: ignore[no-untyped-call]
+                            + proof(self.node.secret, b"server", self._nonce_c, self._nonce_s))
+        elif (self.state == "proof" and kind == b"p" and hmac.compare_digest(
+                payload, proof(self.node.secret, b"client", self._nonce_s, self._nonce_c))):
+            self.state = "open"
+        elif self.state != "closed":
+            self.node.refused += 1
+            log.warn("a peer stream was refused: {kind!r} while {state}",
+                     kind=kind, state=self.state)
+            self._close(b"erefused")
+
+    def _close(self, frame: bytes) -> None:
+        self.state = "closed"
+        self.sendString(frame)  # type: ignore[no-untyped-call]
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
+        self._close(b"eframe too long")

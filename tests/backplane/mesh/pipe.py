@@ -1,0 +1,124 @@
+"""A link's connection to a peer, held by the test: the link's ``dial``
+connects its stream to the peer's ``PeerStream`` over two StringTransports,
+and nothing crosses until ``deliver``. With ``dead`` the connection drops and
+every dial fails (a peer that is not running); with ``status`` it drops and
+the peer's front answers the stream request that (e.g. 401: no mesh there)."""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.defer import fail, succeed
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from pushup.backplane.mesh.stream import PeerStream
+
+SWITCHED = (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: pushup-peer\r\n"
+            b"Connection: Upgrade\r\n\r\n")
+
+
+def frames(data: bytes) -> list[bytes]:
+    out = []
+    while len(data) >= 4:
+        (n,) = struct.unpack("!I", data[:4])
+        out.append(data[4:4 + n])
+        data = data[4 + n:]
+    return out
+
+
+class Pipe:
+    def __init__(self, receiver) -> None:
+        self.receiver = receiver
+        self._dead = False
+        self._status = 0
+        self.client = self.server = None
+        self.ct = self.st = None
+        self.posts = 0  # batches delivered to the peer
+        self.dials = 0
+
+    def dial(self, protocol):
+        self.dials += 1
+        if self._dead:
+            return fail(ConnectionRefusedError())
+        self.client, self.ct = protocol, StringTransport()
+        protocol.makeConnection(self.ct)
+        self.ct.clear()  # the stream request: the peer's front reads it
+        if self._status:
+            protocol.dataReceived(b"HTTP/1.1 %d No\r\nContent-Length: 0\r\n\r\n" % self._status)
+            self._lose()
+            return succeed(protocol)
+        self.server, self.st = PeerStream(self.receiver), StringTransport()
+        self.server.makeConnection(self.st)
+        protocol.dataReceived(SWITCHED)
+        return succeed(protocol)
+
+    @property
+    def held(self) -> list[bytes]:
+        """Batches the link sent that the peer has not read yet."""
+        if self.ct is None:
+            return []
+        return [f for f in frames(self.ct.value()) if f[:1] == b"b"]
+
+    def deliver(self) -> None:
+        """Let everything cross, both ways, until the line is quiet."""
+        while self.ct is not None:
+            up, down = self.ct.value(), self.st.value() if self.st is not None else b""
+            self.ct.clear()
+            if self.st is not None:
+                self.st.clear()
+            if not (up or down):
+                break
+            if up and self.server is not None:
+                self.posts += sum(1 for f in frames(up) if f[:1] == b"b")
+                self.server.dataReceived(up)
+            if down:
+                self.client.dataReceived(down)
+        if self.ct is not None and (self.ct.disconnecting
+                                    or (self.st is not None and self.st.disconnecting)):
+            self._lose()
+
+    def notice(self) -> None:
+        """The link closed or aborted its end: the connection is lost (nothing crosses)."""
+        if self.ct is not None and self.ct.disconnecting:
+            self._lose()
+
+    def _lose(self) -> None:
+        client, server = self.client, self.server
+        self.client = self.server = self.ct = self.st = None
+        if server is not None:
+            server.connectionLost(Failure(ConnectionDone()))
+        if client is not None:
+            client.connectionLost(Failure(ConnectionDone()))
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    @dead.setter
+    def dead(self, value: bool) -> None:
+        self._dead = value
+        if value:
+            self._lose()
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @status.setter
+    def status(self, value: int) -> None:
+        self._status = value
+        self._lose()
+
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+        """Snapshots and repair stay HTTP: the peer is not serving / holds nothing."""
+        from tests.backplane.mesh.test_mesh import _Answer
+
+        if self._dead:
+            return fail(ConnectionRefusedError())
+        if self._status:
+            return succeed(_Answer(self._status, b"{}"))
+        if method == "GET":
+            return succeed(_Answer(503, b"{}"))
+        return succeed(_Answer(204, b""))

@@ -1,0 +1,240 @@
+"""The replication stream: frames, its handshake, its window, its failures.
+
+The receiving end is driven with bytes on a StringTransport; a link talks to
+a peer's ``PeerStream`` through ``pipe.Pipe`` (nothing crosses until the test
+says so)."""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from pushup.backplane import ChannelOp
+from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.peers import WINDOW, PeerLink
+from pushup.backplane.mesh.stream import PeerStream, proof, request_head
+from pushup.backplane.mesh.wire import backlog, encode_batch
+from pushup.config import Config
+from pushup.core.cursor import Cursor
+from pushup.core.model import Draft, Origin, Query
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+from pushup.ops.node import Node
+from tests.backplane.mesh.pipe import Pipe, frames
+
+S = 1_000_000
+NONCE_C = b"c" * 16
+
+
+def _store(name: str) -> Store:
+    return Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 0))
+
+
+def _cluster(clock: Clock, name: str = "b", secret: str = "s") -> Cluster:
+    return Cluster(Service(_store(name), clock, 120), Config(cluster_secret=secret), clock,
+                   http=None)
+
+
+def _clock() -> Clock:
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    return clock
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack("!I", len(payload)) + payload
+
+
+def _published(store: Store, clock: Clock, n: int, channel: str = "x") -> None:
+    for i in range(n):
+        store.publish([Draft((channel,), b"%d" % i)], int(clock.seconds() * S))
+
+
+def _held(store: Store, channel: str = "x") -> list[bytes]:
+    """The data of the messages ``store`` holds on ``channel``, in order."""
+    result = store.query(Query((channel,), Cursor(()), None, 10_000))
+    return [m.data_json for m in result.messages]
+
+
+def _linked(clock: Clock, secret: str = "s", receiver_secret: str = "s"):
+    sender = _store("a")
+    receiver = _cluster(clock, secret=receiver_secret)
+    pipe = Pipe(receiver)
+    link = PeerLink("http://b", sender, secret, http=pipe, clock=clock, dial=pipe.dial)
+    return sender, receiver, pipe, link
+
+
+# -- frames split at every byte -------------------------------------------------
+
+
+def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order():
+    """The HTTP front reads the stream request, switches the connection to the
+    mesh's stream, and every byte after it (head, handshake, three batches and
+    a channel op) arrives alone."""
+    clock = _clock()
+    node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",)), clock)
+    node.cluster.ready = True
+    transport = StringTransport()
+    http = node.front.buildProtocol(None)
+    transport.protocol = http
+    http.makeConnection(transport)
+
+    def feed(data: bytes) -> None:
+        for i in range(len(data)):
+            transport.protocol.dataReceived(data[i:i + 1])
+
+    feed(request_head("b") + frame(b"h" + NONCE_C))
+    head, _, rest = transport.value().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 ") and isinstance(transport.protocol, PeerStream)
+    [challenge] = frames(rest)
+    nonce_s = challenge[1:17]
+    assert challenge[17:] == proof("s", b"server", NONCE_C, nonce_s)
+    transport.clear()
+    sender = _store("a")
+    _published(sender, clock, 5)
+    stream = frame(b"p" + proof("s", b"client", nonce_s, NONCE_C))
+    for after in (0, 2, 4):
+        batch = backlog(sender, sender.origin_name, after, (sender.own_seq, sender.last_ts))
+        batch = type(batch)(batch.origin, batch.first, batch.messages[:2], batch.ops)
+        if after == 4:
+            batch = type(batch)(batch.origin, batch.first, batch.messages,
+                                (ChannelOp("delete", "gone", 5),))
+        stream += frame(b"b" + encode_batch(batch))
+    feed(stream)
+    assert frames(transport.value()) == [b"a2", b"a4", b"a5"]
+    assert _held(node.service.store) == [b"0", b"1", b"2", b"3", b"4"]
+    assert node.cluster.refused == 0
+
+
+def test_a_node_without_a_mesh_refuses_the_stream_request_as_any_peer_request():
+    node = Node(Config(node_id="b"), _clock())
+    transport = StringTransport()
+    http = node.front.buildProtocol(None)
+    transport.protocol = http
+    http.makeConnection(transport)
+    http.dataReceived(request_head("b") + frame(b"h" + NONCE_C))
+    assert transport.value().startswith(b"HTTP/1.1 401 ")
+    assert transport.protocol is http
+
+
+# -- the handshake -------------------------------------------------------------------
+
+
+def test_a_link_with_another_secret_is_refused_and_nothing_is_applied():
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock, secret="other")
+    _published(sender, clock, 3)
+    link.start()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.state == "refused" and receiver.refused == 1
+    assert receiver.store.message_count == 0 and link.after == 0
+
+
+def test_a_replayed_handshake_is_refused_and_nothing_is_applied():
+    """What a good peer sent (hello, proof, a batch) replayed on a new
+    connection: the new challenge has a fresh nonce, the old proof fails."""
+    clock = _clock()
+    receiver = _cluster(clock)
+    sender = _store("a")
+    _published(sender, clock, 2)
+    first, wire = PeerStream(receiver), StringTransport()
+    first.makeConnection(wire)
+    recorded = frame(b"h" + NONCE_C)
+    first.dataReceived(recorded)
+    nonce_s = frames(wire.value())[0][1:17]
+    recorded += frame(b"p" + proof("s", b"client", nonce_s, NONCE_C))
+    batch = backlog(sender, sender.origin_name, 0, (2, sender.last_ts))
+    recorded += frame(b"b" + encode_batch(batch))
+    first.dataReceived(recorded[len(frame(b"h" + NONCE_C)):])
+    assert frames(wire.value())[-1] == b"a2"  # the genuine connection: applied
+    again = _cluster(clock)  # a node that never saw the genuine connection
+    replay, wire2 = PeerStream(again), StringTransport()
+    replay.makeConnection(wire2)
+    replay.dataReceived(recorded)
+    assert frames(wire2.value())[-1] == b"erefused" and wire2.disconnecting
+    assert again.refused == 1 and again.store.message_count == 0
+    assert not any(f[:1] in (b"a", b"n") for f in frames(wire2.value()))
+
+
+# -- the window: a reconnect in the middle of it, a peer that stops reading -------
+
+
+def test_a_reconnect_in_the_middle_of_a_window_loses_nothing_and_repeats_nothing():
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.state == "up"
+    for i in range(4):  # four batches in flight, one per reactor turn
+        _published(sender, clock, 3)
+        if i == 3:
+            link.add_op(ChannelOp("delete", "gone", sender.own_seq))
+        link.poke()
+        clock.advance(0)
+    assert len(pipe.held) == 4 and len(link._window) == 4
+    # The peer reads the first two batches, answers them; the connection
+    # breaks before the answers arrive.
+    sent = pipe.ct.value()
+    two = sum(4 + len(f) for f in frames(sent)[:2])
+    pipe.server.dataReceived(sent[:two])
+    assert receiver.store.origins.horizon_of(sender.origin_name) == 6
+    pipe.ct.clear()
+    pipe.dead = True
+    assert link.after == 0 and link.state == "connecting" and not link._window
+    pipe.dead = False
+    clock.advance(0)  # the first failure after success: reconnect at once
+    pipe.deliver()
+    assert link.state == "up" and link.after == 12 and link.settled
+    assert _held(receiver.store) == [b"%d" % (i % 3) for i in range(12)]
+    assert receiver.store.message_count == 12
+
+
+def test_a_peer_that_stops_reading_holds_a_window_at_most_and_is_down_after_the_timeout():
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    pipe.deliver()
+    for _ in range(50):  # the peer reads nothing from now on
+        _published(sender, clock, 10)
+        link.poke()
+        clock.advance(0)
+    assert len(pipe.held) == WINDOW and len(link._window) == WINDOW
+    assert link.queued == 500 and link.state == "up"
+    clock.advance(link.timeout)
+    assert pipe.ct.disconnecting  # the link aborts the connection...
+    pipe.notice()
+    assert link.state == "down" and pipe.ct is None  # ...and calls the peer down
+    assert link.after == 0 and not link._window
+
+
+def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_order(
+        monkeypatch):
+    """A peer that lost our history (a fresh node behind the same URL) answers
+    each of three pipelined batches with a hole: the link rewinds once, to
+    what it expects, ignores the answers to the other two, and resends."""
+    monkeypatch.setattr("pushup.backplane.mesh.wire.BATCH", 2)
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    _published(sender, clock, 5)
+    link.poke()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 5 and receiver.store.message_count == 5
+    pipe.dead = True
+    pipe.receiver = fresh = _cluster(clock)
+    pipe.dead = False
+    _published(sender, clock, 6)
+    clock.advance(0)  # reconnect at once
+    pipe.deliver()  # the handshake; three batches out, three holes back
+    assert link.after == 0 and link._stale == 0 and fresh.store.message_count == 0
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 11 and link.settled and link.state == "up"
+    assert _held(fresh.store) == [b"%d" % i for i in range(5)] + [b"%d" % i for i in range(6)]
