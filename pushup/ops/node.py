@@ -23,9 +23,9 @@ from twisted.logger import Logger
 
 from pushup.backplane import Alone, Backplane
 from pushup.backplane.disk import DataDir, Durable
+from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Cluster
-from pushup.backplane.mesh.peers import http_client
 from pushup.config import Config
 from pushup.core.model import Origin, default_node_id
 from pushup.core.service import Service

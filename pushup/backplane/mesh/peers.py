@@ -14,28 +14,21 @@ repair, which are rare, stay signed HTTP requests (``request``).
 
 from __future__ import annotations
 
-import ipaddress
+import hmac
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from twisted.internet import defer
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    connectProtocol,
-)
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.protocols.basic import Int32StringReceiver
 
-from pushup.backplane import PEER_BODY_LIMIT, ChannelOp
-from pushup.backplane.mesh.stream import PROOF, nonce, proof, request_head
+from pushup.backplane import ChannelOp
+from pushup.backplane.mesh.dial import Dial, dialer
+from pushup.backplane.mesh.stream import PROOF, proof
 from pushup.backplane.mesh.wire import backlog, encode_batch, sign
 from pushup.core.store import Store
 
@@ -45,7 +38,6 @@ BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
 WINDOW = 8  # batches sent and not yet answered, at most...
 WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
-LINGER = 0.0  # compatibility: sending is once per reactor turn, no fixed linger
 
 # connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);
 # up: the last exchange succeeded; down: DOWN_AFTER failures in a row, or a
@@ -108,7 +100,7 @@ class PeerLink:
         self.http = http
         self.clock = clock
         self.timeout = timeout
-        self.dial = dial or _dialer(clock, self.url)
+        self.dial = dial or dialer(clock, self.url)
         self.state: LinkState = "connecting"
         self.after = 0  # the peer holds our messages up to this sequence number
         self.sent = 0  # our messages the peer accepted
@@ -118,7 +110,7 @@ class PeerLink:
         self._retry_now = False
         self._timer: IDelayedCall | None = None
         self._flush_call: IDelayedCall | None = None
-        self._stream: _Dial | None = None  # the connection, once dialled
+        self._stream: Dial | None = None  # the connection, once dialled
         self._open = False  # ...and authenticated both ways
         self._dialled_at = 0.0
         self._dialling: defer.Deferred[Any] | None = None
@@ -217,20 +209,20 @@ class PeerLink:
         self._wake(HEARTBEAT if waiting is None else min(HEARTBEAT, waiting + self.timeout - now))
 
     def _connect(self) -> None:
-        stream = self._stream = _Dial(self)
+        stream = self._stream = Dial(self)
         self._dialled_at = self.clock.seconds()
         self._why = None
         d = self._dialling = self.dial(stream)
         d.addErrback(self._not_connected, stream)
         self._wake(self.timeout)
 
-    def _not_connected(self, failure: Any, stream: _Dial) -> None:
+    def _not_connected(self, failure: Any, stream: Dial) -> None:
         if self._stream is stream:
             self._stream = None
             self._failed(failure.value)
 
     def _drop(self, why: Exception) -> None:
-        """Close the connection; ``_lost`` counts the failure."""
+        """Close the connection; ``stream_lost`` counts the failure."""
         stream = self._stream
         if stream is None:
             return
@@ -246,9 +238,9 @@ class PeerLink:
                 self._dialling.cancel()
             self._failed(why)
 
-    # -- the stream, as _Dial tells us -----------------------------------------
+    # -- the stream, as Dial tells us -----------------------------------------
 
-    def _lost(self, stream: _Dial, reason: Any) -> None:
+    def stream_lost(self, stream: Dial, reason: Any) -> None:
         if stream is not self._stream:
             return
         self._stream = None
@@ -264,7 +256,7 @@ class PeerLink:
         if not self.stopped:
             self._failed(self._why or PeerError(f"connection lost: {reason}"))
 
-    def _frame(self, stream: _Dial, frame: bytes) -> None:
+    def stream_frame(self, stream: Dial, frame: bytes) -> None:
         """A frame from the peer."""
         if stream is not self._stream:
             return
@@ -283,9 +275,9 @@ class PeerLink:
         except Exception as e:
             self._drop(e)
 
-    def _challenged(self, stream: _Dial, payload: bytes) -> None:
+    def _challenged(self, stream: Dial, payload: bytes) -> None:
         nonce_s, theirs = payload[:-PROOF], payload[-PROOF:]
-        if not _same(theirs, proof(self.secret, b"server", stream.nonce_c, nonce_s)):
+        if not hmac.compare_digest(theirs, proof(self.secret, b"server", stream.nonce_c, nonce_s)):
             stream.sendString(b"erefused")  # type: ignore[no-untyped-call]
             raise PeerRefused("its handshake proof is wrong (another cluster secret?)")
         stream.sendString(b"p" + proof(self.secret, b"client", nonce_s, stream.nonce_c))  # type: ignore[no-untyped-call]
@@ -402,111 +394,3 @@ class PeerLink:
                                            reactor=self.clock)
         raw = yield response.content()
         return response.code, raw
-
-
-def _same(a: bytes, b: bytes) -> bool:
-    import hmac
-
-    return hmac.compare_digest(a, b)
-
-
-class _Dial(Int32StringReceiver):
-    """The dialling end of a stream: asks the peer's front for it (HTTP
-    ``Upgrade``), then says hello and hands every frame to its link."""
-
-    MAX_LENGTH = PEER_BODY_LIMIT
-
-    def __init__(self, link: PeerLink) -> None:
-        self.link = link
-        self.nonce_c = nonce()
-        self._head: bytes | None = b""  # the HTTP answer, until it is complete
-
-    def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
-        assert self.transport is not None
-        self.transport.write(request_head(urlsplit(self.link.url).netloc or "peer"))
-
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802
-        if self._head is None:
-            super().dataReceived(data)  # type: ignore[no-untyped-call]
-            return
-        self._head += data
-        end = self._head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._head) > 8192:
-                self.link._frame(self, b"enot a PushUp peer (no HTTP answer)")
-            return
-        head, rest = self._head[:end], self._head[end + 4:]
-        self._head = None
-        status = head.split(b" ", 2)[1:2]
-        if status != [b"101"]:
-            code = int(status[0]) if status and status[0].isdigit() else 0
-            why = f"answered {code} to the stream request"
-            self.link._frame(self, (b"e" if 400 <= code < 500 else b"x") + why.encode())
-            return
-        self.sendString(b"h" + self.nonce_c)  # type: ignore[no-untyped-call]
-        if rest:
-            super().dataReceived(rest)  # type: ignore[no-untyped-call]
-
-    def stringReceived(self, frame: bytes) -> None:  # noqa: N802
-        self.link._frame(self, frame)
-
-    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
-        self.link._lost(self, reason)
-
-    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
-        self.link._frame(self, b"xframe too long")
-
-
-def _dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
-    """Dial the peer's HTTP port (IP literals directly: no resolver thread)."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-
-    def dial(protocol: Protocol) -> defer.Deferred[Any]:
-        try:
-            version = ipaddress.ip_address(host).version
-        except ValueError:
-            endpoint: Any = HostnameEndpoint(reactor, host, port, timeout=5)
-        else:
-            kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-            endpoint = kind(reactor, host, port, timeout=5)
-        d: defer.Deferred[Any] = connectProtocol(  # type: ignore[no-untyped-call]
-            endpoint, protocol)
-        return d
-
-    return dial
-
-
-class _Endpoints:
-    """Connect to IP literals directly: Agent's default (HostnameEndpoint)
-    resolves in a thread and staggers attempts, so even a refused connection
-    to 127.0.0.1 takes a few hundred milliseconds to be reported."""
-
-    def __init__(self, reactor: Any) -> None:
-        self.reactor = reactor
-
-    def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 (Twisted's interface)
-        host = uri.host.decode() if isinstance(uri.host, bytes) else uri.host
-        try:
-            version = ipaddress.ip_address(host).version
-        except ValueError:
-            return HostnameEndpoint(self.reactor, host, uri.port, timeout=5)
-        kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-        return kind(self.reactor, host, uri.port, timeout=5)
-
-
-def http_client(reactor: Any) -> Any:
-    """A treq client with its own pool; idle connections close before the
-    peer's 60 s idle timeout would (Twisted issue #7843)."""
-    from treq.client import HTTPClient
-    from twisted.web.client import Agent
-
-    from pushup._twisted import quiet_pool
-
-    pool = quiet_pool(reactor)
-    pool.maxPersistentPerHost = 2
-    pool.cachedConnectionTimeout = 30
-    agent = Agent.usingEndpointFactory(  # type: ignore[no-untyped-call]
-        reactor, _Endpoints(reactor), pool=pool)
-    return HTTPClient(agent)
-

@@ -9,7 +9,6 @@ from twisted.internet.task import Clock
 
 from pushup.backplane import Applied, ChannelOp, Hole
 from pushup.backplane.mesh.mesh import Cluster
-from pushup.backplane.mesh.peers import LINGER
 from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair
 from pushup.config import Config
 from pushup.core.cursor import Cursor
@@ -152,7 +151,7 @@ def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
     node, [wire] = mesh()
     pending = publish(node, 1, 2)
     assert isinstance(pending, Pending) and answered(pending) is None
-    node.reactor.advance(LINGER)  # the link sends the batch...
+    node.reactor.advance(0)  # the link sends the batch...
     assert len(wire.held) == 1 and answered(pending) is None  # ...not confirmed yet
     wire.deliver()
     assert answered(pending).status == 201
@@ -168,7 +167,7 @@ def test_with_publish_ack_local_the_201_comes_at_once():
 def test_the_first_of_two_peers_to_hold_it_is_enough():
     node, [slow, fast] = mesh(peers=2)
     pending = publish(node, 1)
-    node.reactor.advance(LINGER)
+    node.reactor.advance(0)
     fast.deliver()
     assert answered(pending).status == 201 and len(slow.held) == 1
 
@@ -177,7 +176,7 @@ def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms()
     node, [wire] = mesh()
     order: list[int] = []
     first = publish(node, 1)
-    node.reactor.advance(LINGER)  # the first batch is on the wire...
+    node.reactor.advance(0)  # the first batch is on the wire...
     rest = [publish(node, 2), publish(node, 3, 4)]
     for i, p in enumerate([first, *rest]):
         p.answer.addCallback(lambda r, i=i: order.append(i) or r)
@@ -222,7 +221,7 @@ def test_a_peer_that_refuses_us_does_not_count():
     node, [good, refusing] = mesh(peers=2)
     refusing.status = 401
     pending = publish(node, 1)
-    node.reactor.advance(LINGER)
+    node.reactor.advance(0)
     assert node.cluster.links[1].state == "refused" and answered(pending) is None
     good.dead = True  # the only peer that counts goes down too (its connection drops)
     for _ in range(10):  # the link retries (backoff) before it calls the peer down
@@ -241,14 +240,14 @@ def test_a_node_without_peers_acknowledges_at_once():
 def test_with_publish_ack_all_every_live_peer_must_hold_it_but_a_down_one_is_not_waited_for():
     node, [first, second] = mesh(peers=2, publish_ack="all")
     pending = publish(node, 1)
-    node.reactor.advance(LINGER)
+    node.reactor.advance(0)
     first.deliver()
     assert answered(pending) is None  # the second peer does not hold it yet
     second.deliver()
     assert answered(pending).status == 201
     second.dead = True
     pending = publish(node, 2)
-    node.reactor.advance(LINGER)
+    node.reactor.advance(0)
     first.deliver()
     assert node.cluster.links[1].state == "connecting" and answered(pending) is None
     for _ in range(10):  # the second peer is called down: the first one is enough now

@@ -1,0 +1,139 @@
+"""Dialling a peer: the connection a link's stream and its HTTP requests ride on.
+
+``Dial`` is the dialling end of the replication stream: it asks the peer's
+front for the stream (HTTP ``Upgrade``), says hello, and hands every frame
+and the loss of the connection to its link (:mod:`pushup.backplane.mesh.peers`),
+which owns every decision. ``http_client`` is the treq client for the rare
+signed requests (snapshots, repair). Both connect to an IP literal directly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+from typing import Protocol as TypingProtocol
+from urllib.parse import urlsplit
+
+from twisted.internet import defer
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    connectProtocol,
+)
+from twisted.internet.protocol import Protocol
+from twisted.protocols.basic import Int32StringReceiver
+
+from pushup.backplane import PEER_BODY_LIMIT
+from pushup.backplane.mesh.stream import nonce, request_head
+
+
+class DialingLink(TypingProtocol):
+    """What a ``Dial`` needs of its link (``PeerLink``)."""
+
+    url: str
+
+    def stream_frame(self, stream: Dial, frame: bytes) -> None: ...
+
+    def stream_lost(self, stream: Dial, reason: Any) -> None: ...
+
+
+def endpoint_for(reactor: Any, host: str, port: int) -> Any:
+    """A client endpoint; an IP literal directly (Twisted's HostnameEndpoint
+    resolves in a thread and staggers attempts, so even a refused connection
+    to 127.0.0.1 takes a few hundred milliseconds to be reported)."""
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return HostnameEndpoint(reactor, host, port, timeout=5)
+    kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+    return kind(reactor, host, port, timeout=5)
+
+
+class Dial(Int32StringReceiver):
+    """The dialling end of a stream: asks the peer's front for it (HTTP
+    ``Upgrade``), then says hello and hands every frame to its link."""
+
+    MAX_LENGTH = PEER_BODY_LIMIT
+
+    def __init__(self, link: DialingLink) -> None:
+        self.link = link
+        self.nonce_c = nonce()
+        self._head: bytes | None = b""  # the HTTP answer, until it is complete
+
+    def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
+        assert self.transport is not None
+        self.transport.write(request_head(urlsplit(self.link.url).netloc or "peer"))
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        if self._head is None:
+            super().dataReceived(data)  # type: ignore[no-untyped-call]
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > 8192:
+                self.link.stream_frame(self, b"enot a PushUp peer (no HTTP answer)")
+            return
+        head, rest = self._head[:end], self._head[end + 4:]
+        self._head = None
+        status = head.split(b" ", 2)[1:2]
+        if status != [b"101"]:
+            code = int(status[0]) if status and status[0].isdigit() else 0
+            why = f"answered {code} to the stream request"
+            self.link.stream_frame(self, (b"e" if 400 <= code < 500 else b"x") + why.encode())
+            return
+        self.sendString(b"h" + self.nonce_c)  # type: ignore[no-untyped-call]
+        if rest:
+            super().dataReceived(rest)  # type: ignore[no-untyped-call]
+
+    def stringReceived(self, frame: bytes) -> None:  # noqa: N802
+        self.link.stream_frame(self, frame)
+
+    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+        self.link.stream_lost(self, reason)
+
+    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
+        self.link.stream_frame(self, b"xframe too long")
+
+
+def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
+    """Dial the peer's HTTP port (IP literals directly: no resolver thread)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+
+    def dial(protocol: Protocol) -> defer.Deferred[Any]:
+        d: defer.Deferred[Any] = connectProtocol(  # type: ignore[no-untyped-call]
+            endpoint_for(reactor, host, port), protocol)
+        return d
+
+    return dial
+
+
+class _Endpoints:
+    """Agent's endpoints, by ``endpoint_for``."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+
+    def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 (Twisted's interface)
+        host = uri.host.decode() if isinstance(uri.host, bytes) else uri.host
+        return endpoint_for(self.reactor, host, uri.port)
+
+
+def http_client(reactor: Any) -> Any:
+    """A treq client with its own pool; idle connections close before the
+    peer's 60 s idle timeout would (Twisted issue #7843)."""
+    from treq.client import HTTPClient
+    from twisted.web.client import Agent
+
+    from pushup._twisted import quiet_pool
+
+    pool = quiet_pool(reactor)
+    pool.maxPersistentPerHost = 2
+    pool.cachedConnectionTimeout = 30
+    agent = Agent.usingEndpointFactory(  # type: ignore[no-untyped-call]
+        reactor, _Endpoints(reactor), pool=pool)
+    return HTTPClient(agent)
+
