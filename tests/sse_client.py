@@ -8,6 +8,7 @@ import json
 import socket
 import time
 import urllib.parse
+from collections.abc import Callable
 
 
 class SSE:
@@ -23,23 +24,18 @@ class SSE:
 
     def events(self, n: int, guard: float = 15.0) -> list[dict[str, str]]:
         """Read until ``n`` message or gap events have come (hang guard ``guard`` s)."""
-        deadline = time.monotonic() + guard
-        while True:
-            got = [e for e in self._parse() if e.get("event", "message") in ("message", "gap")]
-            if len(got) >= n:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"hang guard: {len(got)} of {n} events in {guard} s")
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                return got
-            self.buf += chunk
+        return self._read_until(n, guard, lambda e: e.get("event", "message") in ("message", "gap"))
 
     def all_events(self, n: int, guard: float = 15.0) -> list[dict[str, str]]:
         """Read until ``n`` events of any kind have come (hang guard ``guard`` s)."""
+        return self._read_until(n, guard, lambda e: True)
+
+    def _read_until(self, n: int, guard: float,
+                    counted: Callable[[dict[str, str]], bool]) -> list[dict[str, str]]:
+        """The events ``counted`` once ``n`` of them have come, or the stream ended."""
         deadline = time.monotonic() + guard
         while True:
-            got = self._parse()
+            got = [e for e in self._parse() if counted(e)]
             if len(got) >= n:
                 return got
             if time.monotonic() > deadline:
