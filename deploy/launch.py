@@ -182,9 +182,11 @@ class LocalCluster:
             seen = set()
             for _ in range(len(want) * 3):
                 try:
-                    seen.add(get_json(self.front_url + "/health", 1.0)[1].get("node_id"))
+                    node_id = get_json(self.front_url + "/health", 1.0)[1].get("node_id", "")
                 except (OSError, ValueError):
-                    pass
+                    continue
+                # a node of --workers answers as one of its workers: node1-0, node1-1...
+                seen.add(node_id if node_id in want else node_id.rsplit("-", 1)[0])
             if want <= seen:
                 return
             time.sleep(0.1)

@@ -48,10 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        if config.peer:
-            print("pushup: error: --workers cannot be combined with --peer: run each "
-                  "machine's nodes with --workers 1 and list them all as peers", file=sys.stderr)
-            return 2
         from pushup.ops.workers import supervise
 
         return supervise(config)
@@ -186,10 +182,11 @@ def serve(config: Config) -> int:
     from pushup.backplane.disk import DataDirError
     from pushup.ops.fleet import BOARD_ENV, join
     from pushup.ops.node import Node
-    from pushup.ops.workers import FD_ENV, REUSE_ENV
+    from pushup.ops.workers import FD_ENV, REUSE_ENV, SIBLINGS_ENV
 
+    siblings = [url for url in os.environ.get(SIBLINGS_ENV, "").split(",") if url]
     try:
-        node = Node(config, reactor)
+        node = Node(config, reactor, siblings=siblings)
         # A data directory is read back here, before listening: one it cannot
         # read is refused like bad configuration, not found by the first request.
         started = node.start()

@@ -153,7 +153,8 @@ class Fleet:
             stats[key] = sum(w[key] for w in live)
         for key in REPLICATED:
             stats[key] = max((w[key] for w in live), default=0)
-        stats["peers"] = []  # the node's own peers: none (--workers cannot have --peer)
+        # The node's peers (other nodes, never its own workers), as this worker's links see them.
+        stats["peers"] = [p for p in mine_peers(workers, self.index) if not p.get("sibling")]
         # The workers' engine: redis when they share a Redis log, else they are a mesh.
         stats["engine"] = workers[0]["engine"] if workers else "mesh"
         stats["answered_by"] = self.index
@@ -209,6 +210,11 @@ class _Collector:
                 queued.add_metric([str(w["worker"]), p["url"]], p["queued"])
                 peer_up.add_metric([str(w["worker"]), p["url"]], 1 if p["state"] == "up" else 0)
         yield from (queued, peer_up)
+
+
+def mine_peers(workers: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """The peer links of worker ``index``, from the workers' figures."""
+    return next((list(w["peers"]) for w in workers if w["worker"] == index), [])
 
 
 def join(spec: str, own: Callable[[], dict[str, Any]], clock: Any) -> Fleet:

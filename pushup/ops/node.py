@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -46,7 +47,7 @@ DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit w
 class Node:
     """One PushUp node: store, hub, HTTP, limits; ``listen`` then ``stop``."""
 
-    def __init__(self, config: Config, reactor: Any) -> None:
+    def __init__(self, config: Config, reactor: Any, siblings: Sequence[str] = ()) -> None:
         self.config = config
         self.reactor = reactor
         self.data = DataDir(config.data_dir) if config.data_dir else None
@@ -74,7 +75,7 @@ class Node:
             self.backplane = RedisEngine(self.service, config, reactor)
         elif config.peer or config.cluster_secret:
             self.cluster = self.backplane = Cluster(self.service, config, reactor,
-                                                    http_client(reactor))
+                                                    http_client(reactor), siblings=siblings)
         elif self.data is not None:
             self.backplane = Durable(self.service, self.data, reactor)
         else:
@@ -125,8 +126,8 @@ class Node:
             self.reactor.stop()
 
     def adopt(self, fd: int) -> None:
-        """Also serve on an inherited listening socket (a worker's private port)."""
-        self.private_port = self.reactor.adoptStreamPort(fd, socket.AF_INET, self.front)
+        """Also serve on an inherited listening socket (a worker's private Unix socket)."""
+        self.private_port = self.reactor.adoptStreamPort(fd, socket.AF_UNIX, self.front)
         os.close(fd)
 
     def start(self) -> defer.Deferred[None]:

@@ -1,11 +1,16 @@
 """``--workers N``: N full nodes on one shared port, peered with each other.
 
 The parent is a small supervisor with no reactor. It reserves the public
-port, opens one private loopback listening socket per worker (handed to the
-worker as a file descriptor, so there is no race for ports), and starts each
-worker as ``pushup serve`` with its own node id and its siblings' private
-addresses as peers; the secrets (cluster secret, publish token) go in the
-worker's environment, never on its command line. Workers bind the public port with
+port, opens one private listening Unix socket per worker (in Linux's abstract
+namespace: no file to leave behind; handed to the worker as a file
+descriptor, so there is no race for names), and starts each worker as
+``pushup serve`` with its own node id and its siblings' private addresses
+(``PUSHUP_WORKER_SIBLINGS``); the secrets (cluster secret, publish token) go
+in the worker's environment, never on its command line. On the mesh the
+siblings are each other's peers over those sockets; a worker also links to
+every ``--peer`` itself, and hands its siblings what another node sends it
+(:mod:`pushup.backplane.mesh.mesh`). On Redis each worker is a client of the
+shared log. Workers bind the public port with
 SO_REUSEPORT, so the kernel spreads connections over them, each only once it has
 caught up (a restarted one answers no client 503 meanwhile). The parent prints
 the listening line once every worker has, forwards SIGTERM/SIGINT, restarts a
@@ -16,6 +21,7 @@ the whole node (see :mod:`pushup.ops.fleet`).
 
 from __future__ import annotations
 
+import http.client
 import os
 import secrets
 import selectors
@@ -24,25 +30,26 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
+from urllib.parse import urlsplit
 
+from pushup.backplane.mesh.dial import unix_address, unix_url
 from pushup.config import Config
 from pushup.core.model import default_node_id
 from pushup.ops.fleet import BOARD_ENV, create_board
 
 FD_ENV = "PUSHUP_WORKER_PEER_FD"  # the inherited private socket of a worker
 REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
+SIBLINGS_ENV = "PUSHUP_WORKER_SIBLINGS"  # its siblings' private URLs, comma-separated
 RESTART_DELAY = 1.0
 # passed in the environment, never in argv
 SECRETS = ("cluster_secret", "publish_token", "subscribe_secret")
 
 
-def _private_socket() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
+def _private_socket(name: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(unix_address(name))
     s.listen(1024)
     s.setblocking(False)
     s.set_inheritable(True)
@@ -59,21 +66,37 @@ def _reserve_public(config: Config) -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to a worker's private (abstract Unix) socket."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.name = name
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(unix_address(self.name))
+
+
 def _healthy(url: str, timeout: float = 30.0) -> bool:
     """Wait until a worker answers /health 200 (it may be catching up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        conn = _UnixHTTPConnection(urlsplit(url).netloc, timeout=2)
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except (OSError, ValueError):
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return True
+        except OSError:
             pass
+        finally:
+            conn.close()
         time.sleep(0.05)
     return False
 
 
-def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> list[str]:
+def worker_argv(config: Config, index: int, port: int) -> list[str]:
     """The command line of worker ``index``: everything as flags, flags win.
 
     Never a secret: anyone can read a command line (``ps``); secrets go in
@@ -93,7 +116,7 @@ def worker_argv(config: Config, index: int, port: int, peers: Sequence[str]) -> 
                 argv.append(flag)
         elif value != "":
             argv.append(f"{flag}={value}")  # "=": a value may start with "-"
-    for url in peers:
+    for url in config.peer:  # other nodes: every worker links to each
         argv += ["--peer", url]
     return argv
 
@@ -129,20 +152,21 @@ class Supervisor:
             config = replace(config, node_id=default_node_id(
                 socket.gethostname(), config.port, secrets.token_hex(3)))
         self.config = config
-        self.sockets = [_private_socket() for _ in range(config.workers)]
-        self.urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in self.sockets]
+        names = [f"pushup-{self.port}-{secrets.token_hex(4)}-{i}" for i in range(config.workers)]
+        self.sockets = [_private_socket(name) for name in names]
+        self.urls = [unix_url(name) for name in names]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * config.workers
         self.board = create_board(config.workers)  # the workers' figures (pushup.ops.fleet)
         self.stopping = False
 
     def spawn(self, i: int) -> subprocess.Popen[bytes]:
         # Workers on Redis share its log; on the mesh they are each other's peers.
-        peers = [u for j, u in enumerate(self.urls) if j != i and self.config.engine == "mesh"]
+        siblings = [u for j, u in enumerate(self.urls) if j != i and self.config.engine == "mesh"]
         fd = self.sockets[i].fileno()
         board = f"{self.board}:{i}:{len(self.procs)}"
-        env = worker_env(self.config, os.environ,
-                         **{FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board})
-        proc = subprocess.Popen(worker_argv(self.config, i, self.port, peers),
+        env = worker_env(self.config, os.environ, **{
+            FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board, SIBLINGS_ENV: ",".join(siblings)})
+        proc = subprocess.Popen(worker_argv(self.config, i, self.port),
                                 stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board))
         self.procs[i] = proc
         return proc

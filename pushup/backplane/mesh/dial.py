@@ -4,7 +4,9 @@
 front for the stream (HTTP ``Upgrade``), says hello, and hands every frame
 and the loss of the connection to its link (:mod:`pushup.backplane.mesh.peers`),
 which owns every decision. ``http_client`` is the treq client for the rare
-signed requests (snapshots, repair). Both connect to an IP literal directly.
+signed requests (snapshots, repair). Both connect to an IP literal directly,
+and to a sibling worker (``--workers``) over a Unix socket: its URL is
+``http+unix://NAME``, NAME a socket in Linux's abstract namespace (no file).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
     TCP6ClientEndpoint,
+    UNIXClientEndpoint,
     connectProtocol,
 )
 from twisted.internet.protocol import Protocol
@@ -49,6 +52,27 @@ def endpoint_for(reactor: Any, host: str, port: int) -> Any:
         return HostnameEndpoint(reactor, host, port, timeout=5)
     kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
     return kind(reactor, host, port, timeout=5)
+
+
+UNIX_SCHEME = "http+unix"
+
+
+def unix_url(name: str) -> str:
+    """The URL of a sibling worker listening on abstract Unix socket ``name``."""
+    return f"{UNIX_SCHEME}://{name}"
+
+
+def unix_address(name: str) -> str:
+    """The socket address of abstract name ``name`` (Linux: a leading NUL)."""
+    return "\0" + name
+
+
+def endpoint_for_url(reactor: Any, url: str) -> Any:
+    """The client endpoint of a peer's URL: TCP, or a sibling's Unix socket."""
+    parts = urlsplit(url)
+    if parts.scheme == UNIX_SCHEME:
+        return UNIXClientEndpoint(reactor, unix_address(parts.netloc), timeout=5)  # type: ignore[no-untyped-call]
+    return endpoint_for(reactor, parts.hostname or "127.0.0.1", parts.port or 80)
 
 
 class Dial(Int32StringReceiver):
@@ -100,12 +124,9 @@ class Dial(Int32StringReceiver):
 
 def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
     """Dial the peer's HTTP port (IP literals directly: no resolver thread)."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-
     def dial(protocol: Protocol) -> defer.Deferred[Any]:
         d: defer.Deferred[Any] = connectProtocol(  # type: ignore[no-untyped-call]
-            endpoint_for(reactor, host, port), protocol)
+            endpoint_for_url(reactor, url), protocol)
         return d
 
     return dial
@@ -118,8 +139,7 @@ class _Endpoints:
         self.reactor = reactor
 
     def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 (Twisted's interface)
-        host = uri.host.decode() if isinstance(uri.host, bytes) else uri.host
-        return endpoint_for(self.reactor, host, uri.port)
+        return endpoint_for_url(self.reactor, uri.toBytes().decode())
 
 
 def http_client(reactor: Any) -> Any:

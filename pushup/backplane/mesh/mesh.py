@@ -15,6 +15,14 @@ A publish is acknowledged (the 201) once a peer holds it, with
 :mod:`pushup.backplane.mesh.acks` and the README, "What a 201 means". A keyed publish's
 record travels with its last message (:mod:`pushup.backplane.mesh.wire`), so a retry on
 any node that holds it stores nothing new.
+
+With ``--workers`` each worker is a member of its own: it links to its
+siblings (over Unix sockets) and to every ``--peer``. Another node reaches
+one worker of ours per connection (the kernel picks it), so what a worker
+receives from another node it relays to its siblings (``r`` frames, at most
+``RELAY_WINDOW`` unanswered per sibling; what is not relayed, repair brings).
+Only other nodes' confirmations count for the 201 when there are any: a
+sibling shares our machine.
 """
 
 from __future__ import annotations
@@ -59,13 +67,20 @@ class Cluster:
 
     engine = "mesh"
 
-    def __init__(self, service: Service, config: Config, clock: Any, http: Any) -> None:
+    def __init__(self, service: Service, config: Config, clock: Any, http: Any,
+                 siblings: Sequence[str] = ()) -> None:
         self.service = service
         self.store = service.store
         self.clock = clock
         self.secret = config.cluster_secret
-        self.links = [PeerLink(url, self.store, self.secret, http, clock,
-                               max_ops=config.peer_queue) for url in config.peer]
+        # Siblings first: a restarted worker catches up from its own machine.
+        self.siblings = [PeerLink(url, self.store, self.secret, http, clock,
+                                  max_ops=config.peer_queue) for url in siblings]
+        self.others = [PeerLink(url, self.store, self.secret, http, clock,
+                                max_ops=config.peer_queue) for url in config.peer]
+        self.links = self.siblings + self.others
+        # Whose confirmation answers a publish: other machines', when there are any.
+        self.confirming = self.others or self.siblings
         self.ready = not self.links
         self.refused = 0  # peer requests refused for a bad or missing signature
         self.publish_ack = config.publish_ack
@@ -98,7 +113,7 @@ class Cluster:
             return self._replayed(messages)
         for link in self.links:
             link.poke()
-        if self.publish_ack == "local" or not self.links:
+        if self.publish_ack == "local" or not self.confirming:
             return defer.succeed(messages)
         return self._acknowledged(messages)
 
@@ -111,7 +126,7 @@ class Cluster:
 
     def _replayed(self, messages: Replayed) -> defer.Deferred[list[Message]]:
         last = messages[-1]
-        if self.publish_ack == "local" or not self.links \
+        if self.publish_ack == "local" or not self.confirming \
                 or last.origin != self.store.origin_name or self._confirmed() >= last.seq:
             return defer.succeed(messages)
         return self._acknowledged(messages)
@@ -119,21 +134,21 @@ class Cluster:
     def _confirmed(self) -> int:
         """How far our origin is confirmed as ``--publish-ack`` counts it."""
         if self.publish_ack == "all":
-            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            counted = [x.after for x in self.confirming if x.state in ("up", "connecting")]
             return min(counted, default=0)
-        return max(link.after for link in self.links)
+        return max(link.after for link in self.confirming)
 
     def _confirmable(self) -> bool:
         """Some peer may yet confirm: one that is ``up`` or still ``connecting``."""
-        return any(link.state in ("up", "connecting") for link in self.links)
+        return any(link.state in ("up", "connecting") for link in self.confirming)
 
     def _link_changed(self, link: PeerLink) -> None:
         """A peer confirmed more, or a link changed state: answer who can be."""
-        if not len(self.acks):
+        if not len(self.acks) or link not in self.confirming:
             return
         if self.publish_ack == "all":
             # every peer that may yet confirm; one that went down is not waited for
-            counted = [x.after for x in self.links if x.state in ("up", "connecting")]
+            counted = [x.after for x in self.confirming if x.state in ("up", "connecting")]
             if counted:
                 self.acks.confirm(min(counted))
         else:
@@ -202,6 +217,11 @@ class Cluster:
         if hole or ops:
             return Hole(horizon + 1)
         return Applied(horizon)
+
+    def relay(self, payload: bytes) -> None:
+        """Hand our siblings a batch another node sent us (its encoded form)."""
+        for link in self.siblings:
+            link.relay(payload)
 
     def _peer_alive(self) -> None:
         # A peer just spoke: links in backoff (e.g. to a node that was still
@@ -343,6 +363,7 @@ class Cluster:
         self.acks.stop()  # what no peer confirmed in time is answered 202
 
     def stats(self) -> dict[str, Any]:
-        return {"engine": self.engine, "peers": [link.stats() for link in self.links],
+        peers = [{**link.stats(), "sibling": link in self.siblings} for link in self.links]
+        return {"engine": self.engine, "peers": peers,
                 "peer_refused": self.refused, "publish_ack": self.publish_ack,
                 "ack_waiting": len(self.acks), "unconfirmed": self.acks.unconfirmed}

@@ -38,6 +38,7 @@ BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
 WINDOW = 8  # batches sent and not yet answered, at most...
 WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
+RELAY_WINDOW = 64  # relayed batches (another node's, to a sibling) unanswered, at most
 
 # connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);
 # up: the last exchange succeeded; down: DOWN_AFTER failures in a row, or a
@@ -104,6 +105,7 @@ class PeerLink:
         self.state: LinkState = "connecting"
         self.after = 0  # the peer holds our messages up to this sequence number
         self.sent = 0  # our messages the peer accepted
+        self.unrelayed = 0  # other nodes' batches not relayed to this sibling (repair brings them)
         self.ops: deque[ChannelOp] = deque(maxlen=max_ops)
         self.dropped_ops = 0
         self._failures = 0
@@ -118,6 +120,7 @@ class PeerLink:
         self._window: deque[_Sent] = deque()  # sent, not yet answered, in order
         self._window_bytes = 0
         self._stale = 0  # answers still due to batches sent before a rewind
+        self._relays = 0  # relayed batches sent and not yet answered
         self._why: Exception | None = None  # why we closed the connection
         self.stopped = False
         # Told when ``after`` advances or ``state`` changes (the mesh answers
@@ -143,6 +146,16 @@ class PeerLink:
             log.warn("peer {url}: channel-op queue full, oldest dropped", url=self.url)
         self.ops.append(op)
         self.poke()
+
+    def relay(self, payload: bytes) -> None:
+        """Send the peer (a sibling worker) a batch of another node's, as
+        received. At most ``RELAY_WINDOW`` go unanswered; past that, or while
+        the stream is not open, it is dropped: repair brings it instead."""
+        if self._open and self._stream is not None and self._relays < RELAY_WINDOW:
+            self._relays += 1
+            self._stream.sendString(b"r" + payload)  # type: ignore[no-untyped-call]
+        else:
+            self.unrelayed += 1
 
     def stop(self) -> None:
         self.stopped = True
@@ -250,6 +263,7 @@ class PeerLink:
         self._window.clear()
         self._window_bytes = 0
         self._stale = 0
+        self._relays = 0
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
@@ -266,6 +280,8 @@ class PeerLink:
                 self._challenged(stream, payload)
             elif kind in (b"a", b"n") and self._open:
                 self._answered(kind, int(payload))
+            elif kind == b"r" and self._open and self._relays:
+                self._relays -= 1
             elif kind == b"e":
                 text = payload.decode(errors="replace")
                 error = PeerRefused if not self._open or text == "refused" else PeerError

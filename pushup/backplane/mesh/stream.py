@@ -11,6 +11,10 @@ says what it is:
 - ``b`` batch: a batch of the dialer's own messages and ops (``wire.encode_batch``);
 - ``a`` horizon / ``n`` expected: the answer to each batch, in order (an ack
   with how far we hold its origin, or a hole with the sequence we expect);
+- ``r`` batch: a batch another node sent the dialer, relayed by a worker to
+  its sibling (``--workers``); applied like any, answered by an empty ``r``.
+  A worker relays what arrives on a stream from another node (TCP), never
+  what a sibling sent it (a Unix socket);
 - ``e`` reason: the sender refuses or fails; the connection closes after it.
 
 Both sides bring a fresh nonce, so a recorded handshake replayed is refused;
@@ -25,6 +29,7 @@ import hmac
 import os
 from typing import Protocol
 
+from twisted.internet.address import UNIXAddress
 from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver
 
@@ -68,6 +73,8 @@ class Receiver(Protocol):
 
     def receive(self, batch: Batch) -> Received: ...
 
+    def relay(self, payload: bytes) -> None: ...
+
 
 class PeerStream(Int32StringReceiver):
     """A peer's stream into this node: handshake, then batches in, answers out.
@@ -86,6 +93,11 @@ class PeerStream(Int32StringReceiver):
         self.state = "hello"  # hello -> proof -> open -> closed
         self._nonce_c = b""
         self._nonce_s = b""
+        self.from_node = True  # from another node (TCP), not a sibling worker (Unix)
+
+    def connectionMade(self) -> None:  # noqa: N802 (Twisted's name)
+        assert self.transport is not None
+        self.from_node = not isinstance(self.transport.getHost(), UNIXAddress)
 
     def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
         kind, payload = frame[:1], frame[1:]
@@ -96,6 +108,14 @@ class PeerStream(Int32StringReceiver):
                 self._close(b"e" + str(e).encode())
                 return
             self.sendString(answer_frame(received))  # type: ignore[no-untyped-call]
+            if self.from_node and isinstance(received, Applied):
+                self.node.relay(payload)
+        elif self.state == "open" and kind == b"r":
+            try:  # a hole, or not ready yet: repair brings it later
+                self.node.receive(decode_batch(payload))
+            except PushUpError as e:
+                log.debug("a relayed batch was not applied: {e}", e=e)
+            self.sendString(b"r")  # type: ignore[no-untyped-call]
         elif self.state == "hello" and kind == b"h" and len(payload) == NONCE:
             self._nonce_c, self._nonce_s = payload, nonce()
             self.state = "proof"

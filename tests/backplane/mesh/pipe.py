@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+from twisted.internet.address import UNIXAddress
 from twisted.internet.defer import fail, succeed
 from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.testing import StringTransport
@@ -29,8 +30,9 @@ def frames(data: bytes) -> list[bytes]:
 
 
 class Pipe:
-    def __init__(self, receiver) -> None:
+    def __init__(self, receiver, unix: bool = False) -> None:
         self.receiver = receiver
+        self.unix = unix  # the peer's end is a Unix socket (a sibling worker's)
         self._dead = False
         self._status = 0
         self.client = self.server = None
@@ -49,7 +51,8 @@ class Pipe:
             protocol.dataReceived(b"HTTP/1.1 %d No\r\nContent-Length: 0\r\n\r\n" % self._status)
             self._lose()
             return succeed(protocol)
-        self.server, self.st = PeerStream(self.receiver), StringTransport()
+        host = UNIXAddress(b"\0sibling") if self.unix else None
+        self.server, self.st = PeerStream(self.receiver), StringTransport(hostAddress=host)
         self.server.makeConnection(self.st)
         protocol.dataReceived(SWITCHED)
         return succeed(protocol)

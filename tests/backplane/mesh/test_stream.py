@@ -13,7 +13,7 @@ from twisted.internet.testing import StringTransport
 
 from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import Cluster
-from pushup.backplane.mesh.peers import WINDOW, PeerLink
+from pushup.backplane.mesh.peers import RELAY_WINDOW, WINDOW, PeerLink
 from pushup.backplane.mesh.stream import PeerStream, proof, request_head
 from pushup.backplane.mesh.wire import backlog, encode_batch
 from pushup.config import Config
@@ -238,3 +238,78 @@ def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_or
     pipe.deliver()
     assert link.after == 11 and link.settled and link.state == "up"
     assert _held(fresh.store) == [b"%d" % i for i in range(5)] + [b"%d" % i for i in range(6)]
+
+
+# -- --workers: what another node sends one worker reaches its siblings ------------
+
+
+def _worker_with_sibling(clock: Clock):
+    """Worker ``b`` of a node, its sibling ``c`` behind a Unix-socket pipe, and
+    node ``a`` linked to ``b`` over TCP (as another machine reaches one worker)."""
+    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+                http=None, siblings=("http+unix://c",))
+    c = _cluster(clock, name="c")
+    to_c = Pipe(c, unix=True)
+    b.siblings[0].dial = to_c.dial
+    b.siblings[0].http = to_c
+    b.ready = True
+    a = _store("a")
+    to_b = Pipe(b)
+    link = PeerLink("http://b", a, "s", http=to_b, clock=clock, dial=to_b.dial)
+    for one in (b.siblings[0], link):
+        one.start()
+    clock.advance(0)
+    to_c.deliver()
+    to_b.deliver()
+    to_c.deliver()  # a's hello, relayed
+    assert b.siblings[0].state == "up" and link.state == "up"
+    assert b.siblings[0]._relays == 0 and b.siblings[0].unrelayed == 0
+    return a, b, c, link, to_b, to_c
+
+
+def test_a_worker_relays_to_its_sibling_what_another_node_sent_it_in_order():
+    clock = _clock()
+    a, b, c, link, to_b, to_c = _worker_with_sibling(clock)
+    for _ in range(3):
+        _published(a, clock, 4)
+        link.poke()
+        clock.advance(0)
+        to_b.deliver()
+    assert link.after == 12
+    assert [f[:1] for f in frames(to_c.ct.value())].count(b"r") >= 3
+    to_c.deliver()
+    assert _held(c.store) == [b"%d" % (i % 4) for i in range(12)]
+    assert c.store.message_count == 12 and b.siblings[0]._relays == 0
+
+
+def test_what_a_sibling_sends_is_not_relayed_on():
+    """A batch on a Unix socket came from a sibling, which sends its own to
+    every sibling itself: relaying it would only repeat it."""
+    clock = _clock()
+    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+                http=None, siblings=("http+unix://c",))
+    b.ready = True
+    relayed = []
+    b.relay = relayed.append
+    sibling = _store("d")
+    pipe = Pipe(b, unix=True)
+    link = PeerLink("http+unix://b", sibling, "s", http=pipe, clock=clock, dial=pipe.dial)
+    link.start()
+    _published(sibling, clock, 3)
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 3 and b.store.message_count == 3
+    assert relayed == []
+
+
+def test_relays_a_sibling_does_not_answer_stop_at_the_window_and_are_counted():
+    clock = _clock()
+    a, b, c, link, to_b, to_c = _worker_with_sibling(clock)
+    for _ in range(RELAY_WINDOW + 10):
+        _published(a, clock, 1)
+        link.poke()
+        clock.advance(0)
+        to_b.deliver()  # the sibling reads nothing meanwhile
+    assert link.after == RELAY_WINDOW + 10  # node a is answered all the same
+    assert [f[:1] for f in frames(to_c.ct.value())].count(b"r") == RELAY_WINDOW
+    assert b.siblings[0].unrelayed == 10
