@@ -25,6 +25,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -33,6 +34,27 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
+
+
+def _private_address(url: str) -> int | str:
+    """A worker's private address from its sibling URL: a loopback port, or
+    ``http+unix://NAME`` as is (an abstract Unix socket)."""
+    if url.startswith("http+unix://"):
+        return url
+    return int(url.rsplit(":", 1)[1].rstrip("/"))
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP to a worker's private abstract Unix socket (``http+unix://NAME``)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.name = url.removeprefix("http+unix://")
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect("\0" + self.name)
 
 PR_SET_PDEATHSIG = 1
 
@@ -79,7 +101,7 @@ class Server:
         self.pids: list[int] = []  # every process of the server, once it serves
         self._identity: list[tuple[int, int | None]] = []
         self._control: dict[int, http.client.HTTPConnection] = {}
-        self._worker_ports: list[int] = []
+        self._worker_ports: list[int | str] = []
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -183,9 +205,10 @@ class Server:
 
     def request(
         self, method: str, path: str, body: Any = None, timeout: float = 30.0,
-        port: int | None = None,
+        port: int | str | None = None,
     ) -> tuple[int, Any]:
-        """One request on a control connection to `port` (default: the server's);
+        """One request on a control connection to `port` (default: the server's; a
+        string is a worker's private address, an abstract Unix socket's URL);
         returns (status, decoded JSON, else the text, or None when empty)."""
         port = port or self.port
         payload = None if body is None else json.dumps(body).encode()
@@ -193,8 +216,9 @@ class Server:
         for attempt in (1, 2):
             conn = self._control.get(port)
             if conn is None:
-                conn = self._control[port] = http.client.HTTPConnection(
-                    self.host, port, timeout=timeout)
+                conn = self._control[port] = (
+                    http.client.HTTPConnection(self.host, port, timeout=timeout)
+                    if isinstance(port, int) else _UnixConnection(port, timeout))
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 resp = conn.getresponse()
@@ -227,7 +251,7 @@ class Server:
         total = {k: sum(s.get(k, 0) for s in per) for k in SUMMED_STATS}
         return {**total, "workers": per}
 
-    def _stats(self, port: int) -> dict[str, Any]:
+    def _stats(self, port: int | str) -> dict[str, Any]:
         status, data = self.request("GET", "/stats", port=port)
         if status != 200 or not isinstance(data, dict):
             raise ServerError(f"/stats on port {port} answered {status}: {data!r}")
@@ -239,20 +263,22 @@ class Server:
         return next((w for w in stats.get("workers", ())
                      if w["worker"] == stats["answered_by"]), {})
 
-    def _find_workers(self, first: dict[str, Any]) -> list[int]:
-        """The private ports of all workers: the union of their sibling links (from
-        each worker's entry, or, for a PushUp from before the fleet, by following
-        each worker's own `peers`, so old and new servers compare in one run)."""
-        ports: list[int] = []
+    def _find_workers(self, first: dict[str, Any]) -> list[int | str]:
+        """The private addresses of all workers: the union of their sibling links
+        (from each worker's entry, or, for a PushUp from before the fleet, by
+        following each worker's own `peers`, so old and new servers compare in one
+        run). A loopback port, or (since workers talk over Unix sockets) the URL of
+        an abstract Unix socket."""
+        ports: list[int | str] = []
         todo = [first] if "workers" not in first else []
         for worker in first.get("workers", []):
             for peer in worker.get("peers", []):
-                port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
+                port = _private_address(peer["url"])
                 if port not in ports:
                     ports.append(port)
         while todo:
             for peer in todo.pop()["peers"]:
-                port = int(peer["url"].rsplit(":", 1)[1].rstrip("/"))
+                port = _private_address(peer["url"])
                 if port not in ports:
                     ports.append(port)
                     todo.append(self._stats(port))

@@ -26,10 +26,8 @@ from twisted.internet.endpoints import (
     connectProtocol,
 )
 from twisted.internet.protocol import Protocol
-from twisted.protocols.basic import Int32StringReceiver
 
-from pushup.backplane import PEER_BODY_LIMIT
-from pushup.backplane.mesh.stream import nonce, request_head
+from pushup.backplane.mesh.stream import Frames, nonce, request_head
 
 
 class DialingLink(TypingProtocol):
@@ -75,11 +73,9 @@ def endpoint_for_url(reactor: Any, url: str) -> Any:
     return endpoint_for(reactor, parts.hostname or "127.0.0.1", parts.port or 80)
 
 
-class Dial(Int32StringReceiver):
+class Dial(Frames):
     """The dialling end of a stream: asks the peer's front for it (HTTP
     ``Upgrade``), then says hello and hands every frame to its link."""
-
-    MAX_LENGTH = PEER_BODY_LIMIT
 
     def __init__(self, link: DialingLink) -> None:
         self.link = link
@@ -108,7 +104,7 @@ class Dial(Int32StringReceiver):
             why = f"answered {code} to the stream request"
             self.link.stream_frame(self, (b"e" if 400 <= code < 500 else b"x") + why.encode())
             return
-        self.sendString(b"h" + self.nonce_c)  # type: ignore[no-untyped-call]
+        self.sendString(b"h" + self.nonce_c)
         if rest:
             super().dataReceived(rest)  # type: ignore[no-untyped-call]
 

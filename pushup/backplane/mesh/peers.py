@@ -153,7 +153,7 @@ class PeerLink:
         the stream is not open, it is dropped: repair brings it instead."""
         if self._open and self._stream is not None and self._relays < RELAY_WINDOW:
             self._relays += 1
-            self._stream.sendString(b"r" + payload)  # type: ignore[no-untyped-call]
+            self._stream.sendString(b"r" + payload)
         else:
             self.unrelayed += 1
 
@@ -294,9 +294,9 @@ class PeerLink:
     def _challenged(self, stream: Dial, payload: bytes) -> None:
         nonce_s, theirs = payload[:-PROOF], payload[-PROOF:]
         if not hmac.compare_digest(theirs, proof(self.secret, b"server", stream.nonce_c, nonce_s)):
-            stream.sendString(b"erefused")  # type: ignore[no-untyped-call]
+            stream.sendString(b"erefused")
             raise PeerRefused("its handshake proof is wrong (another cluster secret?)")
-        stream.sendString(b"p" + proof(self.secret, b"client", nonce_s, stream.nonce_c))  # type: ignore[no-untyped-call]
+        stream.sendString(b"p" + proof(self.secret, b"client", nonce_s, stream.nonce_c))
         self._open = True
         self._next = self.after
         self._flush(hello=True)  # even an empty batch says who we are (our epoch)
@@ -349,7 +349,7 @@ class PeerLink:
                 break
             hello = False
             body = encode_batch(replace(batch, ops=tuple(ops)))
-            stream.sendString(b"b" + body)  # type: ignore[no-untyped-call]
+            stream.sendString(b"b" + body)
             self._window.append(_Sent(self._next, tuple(m.seq for m in messages), tuple(ops),
                                       len(body), self.clock.seconds()))
             self._window_bytes += len(body)
