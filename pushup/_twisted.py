@@ -10,10 +10,6 @@ for writability, wait, send, stop asking): three system calls and a turn
 per response. ``write_now`` sends at once when nothing is queued before the
 data, as asyncio does, and hands Twisted only what the socket did not take.
 Twisted offers no public way to ask "is your write buffer empty?".
-
-``switch_protocol``: a connection upgraded (HTTP ``101``) goes on with another
-protocol. A TCP transport reads into its ``protocol`` attribute; setting it is
-what websocket servers on Twisted do (autobahn), but no interface promises it.
 """
 
 from __future__ import annotations
@@ -33,15 +29,6 @@ def write_now(transport: Any, data: bytes) -> None:
             pass  # would block, or broken: Twisted's own write path copes
     if data:
         transport.write(data)
-
-
-def switch_protocol(transport: Any, protocol: Any, rest: bytes = b"") -> None:
-    """From now on ``transport`` reads into ``protocol``, which is connected to
-    it and fed ``rest`` (the bytes read past the upgrade request)."""
-    transport.protocol = protocol
-    protocol.makeConnection(transport)
-    if rest:
-        protocol.dataReceived(rest)
 
 
 def quiet_pool(reactor: Any) -> Any:

@@ -70,39 +70,3 @@ def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory():
     assert pool._factory is not HTTPConnectionPool._factory
     # the pool still builds new connections from that attribute
     assert "self._factory" in inspect.getsource(HTTPConnectionPool._newConnection)
-
-
-def test_a_switched_tcp_connection_reads_into_and_closes_on_its_new_protocol() -> None:
-    """``switch_protocol`` sets ``transport.protocol``: a TCP connection must
-    still read into that attribute and tell it of the close."""
-    import socket
-
-    from twisted.internet import reactor, tcp
-    from twisted.internet.protocol import Protocol
-    from twisted.python.failure import Failure
-
-    from pushup._twisted import switch_protocol
-
-    class Recorder(Protocol):
-        def __init__(self) -> None:
-            self.data: list[bytes] = []
-            self.lost = False
-
-        def dataReceived(self, data: bytes) -> None:  # noqa: N802
-            self.data.append(data)
-
-        def connectionLost(self, reason: object = None) -> None:  # noqa: N802
-            self.lost = True
-
-    ours, theirs = socket.socketpair()
-    try:
-        old, new = Recorder(), Recorder()
-        conn = tcp.Connection(ours, old, reactor)
-        switch_protocol(conn, new, b"rest")
-        conn._dataReceived(b"more")
-        assert new.data == [b"rest", b"more"] and old.data == [] and new.transport is conn
-        conn.connectionLost(Failure(Exception("closed")))
-        assert new.lost and not old.lost
-    finally:
-        ours.close()
-        theirs.close()

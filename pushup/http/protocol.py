@@ -34,7 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import toChunk
 
-from pushup._twisted import switch_protocol, write_now
+from pushup._twisted import write_now
 from pushup.core import errors
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
@@ -147,6 +147,7 @@ class HTTPProtocol(Protocol):
         self._keep = (True, False, False)  # keep-alive, HTTP/1.0, HEAD of the current
         self._chunked = False  # an event stream's body is framed in chunks
         self._on_writable: Callable[[], None] | None = None  # a stream waits for the client
+        self._upgraded_to: IProtocol | None = None  # what reads the connection after a 101
         self._new_message()
 
     def _new_message(self) -> None:
@@ -179,6 +180,9 @@ class HTTPProtocol(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self.front.counters.bytes_in += len(data)
+        if self._upgraded_to is not None:
+            self._upgraded_to.dataReceived(data)
+            return
         if self._broken:
             return
         self._stamp = self.front.clock.seconds()
@@ -233,14 +237,21 @@ class HTTPProtocol(Protocol):
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        self.front.lost(self)
         self.conn.unregisterProducer()
-        switch_protocol(self.transport, protocol, rest)
+        # The connection stays ours, and counted among the front's (the limit
+        # holds, a drain closes it): we hand what we read on to the protocol.
+        self._upgraded_to = protocol
+        assert self.transport is not None
+        protocol.makeConnection(self.transport)
+        if rest:
+            protocol.dataReceived(rest)
         return True
 
     def connectionLost(self, reason: object = None) -> None:
         self._closing = True
         self.front.lost(self)
+        if self._upgraded_to is not None:
+            self._upgraded_to.connectionLost(reason)  # type: ignore[arg-type]
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -648,11 +659,14 @@ class Front(Factory):
         for protocol in held:
             protocol.release()
 
-    def close_all(self) -> defer.Deferred[None]:
-        """Close every connection once its pending output is sent."""
+    def close_all(self, upgraded: bool = True) -> defer.Deferred[None]:
+        """Close every connection once its pending output is sent; those
+        upgraded to another protocol (a peer's replication stream) only with
+        ``upgraded`` (a draining node takes what its peers flush to it first)."""
         self.draining = True
         for protocol in list(self.protocols):
-            protocol.close()
+            if upgraded or protocol._upgraded_to is None:
+                protocol.close()
         d: defer.Deferred[None] = defer.Deferred()
         if self.protocols:
             self._on_empty.append(d)

@@ -166,7 +166,9 @@ class Node:
         log.info("stopped listening; draining: answering {n} waiting subscribers",
                  n=len(self.service.hub))
         self.service.drain()
-        self.front.close_all()  # idle and answered connections go now, not after the flush
+        # idle and answered connections go now, not after the flush; peers'
+        # streams into us stay until then (they flush to us too)
+        self.front.close_all(upgraded=False)
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()

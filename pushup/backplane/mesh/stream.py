@@ -18,8 +18,10 @@ says what it is:
 - ``e`` reason: the sender refuses or fails; the connection closes after it.
 
 Both sides bring a fresh nonce, so a recorded handshake replayed is refused;
-the secret never travels. This module reads no clock; its socket is the one
-the HTTP front hands over after ``101 Switching Protocols``.
+the secret never travels. A connection that has not proven itself within
+``HANDSHAKE_TIMEOUT``, or says nothing for ``IDLE_TIMEOUT`` (a dialer sends
+a heartbeat every 2 s), is closed; the HTTP front that handed it over after
+``101 Switching Protocols`` still counts it against ``--max-connections``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import struct
 from typing import Protocol
 
 from twisted.internet.address import UNIXAddress
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver
 
@@ -42,6 +45,8 @@ from pushup.core.errors import PushUpError
 log = Logger()
 NONCE = 16
 PROOF = 32
+HANDSHAKE_TIMEOUT = 10.0  # seconds for a dialer to prove it holds the secret
+IDLE_TIMEOUT = 30.0  # seconds of silence after which a stream is given up
 UPGRADE = b"pushup-peer"
 PATH = "/peer/stream"
 
@@ -85,6 +90,7 @@ class Receiver(Protocol):
 
     secret: str
     refused: int
+    clock: IReactorTime
 
     def receive(self, batch: Batch) -> Received: ...
 
@@ -107,13 +113,38 @@ class PeerStream(Frames):
         self._nonce_c = b""
         self._nonce_s = b""
         self.from_node = True  # from another node (TCP), not a sibling worker (Unix)
+        self._heard = 0.0  # when the last frame came
+        self._timer: IDelayedCall | None = None
 
     def connectionMade(self) -> None:  # noqa: N802 (Twisted's name)
         assert self.transport is not None
         self.from_node = not isinstance(self.transport.getHost(), UNIXAddress)
+        self._heard = self.node.clock.seconds()
+        self._timer = self.node.clock.callLater(HANDSHAKE_TIMEOUT, self._check)
+
+    def _check(self) -> None:
+        """Close a stream still unproven, or silent for too long."""
+        self._timer = None
+        if self.state == "closed":
+            return
+        if self.state != "open":
+            self._close(b"eno handshake in time")
+            return
+        quiet = self.node.clock.seconds() - self._heard
+        if quiet >= IDLE_TIMEOUT:
+            self._close(b"eidle for too long")
+        else:
+            self._timer = self.node.clock.callLater(IDLE_TIMEOUT - quiet, self._check)
+
+    def connectionLost(self, reason: object = None) -> None:  # noqa: N802 (Twisted's name)
+        self.state = "closed"
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
 
     def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
         kind, payload = frame[:1], frame[1:]
+        self._heard = self.node.clock.seconds()
         if self.state == "open" and kind == b"b":
             try:
                 received = self.node.receive(decode_batch(payload))

@@ -14,7 +14,13 @@ from twisted.internet.testing import StringTransport
 from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import Cluster
 from pushup.backplane.mesh.peers import RELAY_WINDOW, WINDOW, PeerLink
-from pushup.backplane.mesh.stream import PeerStream, proof, request_head
+from pushup.backplane.mesh.stream import (
+    HANDSHAKE_TIMEOUT,
+    IDLE_TIMEOUT,
+    PeerStream,
+    proof,
+    request_head,
+)
 from pushup.backplane.mesh.wire import backlog, encode_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
@@ -87,7 +93,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
 
     feed(request_head("b") + frame(b"h" + NONCE_C))
     head, _, rest = transport.value().partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 101 ") and isinstance(transport.protocol, PeerStream)
+    assert head.startswith(b"HTTP/1.1 101 ") and isinstance(http._upgraded_to, PeerStream)
     [challenge] = frames(rest)
     nonce_s = challenge[1:17]
     assert challenge[17:] == proof("s", b"server", NONCE_C, nonce_s)
@@ -106,6 +112,77 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
     assert frames(transport.value()) == [b"a2", b"a4", b"a5"]
     assert _held(node.service.store) == [b"0", b"1", b"2", b"3", b"4"]
     assert node.cluster.refused == 0
+
+
+def _upgraded(node: Node, clock: Clock) -> tuple[object, StringTransport]:
+    """A connection to ``node``'s front, upgraded to the replication stream."""
+    transport = StringTransport()
+    http = node.front.buildProtocol(None)
+    http.makeConnection(transport)
+    http.dataReceived(request_head("b"))
+    assert transport.value().startswith(b"HTTP/1.1 101 ")
+    return http, transport
+
+
+def _mesh_node(clock: Clock, **kw) -> Node:
+    node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",), **kw), clock)
+    node.cluster.ready = True
+    return node
+
+
+def test_an_upgraded_stream_counts_against_max_connections_until_it_closes():
+    clock = _clock()
+    node = _mesh_node(clock, max_connections=2)
+    http, transport = _upgraded(node, clock)
+    _upgraded(node, clock)
+    assert node.service.counters.connections == 2
+    refused = node.front.buildProtocol(None)  # the limit holds for streams too
+
+    class HalfClosing(StringTransport):
+        def loseWriteConnection(self) -> None:
+            pass
+    wire = HalfClosing()
+    refused.makeConnection(wire)
+    assert b" 503 " in wire.value().split(b"\r\n", 1)[0]
+    http.connectionLost(None)
+    assert node.service.counters.connections == 1
+
+
+def test_a_stream_that_does_not_prove_itself_in_time_is_closed():
+    clock = _clock()
+    node = _mesh_node(clock)
+    http, transport = _upgraded(node, clock)
+    transport.clear()
+    clock.advance(HANDSHAKE_TIMEOUT)
+    assert frames(transport.value()) == [b"eno handshake in time"] and transport.disconnecting
+    assert node.service.store.message_count == 0
+
+
+def test_a_stream_silent_for_the_idle_timeout_is_closed_and_one_that_speaks_is_not():
+    clock = _clock()
+    node = _mesh_node(clock)
+    http, transport = _upgraded(node, clock)
+    http.dataReceived(frame(b"h" + NONCE_C))
+    nonce_s = frames(transport.value().partition(b"\r\n\r\n")[2])[0][1:17]
+    http.dataReceived(frame(b"p" + proof("s", b"client", nonce_s, NONCE_C)))
+    sender = _store("a")
+    for _ in range(3):  # a heartbeat (an empty batch) every 20 s keeps it open
+        clock.advance(20)
+        http.dataReceived(frame(b"b" + encode_batch(backlog(sender, "a", 0, (0, 0)))))
+    assert not transport.disconnecting
+    transport.clear()
+    clock.advance(IDLE_TIMEOUT)
+    assert frames(transport.value()) == [b"eidle for too long"] and transport.disconnecting
+
+
+def test_a_drain_leaves_peer_streams_open_until_the_peers_flushed_then_closes_them():
+    clock = _clock()
+    node = _mesh_node(clock)
+    http, transport = _upgraded(node, clock)
+    node.front.close_all(upgraded=False)
+    assert not transport.disconnecting
+    node.front.close_all()
+    assert transport.disconnecting
 
 
 def test_a_node_without_a_mesh_refuses_the_stream_request_as_any_peer_request():
