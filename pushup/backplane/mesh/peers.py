@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.dial import Dial, dialer
 from pushup.backplane.mesh.stream import PROOF, proof
-from pushup.backplane.mesh.wire import backlog, encode_batch, sign
+from pushup.backplane.mesh.wire import backlog, pack_batch, sign
 from pushup.core.store import Store
 
 log = Logger()
@@ -348,7 +348,7 @@ class PeerLink:
             if not (messages or ops or batch.skip or hello):
                 break
             hello = False
-            body = encode_batch(replace(batch, ops=tuple(ops)))
+            body = pack_batch(replace(batch, ops=tuple(ops)))
             stream.sendString(b"b" + body)
             self._window.append(_Sent(self._next, tuple(m.seq for m in messages), tuple(ops),
                                       len(body), self.clock.seconds()))

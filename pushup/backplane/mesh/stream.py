@@ -8,7 +8,7 @@ says what it is:
 - ``c`` nonce_s proof: the answering node's challenge and its proof,
   HMAC(secret, "server" | nonce_c | nonce_s);
 - ``p`` proof: the dialing node's proof, HMAC(secret, "client" | nonce_s | nonce_c);
-- ``b`` batch: a batch of the dialer's own messages and ops (``wire.encode_batch``);
+- ``b`` batch: a batch of the dialer's own messages and ops (``wire.pack_batch``);
 - ``a`` horizon / ``n`` expected: the answer to each batch, in order (an ack
   with how far we hold its origin, or a hole with the sequence we expect);
 - ``r`` batch: a batch another node sent the dialer, relayed by a worker to
@@ -39,7 +39,7 @@ from twisted.protocols.basic import Int32StringReceiver
 
 from pushup._twisted import write_now
 from pushup.backplane import PEER_BODY_LIMIT, Applied, Received
-from pushup.backplane.mesh.wire import Batch, decode_batch
+from pushup.backplane.mesh.wire import Batch, unpack_batch
 from pushup.core.errors import PushUpError
 
 log = Logger()
@@ -147,7 +147,7 @@ class PeerStream(Frames):
         self._heard = self.node.clock.seconds()
         if self.state == "open" and kind == b"b":
             try:
-                received = self.node.receive(decode_batch(payload))
+                received = self.node.receive(unpack_batch(payload))
             except PushUpError as e:
                 self._close(b"e" + str(e).encode())
                 return
@@ -156,7 +156,7 @@ class PeerStream(Frames):
                 self.node.relay(payload)
         elif self.state == "open" and kind == b"r":
             try:  # a hole, or not ready yet: repair brings it later
-                self.node.receive(decode_batch(payload))
+                self.node.receive(unpack_batch(payload))
             except PushUpError as e:
                 log.debug("a relayed batch was not applied: {e}", e=e)
             self.sendString(b"r")

@@ -7,7 +7,10 @@ finds the key.
 Pure encoding and decoding of peer payloads; a snapshot is a store's image
 (:mod:`pushup.core.image`) on the wire. A message's data travels as the exact
 JSON text its origin accepted, so every node serves byte-identical messages.
-No sockets, no clock.
+A batch is JSON in HTTP requests (``POST /peer/messages``, repair) and
+MessagePack on the replication stream (``pack_batch``: the same rows, the
+data as raw bytes, no escaping; msgspec does both ends in C, about 5x less
+CPU per batch than the stdlib's JSON). No sockets, no clock.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from pushup.backplane import ChannelOp
 from pushup.core.errors import BadJSON, BadRequest
@@ -92,6 +97,41 @@ def encode_batch(batch: Batch) -> bytes:
     if batch.keys:
         raw["keys"] = [_wire_key(r) for r in batch.keys]
     return json.dumps(raw, separators=(",", ":")).encode()
+
+
+_packer = msgspec.msgpack.Encoder()
+_unpacker = msgspec.msgpack.Decoder()
+
+
+def pack_batch(batch: Batch) -> bytes:
+    """A batch for the replication stream: one MessagePack array of the same
+    rows as ``encode_batch``, each message's data as bytes."""
+    return _packer.encode([
+        batch.origin, batch.first,
+        [[m.seq, m.ts, m.channels, m.data_json] for m in batch.messages],
+        [_wire_op(op) for op in batch.ops],
+        batch.skip, [_wire_key(r) for r in batch.keys]])
+
+
+def unpack_batch(body: bytes) -> Batch:
+    """A batch from the replication stream, checked as ``decode_batch`` checks."""
+    try:
+        origin, first, rows, ops, skip, keys = _unpacker.decode(body)
+        if not isinstance(origin, str):
+            raise BadRequest("malformed batch origin")
+        messages = []
+        for seq, ts, channels, data in rows:
+            if not (isinstance(seq, int) and isinstance(ts, int) and isinstance(data, bytes)
+                    and isinstance(channels, list) and channels):
+                raise BadRequest("malformed message row")
+            names = tuple(check_channel_name(c) for c in channels)
+            messages.append(Message(origin, seq, ts, names, data))
+        if skip is not None:
+            skip = (int(skip[0]), int(skip[1]))
+        return Batch(origin, bool(first), tuple(messages), tuple(ops_of(ops)), skip,
+                     tuple(_key(origin, row) for row in keys))
+    except (msgspec.DecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise BadJSON(f"malformed peer batch: {e}") from None
 
 
 def decode_batch(body: bytes) -> Batch:

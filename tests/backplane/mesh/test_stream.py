@@ -21,7 +21,7 @@ from pushup.backplane.mesh.stream import (
     proof,
     request_head,
 )
-from pushup.backplane.mesh.wire import backlog, encode_batch
+from pushup.backplane.mesh.wire import backlog, pack_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Origin, Query
@@ -107,7 +107,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
         if after == 4:
             batch = type(batch)(batch.origin, batch.first, batch.messages,
                                 (ChannelOp("delete", "gone", 5),))
-        stream += frame(b"b" + encode_batch(batch))
+        stream += frame(b"b" + pack_batch(batch))
     feed(stream)
     assert frames(transport.value()) == [b"a2", b"a4", b"a5"]
     assert _held(node.service.store) == [b"0", b"1", b"2", b"3", b"4"]
@@ -168,7 +168,7 @@ def test_a_stream_silent_for_the_idle_timeout_is_closed_and_one_that_speaks_is_n
     sender = _store("a")
     for _ in range(3):  # a heartbeat (an empty batch) every 20 s keeps it open
         clock.advance(20)
-        http.dataReceived(frame(b"b" + encode_batch(backlog(sender, "a", 0, (0, 0)))))
+        http.dataReceived(frame(b"b" + pack_batch(backlog(sender, "a", 0, (0, 0)))))
     assert not transport.disconnecting
     transport.clear()
     clock.advance(IDLE_TIMEOUT)
@@ -224,7 +224,7 @@ def test_a_replayed_handshake_is_refused_and_nothing_is_applied():
     nonce_s = frames(wire.value())[0][1:17]
     recorded += frame(b"p" + proof("s", b"client", nonce_s, NONCE_C))
     batch = backlog(sender, sender.origin_name, 0, (2, sender.last_ts))
-    recorded += frame(b"b" + encode_batch(batch))
+    recorded += frame(b"b" + pack_batch(batch))
     first.dataReceived(recorded[len(frame(b"h" + NONCE_C)):])
     assert frames(wire.value())[-1] == b"a2"  # the genuine connection: applied
     again = _cluster(clock)  # a node that never saw the genuine connection

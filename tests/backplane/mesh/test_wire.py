@@ -5,7 +5,9 @@ from pushup.backplane.mesh.wire import (
     encode_batch,
     export_snapshot,
     import_snapshot,
+    pack_batch,
     sign,
+    unpack_batch,
     verify,
 )
 from pushup.core.cursor import Cursor
@@ -26,6 +28,43 @@ def test_a_batch_round_trips_with_byte_identical_data():
     back = decode_batch(encode_batch(Batch("a.x", True, (m,), ops)))
     assert back.first and back.ops == ops
     assert back.messages[0].full == m.full and back.messages[0].data_json == m.data_json
+
+
+def test_a_packed_batch_round_trips_as_the_json_one_does():
+    """The stream's MessagePack batch carries what the JSON one does, data
+    byte for byte (numbers as written, non-ASCII, U+2028), keys and skip."""
+    from pushup.core.idempotency import Remembered
+
+    data = b'{"f":1.0e5,"big":123456789012345678901234567890,"s":"\xc3\xa9\xe2\x80\xa8"}'
+    m = Message("a.x", 3, T0, ("c", "d"), data)
+    ops = (ChannelOp("delete", "c", 3), ChannelOp("create", "d", 3, 5, T0 + 5))
+    keys = (Remembered("k-1", "f" * 64, "a.x", ((3, T0),)),)
+    for batch in (Batch("a.x", True, (m,), ops, keys=keys),
+                  Batch("a.x", False, (), (), skip=(9, T0 + 9))):
+        packed, json_form = unpack_batch(pack_batch(batch)), decode_batch(encode_batch(batch))
+        for back in (packed, json_form):
+            assert (back.origin, back.first, back.ops, back.skip, back.keys) == (
+                batch.origin, batch.first, batch.ops, batch.skip, batch.keys)
+            assert [x.full for x in back.messages] == [x.full for x in batch.messages]
+
+
+def test_a_malformed_packed_batch_is_refused_as_a_bad_batch():
+    import msgspec
+    import pytest
+
+    from pushup.core.errors import PushUpError
+
+    pack = msgspec.msgpack.encode
+    good = ["a.x", False, [[1, T0, ["c"], b"1"]], [], None, []]
+    assert unpack_batch(pack(good)).messages[0].data_json == b"1"
+    for bad in (b"\xc1", pack([]), pack(good[:5]),
+                pack(["a.x", False, [[1, T0, ["c"], "1"]], [], None, []]),
+                pack(["a.x", False, [[1, T0, ["bad name"], b"1"]], [], None, []]),
+                pack(["a.x", False, [[1, T0, [], b"1"]], [], None, []]),
+                pack([7, False, [], [], None, []]),
+                pack(["a.x", False, [], [["explode", 1, "c"]], None, []])):
+        with pytest.raises(PushUpError):
+            unpack_batch(bad)
 
 
 def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
