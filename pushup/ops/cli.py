@@ -11,7 +11,9 @@ http://HOST:PORT`` once connections are accepted (for a worker of
 from __future__ import annotations
 
 import os
+import re
 import resource
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import version
@@ -32,6 +34,10 @@ MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keep
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Until serving (then stop_on_signals drains): Ctrl-C or SIGTERM exits at
+    # once, quietly (no KeyboardInterrupt traceback from the middle of an import).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _: sys.exit(128 + n))
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
         print(f"pushup {version('pushup')}")
@@ -146,15 +152,41 @@ def start_logging(level: str, form: str = "text") -> None:
         textFileLogObserver,
     )
 
-    predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
+    threshold = LogLevel.levelWithName(level)
+    predicate = LogLevelFilterPredicate(threshold)
     sink = json_lines_observer(sys.stderr) if form == "json" else textFileLogObserver(sys.stderr)
-    observer = FilteringLogObserver(sink, [predicate])
+    predicates: list[Any] = [predicate]
+    if threshold > LogLevel.debug:
+        predicates.append(quiet_twisted)
+    observer = FilteringLogObserver(sink, predicates)
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
+# Twisted's own lines that say nothing an operator needs: a factory started or
+# stopped (one per outgoing connection: per retry to a peer or Redis that is
+# down), a port opened or closed (our start line and drain lines say it).
+_CHATTER_FORMATS = frozenset({"Starting factory {factory!r}", "Stopping factory {factory!r}",
+                              "Main loop terminated."})
+_CHATTER_TEXT = re.compile(r"^(\S+ starting on \d+|\(\S+ Port \d+ Closed\))$")
+
+
+def quiet_twisted(event: dict[str, Any]) -> Any:
+    """A log filter: Twisted's chatter out (kept with ``--log-level debug``)."""
+    from twisted.logger import PredicateResult
+
+    if event.get("log_format") in _CHATTER_FORMATS:
+        return PredicateResult.no
+    message = event.get("message")
+    if (isinstance(message, tuple) and len(message) == 1 and isinstance(message[0], str)
+            and _CHATTER_TEXT.match(message[0])):
+        return PredicateResult.no
+    return PredicateResult.maybe
+
+
 def json_lines_observer(out: Any) -> Any:
-    """One JSON object a line (time, level, namespace, message; a failure's
-    traceback as ``traceback``): what log shippers read."""
+    """One JSON object a line (time, level, namespace, message, then the event's
+    own fields, e.g. ``peer`` and ``state``; a failure's traceback as
+    ``traceback``): what log shippers read."""
     import json
 
     from twisted.logger import formatEvent
@@ -164,13 +196,53 @@ def json_lines_observer(out: Any) -> Any:
                   "level": getattr(event.get("log_level"), "name", "info"),
                   "namespace": event.get("log_namespace", ""),
                   "message": formatEvent(event)}
+        for key, value in event.items():
+            if (not key.startswith("log_") and key not in record and key not in _LEGACY
+                    and isinstance(value, _PLAIN)):
+                record[key] = value if not isinstance(value, tuple) else list(value)
         failure = event.get("log_failure")
         if failure is not None:
             record["traceback"] = failure.getTraceback()
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         out.flush()
 
     return observe
+
+
+_PLAIN = (str, int, float, bool, list, tuple, type(None))
+# keys twisted.python.log's legacy events carry besides the message
+_LEGACY = frozenset({"message", "system", "format", "isError", "time", "why", "failure"})
+
+
+def start_line(config: Config, node_id: str, address: str,
+               worker: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The fields of the one line a node logs when it starts (``worker``: its
+    index and the count, for one of ``--workers``)."""
+    from pushup.config import parse_url
+
+    fields: dict[str, Any] = {"version": version("pushup"), "node_id": node_id,
+                              "address": address, "workers": config.workers}
+    if config.engine == "mesh":
+        fields["engine"] = "mesh"
+        fields["peers"] = list(config.peer)
+    else:  # str() of a Redis URL leaves its credentials out
+        fields["engine"] = "redis"
+        fields["redis"] = str(parse_url(config.engine))
+    if worker is not None:
+        fields["worker"], fields["workers"] = worker
+    return fields
+
+
+def log_start(fields: dict[str, Any]) -> None:
+    from twisted.logger import Logger
+
+    where = (f"peers {', '.join(fields['peers']) or 'none'}" if fields["engine"] == "mesh"
+             else f"redis {fields['redis']}")
+    worker = " (worker {worker} of {workers})" if "worker" in fields else ""
+    Logger(namespace="pushup").info(
+        "pushup {version} node {node_id}" + worker + " listening on {address}; engine "
+        "{engine}; " + where.replace("{", "{{").replace("}", "}}") + "; workers {workers}",
+        **fields)
 
 
 def serve(config: Config) -> int:
@@ -214,13 +286,45 @@ def serve(config: Config) -> int:
         started.addCallback(lambda _: node.listen_once(reuse_port=True))
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
+    board = os.environ.get(BOARD_ENV, "")  # "FD:INDEX:COUNT" for one of --workers
+    parts = board.split(":")
+    slot = (int(parts[1]), int(parts[2])) if board else None
+    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot))
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
+    stop_on_signals(reactor)
     # After a burst of large answers, give the pages malloc keeps back (README).
     trimmer = LoopingCall(release_free_memory)
     trimmer.clock = reactor
     trimmer.start(MEMORY_CHECK, now=False)
-    reactor.run()
+    reactor.run(installSignalHandlers=False)  # type: ignore[call-arg]
+    # Drained: a late signal (the launcher's SIGTERM after a Ctrl-C) must not
+    # kill the exit (Python restores the default handlers while it finalises).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     return 0
+
+
+def stop_on_signals(reactor: Any) -> None:
+    """SIGTERM and SIGINT drain and stop the node, once: a second signal while
+    it drains (Ctrl-C in a terminal signals the launcher and every node it
+    started, and the launcher then sends SIGTERM) is only noted. Twisted's
+    own handlers stop the reactor on each signal and log a ReactorNotRunning
+    traceback for the second, so we install these instead."""
+    from twisted.logger import Logger
+
+    log = Logger(namespace="pushup")
+    stopping: list[str] = []
+
+    def stop(name: str) -> None:
+        if stopping:
+            log.debug("{signal}: already draining", signal=name)
+            return
+        stopping.append(name)
+        log.info("{signal}: draining, then stopping", signal=name)
+        reactor.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _: reactor.callFromThread(stop, signal.Signals(n).name))
 
 
 if __name__ == "__main__":
