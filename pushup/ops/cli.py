@@ -36,7 +36,7 @@ MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keep
 def main(argv: Sequence[str] | None = None) -> int:
     # Until serving (then stop_on_signals drains): Ctrl-C or SIGTERM exits at
     # once, quietly (no KeyboardInterrupt traceback from the middle of an import).
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in handled_signals():
         signal.signal(sig, lambda n, _: sys.exit(128 + n))
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
@@ -211,7 +211,7 @@ def json_lines_observer(out: Any) -> Any:
 
 _PLAIN = (str, int, float, bool, list, tuple, type(None))
 # keys twisted.python.log's legacy events carry besides the message
-_LEGACY = frozenset({"message", "system", "format", "isError", "time", "why", "failure"})
+_LEGACY = frozenset({"message", "system", "format", "isError", "time", "failure"})
 
 
 def start_line(config: Config, node_id: str, address: str,
@@ -278,8 +278,8 @@ def serve(config: Config) -> int:
         port = config.port if worker else node.listen()
         if os.environ.get(BOARD_ENV):
             node.fleet = join(os.environ[BOARD_ENV], node.worker_stats, reactor)
-    except CannotListenError as e:
-        print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
+    except CannotListenError as e:  # the client port, or --admin-port
+        print(f"pushup: error: cannot listen on {e.interface or '0.0.0.0'}:{e.port}: "
               f"{e.socketError}", file=sys.stderr)
         return 1
     if worker:
@@ -323,8 +323,16 @@ def stop_on_signals(reactor: Any) -> None:
         log.info("{signal}: draining, then stopping", signal=name)
         reactor.stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in handled_signals():
         signal.signal(sig, lambda n, _: reactor.callFromThread(stop, signal.Signals(n).name))
+
+
+def handled_signals() -> list[signal.Signals]:
+    """SIGTERM, and SIGINT unless it is ignored (as in a worker of ``--workers``,
+    which its supervisor stops with SIGTERM: a terminal's Ctrl-C reaches the
+    whole process group, and one signal per worker is enough)."""
+    return [sig for sig in (signal.SIGTERM, signal.SIGINT)
+            if signal.getsignal(sig) is not signal.SIG_IGN]
 
 
 if __name__ == "__main__":

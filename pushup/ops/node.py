@@ -143,8 +143,8 @@ class Node:
         try:
             self.listen(reuse_port)
         except CannotListenError as e:  # the supervisor restarts us
-            log.error("cannot listen on {host}:{port}: {e}; stopping", host=self.config.host,
-                      port=self.config.port, e=e.socketError)
+            log.error("cannot listen on {host}:{port}: {e}; stopping", host=e.interface,
+                      port=e.port, e=e.socketError)
             self.reactor.stop()
 
     def adopt(self, fd: int) -> None:

@@ -142,8 +142,11 @@ class Supervisor:
         board = f"{self.board}:{i}:{len(self.procs)}"
         env = worker_env(self.config, os.environ,
                          **{FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board})
+        # SIGINT ignored: a Ctrl-C reaches the whole process group, and we stop
+        # the workers ourselves (SIGTERM), also while one is still importing.
         proc = subprocess.Popen(worker_argv(self.config, i, self.port, peers),
-                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board))
+                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board),
+                                preexec_fn=_ignore_sigint)
         self.procs[i] = proc
         return proc
 
@@ -195,6 +198,10 @@ class Supervisor:
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def supervise(config: Config) -> int:
