@@ -143,7 +143,11 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def start_logging(level: str, form: str = "text") -> None:
+def start_logging(level: str, form: str = "text", worker: bool = False) -> None:
+    """Log to stderr at ``level`` or above, as text or JSON lines. A worker of
+    ``--workers`` leaves out the info lines of its links to its siblings
+    (up, lost: N workers would log N × (N - 1) of them; its supervisor says
+    when a worker exits); their warnings stay."""
     from twisted.logger import (
         FilteringLogObserver,
         LogLevel,
@@ -158,6 +162,8 @@ def start_logging(level: str, form: str = "text") -> None:
     predicates: list[Any] = [predicate]
     if threshold > LogLevel.debug:
         predicates.append(quiet_twisted)
+        if worker:
+            predicates.append(quiet_siblings)
     observer = FilteringLogObserver(sink, predicates)
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
@@ -179,6 +185,16 @@ def quiet_twisted(event: dict[str, Any]) -> Any:
     message = event.get("message")
     if (isinstance(message, tuple) and len(message) == 1 and isinstance(message[0], str)
             and _CHATTER_TEXT.match(message[0])):
+        return PredicateResult.no
+    return PredicateResult.maybe
+
+
+def quiet_siblings(event: dict[str, Any]) -> Any:
+    """A log filter for a worker: its sibling links' info lines out."""
+    from twisted.logger import LogLevel, PredicateResult
+
+    if (event.get("log_namespace") == "pushup.backplane.mesh.peers"
+            and event.get("log_level", LogLevel.info) < LogLevel.warn):
         return PredicateResult.no
     return PredicateResult.maybe
 
@@ -248,7 +264,9 @@ def log_start(fields: dict[str, Any]) -> None:
 def serve(config: Config) -> int:
     install_reactor(config.reactor)
     raise_open_files_limit()
-    start_logging(config.log_level, config.log_format)
+    from pushup.ops.fleet import BOARD_ENV, join
+
+    start_logging(config.log_level, config.log_format, worker=bool(os.environ.get(BOARD_ENV)))
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
@@ -256,7 +274,6 @@ def serve(config: Config) -> int:
 
     from pushup._libc import release_free_memory
     from pushup.backplane.disk import DataDirError
-    from pushup.ops.fleet import BOARD_ENV, join
     from pushup.ops.node import Node
     from pushup.ops.workers import FD_ENV, REUSE_ENV
 

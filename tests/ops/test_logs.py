@@ -53,17 +53,21 @@ class Node:
         return self.log.read_text().splitlines()
 
     def get(self, path: str) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        return get_json(self.url + path)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
         self.log.unlink(missing_ok=True)
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
 
 
 def wait_until(condition: Callable[[], object], what: str) -> None:
@@ -203,3 +207,33 @@ def test_json_logs_carry_the_start_lines_fields(nodes):
         "version": version("pushup"), "node_id": f"n{node.port}", "address": node.url,
         "engine": "mesh", "peers": [], "workers": 1}
     assert first["message"].startswith(f"pushup {version('pushup')} node n{node.port}")
+
+
+def test_workers_log_a_start_line_each_and_not_their_sibling_links(tmp_path):
+    port = free_port()
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
+                                 "--port", str(port), "--node-id", "w"],
+                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().startswith(b"listening on")
+        def siblings_up() -> bool:
+            workers = get_json(f"http://127.0.0.1:{port}/stats")[1]["workers"]
+            return len(workers) == 2 and all(
+                [p["state"] for p in w["peers"]] == ["up"] for w in workers)
+
+        wait_until(siblings_up, "each worker's link to its sibling up")
+        lines = log.read_text().splitlines()
+        print(f"\n--workers 2 start: {len(lines)} lines\n" + "\n".join(lines))
+        assert_quiet(lines)
+        starts = sorted(line.split("] ", 1)[1].split(" listening")[0] for line in lines
+                        if " listening on " in line)
+        assert starts == [f"pushup {version('pushup')} node w-0 (worker 0 of 2)",
+                          f"pushup {version('pushup')} node w-1 (worker 1 of 2)"], lines
+        assert not [line for line in lines if "peer http" in line], lines
+        assert len(lines) == 4, lines  # and how each worker filled its cache
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
