@@ -148,6 +148,8 @@ class Supervisor:
                                 stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board),
                                 preexec_fn=_ignore_sigint)
         self.procs[i] = proc
+        if self.stopping:  # a signal came while it was being started: stop() missed it
+            proc.send_signal(signal.SIGTERM)
         return proc
 
     def run(self) -> int:
