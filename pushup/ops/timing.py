@@ -59,6 +59,17 @@ class Histogram:
         return [*self.counts, self.total]
 
 
+class Row:
+    """One endpoint's request durations and answers by status."""
+
+    __slots__ = ("name", "duration", "statuses")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.duration = Histogram()
+        self.statuses: dict[int, int] = {}
+
+
 class Timings:
     """This process's histograms and answer counts (see the module docstring)."""
 
@@ -66,8 +77,7 @@ class Timings:
         self.clock = clock
         self.publish = Histogram()
         self.lag = Histogram()
-        self.requests = {name: Histogram() for name in (*ENDPOINTS.values(), "other")}
-        self.responses: dict[tuple[str, int], int] = {}  # (endpoint, status) -> count
+        self.rows = {name: Row(name) for name in (*ENDPOINTS.values(), "other")}
         self.errors: dict[str, int] = {}  # error code -> count
 
     def answered(self, delivery: Delivery, subscribers: int) -> None:
@@ -78,17 +88,15 @@ class Timings:
             lag = self.clock.seconds() - messages[-1].ts / 1e6
             self.lag.observe(lag if lag > 0 else 0.0, subscribers)
 
-    def count(self, endpoint: str, response: Response) -> None:
-        key = (endpoint, response.status)
-        self.responses[key] = self.responses.get(key, 0) + 1
-        if response.status >= 400 and response.body is not None:
-            code = error_code(response.body)
-            self.errors[code] = self.errors.get(code, 0) + 1
+    def error(self, response: Response) -> None:
+        code = error_code(response.body or b"")
+        self.errors[code] = self.errors.get(code, 0) + 1
 
     def figures(self) -> dict[str, Any]:
         return {"publish": self.publish.figures(), "lag": self.lag.figures(),
-                "requests": {k: h.figures() for k, h in self.requests.items()},
-                "responses": {f"{e} {s}": n for (e, s), n in self.responses.items()},
+                "requests": {name: row.duration.figures() for name, row in self.rows.items()},
+                "responses": {f"{name} {status}": n for name, row in self.rows.items()
+                              for status, n in row.statuses.items()},
                 "errors": dict(self.errors)}
 
 
@@ -109,6 +117,9 @@ class Timed:
         self.handlers = handlers
         self.timings = timings
         self.clock = timings.clock
+        self._rows = {segment: timings.rows[name] for segment, name in ENDPOINTS.items()}
+        self._other = timings.rows["other"]
+        self._publish = timings.rows["publish"]
 
     def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
         return self.handlers.admit(method, path, headers)
@@ -125,31 +136,29 @@ class Timed:
         counted as the 200 it will be, and not timed: its time is the wait."""
         began = self.clock.seconds()
         outcome = self.handlers.handle(request, client)
-        endpoint = ENDPOINTS.get(request.path[1:].split(b"/", 1)[0], "other")
+        row = self._rows.get(request.path[1:].split(b"/", 1)[0], self._other)
         if isinstance(outcome, Response):
-            self._done(endpoint, outcome, began)
+            self._done(row, outcome, began)
         elif isinstance(outcome, Pending):
-            outcome.answer.addBoth(self._later, endpoint, began)
+            outcome.answer.addBoth(self._later, row, began)
         else:
-            key = (endpoint, 200)
-            self.timings.responses[key] = self.timings.responses.get(key, 0) + 1
+            row.statuses[200] = row.statuses.get(200, 0) + 1
         return outcome
 
-    def _done(self, endpoint: str, response: Response, began: float) -> None:
+    def _done(self, row: Row, response: Response, began: float) -> None:
         took = self.clock.seconds() - began
-        timings = self.timings
-        timings.requests[endpoint].observe(took)
-        timings.count(endpoint, response)
-        if endpoint == "publish" and response.status in (201, 202):
-            timings.publish.observe(took)
+        row.duration.observe(took)
+        status = response.status
+        row.statuses[status] = row.statuses.get(status, 0) + 1
+        if status >= 400:
+            self.timings.error(response)
+        elif row is self._publish and status in (201, 202):
+            self.timings.publish.observe(took)
 
-    def _later(self, outcome: Response | Failure, endpoint: str, began: float,
+    def _later(self, outcome: Response | Failure, row: Row, began: float,
                ) -> Response | Failure:
-        if isinstance(outcome, Response):
-            self._done(endpoint, outcome, began)
-        else:  # a bug: the front answers 500
-            self.timings.count(endpoint, _BUG)
-        return outcome
+        self._done(row, outcome if isinstance(outcome, Response) else _BUG, began)
+        return outcome  # a Failure is a bug: the front answers 500
 
 
 _BUG = error_response(PushUpError("the server failed"))
