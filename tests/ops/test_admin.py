@@ -1,4 +1,4 @@
-"""``--admin-port`` on real nodes: /stats and /metrics leave the client port
+"""pushup/ops/admin.py, ``--admin-port``, on real nodes: /stats and /metrics leave the client port
 for a loopback one, and with ``--workers`` one scrape there sums every
 worker's histograms."""
 
