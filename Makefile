@@ -22,14 +22,24 @@ $(STAMP): pyproject.toml
 
 # Debian packages the tests and load tests use (HAProxy for the cluster, nftables
 # for wire-byte counters, Node for the browser client's tests, Redis for the Redis
-# client's tests). Installed only when missing; we run as root.
+# client's tests, Prometheus for the dashboard's test, systemd-analyze for the
+# unit's). Installed only when missing; we run as root. No package may start its
+# Debian service (prometheus would listen on :9090): without a policy-rc.d
+# already in place, one that refuses service starts is put there for the
+# install and removed after it. The tests run their own processes by PID.
 system-packages:
 	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
 	  && command -v npm >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
-	  && command -v redis-server >/dev/null && command -v openssl >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server openssl >/dev/null; }
+	  && command -v redis-server >/dev/null && command -v openssl >/dev/null \
+	  && test -x /usr/bin/prometheus && command -v systemd-analyze >/dev/null || { \
+	  policy=/usr/sbin/policy-rc.d; added=; \
+	  if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy; \
+	    chmod +x $$policy; added=1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server openssl \
+	    prometheus systemd >/dev/null; rc=$$?; \
+	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
 
 setup: $(STAMP) system-packages npm-clients
 

@@ -50,11 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--port", type=int, default=8000, help="the front (HAProxy) port")
     args = parser.parse_args(argv)
-    demo = Demo(args.nodes, args.port).start()
-    print(f"chat on {demo.url} (open it in two windows); Ctrl-C stops", flush=True)
+    demo = Demo(args.nodes, args.port)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    try:
+    try:  # a Ctrl-C while the demo starts stops what started, with no traceback
+        demo.start()
+        print(f"chat on {demo.url} (open it in two windows); Ctrl-C stops", flush=True)
         done.wait()
     except KeyboardInterrupt:
         pass

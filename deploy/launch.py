@@ -238,14 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                            args.web_backend, workdir=os.environ.get("PUSHUP_CLUSTER_DIR"),
                            engine=args.engine)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    cluster.start()
-    print(f"front: {cluster.front_url}")
-    if cluster.engine != "mesh":
-        print(f"engine: {cluster.engine_url}")
-    for i in range(args.nodes):
-        print(f"node{i + 1}: {cluster.node_url(i)}")
-    print(f"logs: {cluster.workdir}   (Ctrl-C stops everything)", flush=True)
-    try:
+    try:  # a Ctrl-C while the cluster starts stops what started, with no traceback
+        cluster.start()
+        print(f"front: {cluster.front_url}")
+        if cluster.engine != "mesh":
+            print(f"engine: {cluster.engine_url}")
+        for i in range(args.nodes):
+            print(f"node{i + 1}: {cluster.node_url(i)}")
+        print(f"logs: {cluster.workdir}   (Ctrl-C stops everything)", flush=True)
         while all(p is None or p.poll() is None for p in [*cluster.nodes, *cluster.haproxies]):
             time.sleep(0.5)
         print("a process exited; stopping the cluster", file=sys.stderr)

@@ -66,6 +66,8 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     data_dir: str = ""  # empty: the cache lives in memory only
+    admin_port: int = 0  # 0: /stats and /metrics on the client port
+    admin_host: str = "127.0.0.1"
 
 
 REACTORS = ("epoll", "poll", "select")
@@ -119,6 +121,10 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
     "data_dir": ("keep the cache in SQLite in this directory, so a restart loses nothing "
                  "acknowledged and retained (single node only; one process at a time)", "DIR"),
+    "admin_port": ("serve /stats and /metrics (and /health) on this port, on --admin-host, "
+                   "and no longer on the client port (0: on the client port)", "PORT"),
+    "admin_host": ("address of --admin-port (keep it private: /stats names the peers)",
+                   "HOST"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
@@ -319,6 +325,9 @@ def validate(c: Config) -> Config:
             raise ConfigError(message)
 
     need(0 <= c.port <= 65535, "--port must be 0-65535")
+    need(0 <= c.admin_port <= 65535, "--admin-port must be 0-65535")
+    need(not c.admin_port or c.admin_port != c.port or c.port == 0,
+         "--admin-port must differ from --port")
     if c.node_id:
         try:
             check_node_id(c.node_id)

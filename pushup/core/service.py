@@ -122,6 +122,9 @@ class Service:
         self.started = clock.seconds()
         self.draining = False
         self.on_fanout_done: list[Callable[[], None]] = []
+        # told (delivery, subscribers) as a fan-out writes a delivery to a run of
+        # subscribers (the node's delivery-lag histogram)
+        self.on_answered: Callable[[Delivery, int], None] | None = None
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
         self._backlog: deque[tuple[Subscriber, Delivery, int]] = deque()
@@ -292,10 +295,19 @@ class Service:
         # before anyone's re-poll costs the fan-out time.
         hold = n < len(backlog)
         delivered = 0
+        answered = self.on_answered
+        last, run = None, 0  # a run of subscribers answered with one delivery
         for _ in range(n):
             who, delivery, count = backlog.popleft()
             if who.respond(delivery, hold):
                 delivered += count
+                if delivery is not last:
+                    if run and answered is not None:
+                        answered(last, run)  # type: ignore[arg-type]
+                    last, run = delivery, 0
+                run += 1
+        if run and answered is not None:
+            answered(last, run)  # type: ignore[arg-type]
         self.counters.delivered += delivered
         if backlog:
             if self._flushing is None:

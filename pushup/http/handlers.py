@@ -79,7 +79,10 @@ class Handlers:
     def __init__(self, service: Service, config: Config,
                  stats: Callable[[], dict[str, Any]],
                  metrics: Callable[[], tuple[bytes, bytes]],
-                 backplane: Backplane, peers: PeerEndpoints | None = None) -> None:
+                 backplane: Backplane, peers: PeerEndpoints | None = None,
+                 figures: bool = True) -> None:
+        """``figures``: answer /stats and /metrics (else they are only on the
+        admin port, and 404 here)."""
         self.service = service
         self.config = config
         self.backplane = backplane
@@ -104,6 +107,8 @@ class Handlers:
             (b"peer", b"snapshot"): {b"GET": self.peer},
             (b"peer", b"repair"): {b"POST": self.peer},
         }
+        if not figures:
+            del self._routes[(b"stats",)], self._routes[(b"metrics",)]
 
     # -- what the HTTP front calls ------------------------------------------
 

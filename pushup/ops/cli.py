@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import version
@@ -32,6 +33,10 @@ MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keep
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Until serving (then stop_on_signals drains): Ctrl-C or SIGTERM exits at
+    # once, quietly (no KeyboardInterrupt traceback from the middle of an import).
+    for sig in handled_signals():
+        signal.signal(sig, lambda n, _: sys.exit(128 + n))
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
         print(f"pushup {version('pushup')}")
@@ -133,46 +138,13 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def start_logging(level: str, form: str = "text") -> None:
-    from twisted.logger import (
-        FilteringLogObserver,
-        LogLevel,
-        LogLevelFilterPredicate,
-        globalLogBeginner,
-        textFileLogObserver,
-    )
-
-    predicate = LogLevelFilterPredicate(LogLevel.levelWithName(level))
-    sink = json_lines_observer(sys.stderr) if form == "json" else textFileLogObserver(sys.stderr)
-    observer = FilteringLogObserver(sink, [predicate])
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
-
-
-def json_lines_observer(out: Any) -> Any:
-    """One JSON object a line (time, level, namespace, message; a failure's
-    traceback as ``traceback``): what log shippers read."""
-    import json
-
-    from twisted.logger import formatEvent
-
-    def observe(event: dict[str, Any]) -> None:
-        record = {"time": round(event.get("log_time", 0.0), 6),
-                  "level": getattr(event.get("log_level"), "name", "info"),
-                  "namespace": event.get("log_namespace", ""),
-                  "message": formatEvent(event)}
-        failure = event.get("log_failure")
-        if failure is not None:
-            record["traceback"] = failure.getTraceback()
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        out.flush()
-
-    return observe
-
-
 def serve(config: Config) -> int:
     install_reactor(config.reactor)
     raise_open_files_limit()
-    start_logging(config.log_level, config.log_format)
+    from pushup.ops.fleet import BOARD_ENV, join
+    from pushup.ops.logs import log_start, start_line, start_logging
+
+    start_logging(config.log_level, config.log_format, worker=bool(os.environ.get(BOARD_ENV)))
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
@@ -180,7 +152,6 @@ def serve(config: Config) -> int:
 
     from pushup._libc import release_free_memory
     from pushup.backplane.disk import DataDirError
-    from pushup.ops.fleet import BOARD_ENV, join
     from pushup.ops.node import Node
     from pushup.ops.workers import FD_ENV, REUSE_ENV, SIBLINGS_ENV
 
@@ -203,21 +174,61 @@ def serve(config: Config) -> int:
         port = config.port if worker else node.listen()
         if os.environ.get(BOARD_ENV):
             node.fleet = join(os.environ[BOARD_ENV], node.worker_stats, reactor)
-    except CannotListenError as e:
-        print(f"pushup: error: cannot listen on {config.host}:{config.port}: "
+    except CannotListenError as e:  # the client port, or --admin-port
+        print(f"pushup: error: cannot listen on {e.interface or '0.0.0.0'}:{e.port}: "
               f"{e.socketError}", file=sys.stderr)
         return 1
     if worker:
         started.addCallback(lambda _: node.listen_once(reuse_port=True))
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
+    board = os.environ.get(BOARD_ENV, "")  # "FD:INDEX:COUNT" for one of --workers
+    parts = board.split(":")
+    slot = (int(parts[1]), int(parts[2])) if board else None
+    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot))
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
+    stop_on_signals(reactor)
     # After a burst of large answers, give the pages malloc keeps back (README).
     trimmer = LoopingCall(release_free_memory)
     trimmer.clock = reactor
     trimmer.start(MEMORY_CHECK, now=False)
-    reactor.run()
+    reactor.run(installSignalHandlers=False)  # type: ignore[call-arg]
+    # Drained: a late signal (the launcher's SIGTERM after a Ctrl-C) must not
+    # kill the exit (Python restores the default handlers while it finalises).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     return 0
+
+
+def stop_on_signals(reactor: Any) -> None:
+    """SIGTERM and SIGINT drain and stop the node, once: a second signal while
+    it drains (Ctrl-C in a terminal signals the launcher and every node it
+    started, and the launcher then sends SIGTERM) is only noted. Twisted's
+    own handlers stop the reactor on each signal and log a ReactorNotRunning
+    traceback for the second, so we install these instead."""
+    from twisted.logger import Logger
+
+    log = Logger(namespace="pushup")
+    stopping: list[str] = []
+
+    def stop(name: str) -> None:
+        if stopping:
+            log.debug("{signal}: already draining", signal=name)
+            return
+        stopping.append(name)
+        log.info("{signal}: draining, then stopping", signal=name)
+        reactor.stop()
+
+    for sig in handled_signals():
+        signal.signal(sig, lambda n, _: reactor.callFromThread(stop, signal.Signals(n).name))
+
+
+def handled_signals() -> list[signal.Signals]:
+    """SIGTERM, and SIGINT unless it is ignored (as in a worker of ``--workers``,
+    which its supervisor stops with SIGTERM: a terminal's Ctrl-C reaches the
+    whole process group, and one signal per worker is enough)."""
+    return [sig for sig in (signal.SIGTERM, signal.SIGINT)
+            if signal.getsignal(sig) is not signal.SIG_IGN]
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pushup.ops.metrics import FIGURES
+from pushup.ops import timing
+from pushup.ops.metrics import FIGURES, engine_gauge
 
 BOARD_ENV = "PUSHUP_WORKER_BOARD"  # "FD:INDEX:COUNT" of the inherited board
 HALF = 32 * 1024  # bytes for one copy of a worker's figures
@@ -107,6 +108,7 @@ class Fleet:
         self._wall = wall
         previous = board.read(index) or {}
         self._base = {k: previous.get(k, 0) for k in COUNTERS}
+        self._base_timings: dict[str, Any] = previous.get("timings", {})
         self._restarts = previous.get("restarts", -1) + 1
 
     def publish(self) -> dict[str, Any]:
@@ -124,6 +126,8 @@ class Fleet:
         }
         for key in COUNTERS:
             entry[key] = self._base[key] + own[key]
+        entry["timings"] = timing.add(self._base_timings, own.get("timings", {}))
+        entry["engine_up"] = own.get("engine_up", 1)
         for key in (*SUMMED, *REPLICATED):
             entry[key] = own.get(key, 0)
         self.board.write(self.index, entry)
@@ -157,6 +161,12 @@ class Fleet:
         stats["peers"] = [p for p in mine_peers(workers, self.index) if not p.get("sibling")]
         # The workers' engine: redis when they share a Redis log, else they are a mesh.
         stats["engine"] = workers[0]["engine"] if workers else "mesh"
+        # Histograms and answer counts: every worker's, summed (like the counters).
+        timings: dict[str, Any] = {}
+        for w in workers:
+            timings = timing.add(timings, w.get("timings", {}))
+        stats["timings"] = timings
+        stats["engine_up"] = min((w.get("engine_up", 1) for w in live), default=0)
         stats["answered_by"] = self.index
         stats["workers"] = workers
         return stats
@@ -183,6 +193,9 @@ class _Collector:
                                 value=stats["rss_bytes"])
         yield GaugeMetricFamily("process_open_fds", "Open descriptors, all workers",
                                 value=stats["open_fds"])
+        if stats["timings"]:
+            yield from timing.families(stats["timings"], stats["engine"])
+        yield engine_gauge(stats)
         up = GaugeMetricFamily("pushup_worker_up", "1 while the worker writes its figures",
                                labels=["worker"])
         restarts = CounterMetricFamily("pushup_worker_restarts", "Times the worker restarted",

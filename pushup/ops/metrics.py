@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pushup.ops import timing
+
 # (key in /stats, Prometheus name, kind, help)
 FIGURES = (
     ("uptime_s", "pushup_uptime_seconds", "gauge", "Seconds since the node started"),
@@ -66,16 +68,33 @@ class Collector:
         if "redis" in stats:
             yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
                                                  if k in ("up", "horizon", "lost_epochs")})
+        yield from timing.families(stats["timings"], stats["engine"])
+        yield engine_gauge(stats)
         queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",
                                    labels=["peer"])
         sent = CounterMetricFamily("pushup_peer_sent", "Messages delivered to a peer",
                                    labels=["peer"])
         up = GaugeMetricFamily("pushup_peer_up", "1 if the peer link is up", labels=["peer"])
+        state = GaugeMetricFamily("pushup_peer_state", "1 for the peer link's state "
+                                  "(connecting, up, down, refused), 0 for the others",
+                                  labels=["peer", "state"])
         for peer in stats["peers"]:
             queued.add_metric([peer["url"]], peer["queued"])
             sent.add_metric([peer["url"]], peer["sent"])
             up.add_metric([peer["url"]], 1 if peer["state"] == "up" else 0)
-        yield from (queued, sent, up)
+            for name in PEER_STATES:
+                state.add_metric([peer["url"], name], 1 if peer["state"] == name else 0)
+        yield from (queued, sent, up, state)
+
+
+PEER_STATES = ("connecting", "up", "down", "refused")
+
+
+def engine_gauge(stats: dict[str, Any]) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily("pushup_engine_up", "1 while the engine can take a publish "
+                              "(caught up; Redis reachable)", labels=["engine"])
+    gauge.add_metric([stats["engine"]], stats["engine_up"])
+    return gauge
 
 
 def _families(figures: Any, values: dict[str, Any]) -> Iterator[Metric]:

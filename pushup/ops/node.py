@@ -28,6 +28,8 @@ from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Cluster
 from pushup.config import Config
+from pushup.core.counters import Counters
+from pushup.core.errors import PushUpError
 from pushup.core.model import Origin, default_node_id
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
@@ -36,10 +38,13 @@ from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
 from pushup.http.protocol import Front
 from pushup.http.sse import max_event_id
+from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
+from pushup.ops.timing import Timed, Timings
 
 log = Logger()
+ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
 
@@ -66,6 +71,8 @@ class Node:
             key_window=round(config.idempotency_window * 1e6),
         )
         self.service = Service(Store(retention, origin), reactor, config.max_timeout)
+        self.timings = Timings(reactor)
+        self.service.on_answered = self.timings.answered
         self.registry = registry_for(self.stats)
         self.cluster: Cluster | None = None  # the mesh, when it is the backplane
         self.backplane: Backplane
@@ -82,17 +89,26 @@ class Node:
             self.backplane = Alone(self.service)
         endpoints = None if self.cluster is None else MeshEndpoints(self.cluster)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
-                                 self.backplane, peers=endpoints)
+                                 self.backplane, peers=endpoints,
+                                 figures=not config.admin_port)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
             limit = SELECT_CONNECTIONS
-        self.front = Front(self.handlers, Writer(config.cors_origin), self.service.counters,
+        self.front = Front(Timed(self.handlers, self.timings), Writer(config.cors_origin),
+                           self.service.counters,
                            reactor, limit=limit, max_target=max_target(config),
                            header_timeout=config.header_timeout,
                            keepalive_timeout=config.keepalive_timeout,
                            send_timeout=config.send_timeout,
                            max_event_id=max_event_id(config.max_channels))
+        # --admin-port: the figures on a front of their own (its own counts too)
+        self.admin = None if not config.admin_port else Front(
+            AdminApp(self.handlers, self.stats, self.metrics), Writer(), Counters(), reactor,
+            limit=ADMIN_CONNECTIONS, max_target=max_target(config),
+            header_timeout=config.header_timeout, keepalive_timeout=config.keepalive_timeout,
+            send_timeout=config.send_timeout)
+        self.admin_port: IListeningPort | None = None
         self.service.on_fanout_done.append(self.front.release)
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
@@ -109,6 +125,13 @@ class Node:
             port = makeBinding(self.config.host, port, reuseAddress=True, reusePort=True)
         self.port = listening = self.reactor.listenTCP(port, self.front, backlog=4096,
                                                        interface=self.config.host)
+        if self.admin is not None:
+            admin: Any = self.config.admin_port
+            if reuse_port:  # every worker answers for the whole node (pushup.ops.fleet)
+                admin = makeBinding(self.config.admin_host, admin, reuseAddress=True,
+                                    reusePort=True)
+            self.admin_port = self.reactor.listenTCP(admin, self.admin,
+                                                     interface=self.config.admin_host)
         address = listening.getHost()
         assert isinstance(address, IPv4Address | IPv6Address)
         return address.port
@@ -121,8 +144,8 @@ class Node:
         try:
             self.listen(reuse_port)
         except CannotListenError as e:  # the supervisor restarts us
-            log.error("cannot listen on {host}:{port}: {e}; stopping", host=self.config.host,
-                      port=self.config.port, e=e.socketError)
+            log.error("cannot listen on {host}:{port}: {e}; stopping", host=e.interface,
+                      port=e.port, e=e.socketError)
             self.reactor.stop()
 
     def adopt(self, fd: int) -> None:
@@ -143,7 +166,18 @@ class Node:
 
     def worker_stats(self) -> dict[str, Any]:
         """This process's figures (the node's, unless it is one of ``--workers``)."""
-        return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats()}
+        return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
+                "engine_up": self.engine_up(),
+                "timings": self.timings.figures()}
+
+    def engine_up(self) -> int:
+        """1 if the engine can take a publish now (the gauge an alert watches)."""
+        try:
+            self.backplane.check_ready()
+        except PushUpError:
+            return 0
+        redis = self.backplane.stats().get("redis")
+        return 0 if redis is not None and not redis["up"] else 1
 
     def metrics(self) -> tuple[bytes, bytes]:
         if self.fleet is not None:
@@ -172,6 +206,9 @@ class Node:
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()
+        if self.admin_port is not None:  # the figures stay readable during the drain
+            yield self.admin_port.stopListening()
+            self.admin.close_all()  # type: ignore[union-attr]
         closed = self.front.close_all()
         left = max(0.0, DRAIN_LIMIT - (self.reactor.seconds() - started))
         closed.addTimeout(left, self.reactor)

@@ -166,30 +166,42 @@ class Supervisor:
         board = f"{self.board}:{i}:{len(self.procs)}"
         env = worker_env(self.config, os.environ, **{
             FD_ENV: str(fd), REUSE_ENV: "1", BOARD_ENV: board, SIBLINGS_ENV: ",".join(siblings)})
+        # SIGINT ignored: a Ctrl-C reaches the whole process group, and we stop
+        # the workers ourselves (SIGTERM), also while one is still importing.
         proc = subprocess.Popen(worker_argv(self.config, i, self.port),
-                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board))
+                                stdout=subprocess.PIPE, env=env, pass_fds=(fd, self.board),
+                                preexec_fn=_ignore_sigint)
         self.procs[i] = proc
+        if self.stopping:  # a signal came while it was being started: stop() missed it
+            proc.send_signal(signal.SIGTERM)
         return proc
 
     def run(self) -> int:
         selector = selectors.DefaultSelector()
+        # From the start: a Ctrl-C while workers start stops them, with no traceback.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
         for i in range(len(self.procs)):
+            if self.stopping:
+                break
             started = self.spawn(i)
             assert started.stdout is not None
             line = started.stdout.readline().decode().strip()
+            if self.stopping:
+                selector.register(started.stdout, selectors.EVENT_READ, i)
+                break
             if not line.startswith("listening on"):
                 print(f"pushup: error: worker {i} did not start", file=sys.stderr)
                 self.stop()
                 return 1
             selector.register(started.stdout, selectors.EVENT_READ, i)
-        if not all(_healthy(url) for url in self.urls):
+        if not self.stopping and not all(_healthy(url) for url in self.urls):
             print("pushup: error: a worker did not become healthy", file=sys.stderr)
             self.stop()
             return 1
-        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        print(f"listening on http://{host}:{self.port}", flush=True)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+        if not self.stopping:
+            host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+            print(f"listening on http://{host}:{self.port}", flush=True)
         while any(p is not None for p in self.procs):
             for key, _ in selector.select(timeout=0.5):
                 if not os.read(key.fileobj.fileno(), 4096):  # type: ignore[union-attr]
@@ -212,6 +224,10 @@ class Supervisor:
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def supervise(config: Config) -> int:

@@ -36,6 +36,7 @@ log = Logger()
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
+DOWN_LOG_AFTER = 10.0  # seconds unreachable before the log calls a peer down (README)
 WINDOW = 8  # batches sent and not yet answered, at most...
 WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
 RELAY_WINDOW = 64  # relayed batches (another node's, to a sibling) unanswered, at most
@@ -109,6 +110,8 @@ class PeerLink:
         self.ops: deque[ChannelOp] = deque(maxlen=max_ops)
         self.dropped_ops = 0
         self._failures = 0
+        self._reported: str = "connecting"  # the state the log last told
+        self._outage_since = clock.seconds()  # unreachable since (starting counts)
         self._retry_now = False
         self._timer: IDelayedCall | None = None
         self._flush_call: IDelayedCall | None = None
@@ -268,7 +271,8 @@ class PeerLink:
             self._flush_call.cancel()
         self._flush_call = None
         if not self.stopped:
-            self._failed(self._why or PeerError(f"connection lost: {reason}"))
+            self._failed(self._why or PeerError(
+                "connection lost: " + getattr(reason, "getErrorMessage", reason.__str__)()))
 
     def stream_frame(self, stream: Dial, frame: bytes) -> None:
         """A frame from the peer."""
@@ -366,19 +370,45 @@ class PeerLink:
             self.on_change(self)
 
     def set_state(self, state: LinkState, why: object = None) -> None:
-        """Show the peer as ``state``; the log says so only when it changes."""
-        if state == self.state:
+        """Show the peer as ``state`` (see ``_report`` for what the log says)."""
+        if state != self.state:
+            self.state = state
+            if self.on_change is not None:
+                self.on_change(self)
+        self._report(why)
+
+    def _report(self, why: object) -> None:
+        """The log follows the state, once per change and never per retry: a
+        peer that was up and is lost is "lost; reconnecting" (info), and
+        "down" (a warning) only once it has been unreachable for
+        ``DOWN_LOG_AFTER`` seconds, so a peer that is starting, or restarting,
+        logs nothing alarming; "up" once it answers; "refused" once."""
+        state, reported = self.state, self._reported
+        if state == reported:
             return
-        self.state = state
-        if self.on_change is not None:
-            self.on_change(self)
+        now = self.clock.seconds()
         if state == "up":
-            log.info("peer {url} is up", url=self.url)
+            self._reported = "up"
+            if reported == "down":
+                log.info("peer {peer} is up again after {seconds:.0f} s", peer=self.url,
+                         state="up", seconds=now - self._outage_since)
+            else:
+                log.info("peer {peer} is up", peer=self.url, state="up")
         elif state == "refused":
-            log.warn("peer {url} refused: {why} (another cluster secret, or not a PushUp "
-                     "node?); not waiting for it, retrying quietly", url=self.url, why=why)
-        else:
-            log.warn("peer {url} is {state}: {why}", url=self.url, state=state, why=why)
+            self._reported = "refused"
+            log.warn("peer {peer} refused: {why} (another cluster secret, or not a PushUp "
+                     "node?); not waiting for it, retrying quietly", peer=self.url,
+                     state="refused", why=str(why))
+        elif reported in ("up", "refused"):
+            self._reported, self._outage_since = "connecting", now
+            if reported == "up":
+                log.info("peer {peer} lost ({why}); reconnecting", peer=self.url,
+                         state="connecting", why=str(why))
+        elif reported == "connecting" and now - self._outage_since >= DOWN_LOG_AFTER:
+            self._reported = "down"
+            log.warn("peer {peer} is down: unreachable for {seconds:.0f} s ({why}); "
+                     "retrying every {retry:g} s, quietly", peer=self.url, state="down",
+                     seconds=now - self._outage_since, why=str(why), retry=BACKOFF_MAX)
 
     def _up(self) -> None:
         self.set_state("up")

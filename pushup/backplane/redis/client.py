@@ -218,9 +218,15 @@ class RedisConnection:
     """
 
     def __init__(self, url: RedisURL | str, reactor: Any, *,
-                 connect_timeout: float = HANDSHAKE_TIMEOUT) -> None:
-        """``reactor`` provides IReactorTime and IReactorTCP (IReactorUNIX for unix://)."""
+                 connect_timeout: float = HANDSHAKE_TIMEOUT, quiet: bool = False) -> None:
+        """``reactor`` provides IReactorTime and IReactorTCP (IReactorUNIX for unix://).
+
+        The log tells each change of state once (up, lost, unreachable and why);
+        ``quiet``: at debug level only (a second connection to the same Redis,
+        whose changes the first one tells already).
+        """
         self.url = parse_url(url) if isinstance(url, str) else url
+        self._say = log.debug if quiet else None
         self.connected = False
         self.on_connect: list[Callable[[], object]] = []
         self.on_lost: list[Callable[[], object]] = []
@@ -328,7 +334,7 @@ class RedisConnection:
         self.connected = True
         self._delay = MIN_DELAY
         self._last_complaint = ""
-        log.info("redis {url} is up", url=str(self.url))
+        (self._say or log.info)("redis {redis} is up", redis=str(self.url), state="up")
         self._tell(self.on_connect)
 
     def _failed(self, failure: Failure) -> None:
@@ -339,7 +345,9 @@ class RedisConnection:
         why = failure.getErrorMessage()
         if why != self._last_complaint:
             self._last_complaint = why
-            log.warn("redis {url} unreachable: {why}; retrying", url=str(self.url), why=why)
+            (self._say or log.warn)("redis {redis} unreachable: {why}; retrying every {retry:g} s,"
+                                    " quietly", redis=str(self.url), state="unreachable",
+                                    why=why, retry=MAX_DELAY)
         if self._protocol is None:  # no connection was made, so no _lost will follow
             self._retry_later()
 
@@ -353,7 +361,8 @@ class RedisConnection:
             closed.callback(None)
         if was_up:
             if self._running:
-                log.warn("redis {url} lost; reconnecting", url=str(self.url))
+                (self._say or log.warn)("redis {redis} lost; reconnecting", redis=str(self.url),
+                                        state="lost")
             self._tell(self.on_lost)
         if self._running:
             self._retry_later()

@@ -183,7 +183,7 @@ class RedisEngine:
         self.timeout = COMMAND_TIMEOUT
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
         self.commands = RedisConnection(self.url, reactor)
-        self.tail = RedisConnection(self.url, reactor)
+        self.tail = RedisConnection(self.url, reactor, quiet=True)  # commands' log tells
         self.tail.on_connect.append(self._tail_connected)
         self.epoch = ""  # the log's epoch this node holds ("": none yet)
         self._spare_epoch = new_epoch()  # the one to start, should the log need one
@@ -335,7 +335,7 @@ class RedisEngine:
         if self.stopped:
             return
         if isinstance(failure.value, RedisGone):
-            log.warn("redis tail: {why}; resuming after reconnecting",
+            log.debug("redis tail: {why}; resuming after reconnecting",
                      why=failure.getErrorMessage())
         else:
             log.failure("redis tail failed; reconnecting", failure=failure)

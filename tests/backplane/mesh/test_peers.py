@@ -105,3 +105,42 @@ def test_a_peer_request_that_gets_no_answer_is_cancelled_on_the_links_clock():
     assert len(reactor.getDelayedCalls()) == before
     clock.advance(10)
     assert len(failures) == 1 and failures[0].check(defer.CancelledError)
+
+
+def test_the_log_tells_each_peer_state_once_and_down_only_after_down_log_after():
+    from twisted.logger import globalLogPublisher
+
+    from pushup.backplane.mesh.peers import DOWN_LOG_AFTER
+
+    peer = link()
+    clock = peer.clock
+    said: list[str] = []
+
+    def observe(event):
+        if event.get("log_namespace") == "pushup.backplane.mesh.peers":
+            said.append(f"{event['log_level'].name} {event.get('state')}")
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        # Starting: the peer is not there yet; failures each second say nothing...
+        for _ in range(int(DOWN_LOG_AFTER) - 1):
+            clock.advance(1)
+            peer.set_state("down", "connection refused")
+        assert said == []
+        peer.set_state("up")  # ...and it comes: one line
+        assert said == ["info up"]
+        peer.set_state("connecting", "connection lost")  # lost: one line...
+        for _ in range(int(DOWN_LOG_AFTER) - 1):
+            clock.advance(1)
+            peer.set_state("down", "connection refused")
+        assert said == ["info up", "info connecting"]
+        clock.advance(1)  # ...down once DOWN_LOG_AFTER has passed, once
+        for _ in range(5):
+            peer.set_state("down", "connection refused")
+            clock.advance(1)
+        assert said == ["info up", "info connecting", "warn down"]
+        peer.set_state("up")
+        peer.set_state("up")
+        assert said == ["info up", "info connecting", "warn down", "info up"]
+    finally:
+        globalLogPublisher.removeObserver(observe)

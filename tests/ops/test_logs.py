@@ -1,0 +1,239 @@
+"""What an operator reads: the log of real nodes (subprocesses) as they start,
+lose a peer, lose Redis, and stop on Ctrl-C.
+
+Each scenario counts the lines it causes: one start line with the node's
+version, id, address, engine, peers (or Redis URL, without its password) and
+workers; one line per change of a peer's or Redis's state, never one per
+retry; none of Twisted's factory or port chatter; no traceback when a
+launcher and a terminal both signal the node (SIGINT, then SIGTERM at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from deploy.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "logs-test-cluster-secret"
+DEADLINE = 20.0
+
+
+class Node:
+    """`pushup serve` with its stderr in a file we count lines of."""
+
+    def __init__(self, port: int, *flags: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix="pushup-logs-", suffix=".log")[1])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+        env["PUSHUP_CLUSTER_SECRET"] = SECRET
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pushup", "serve", "--port", str(port),
+                 "--node-id", f"n{port}", *flags],
+                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().startswith(b"listening on"), self.lines()
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def get(self, path: str) -> tuple[int, dict]:
+        return get_json(self.url + path)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.unlink(missing_ok=True)
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def wait_until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def answers(node: Node, status: int) -> bool:
+    try:
+        return node.get("/health")[0] == status
+    except OSError:
+        return False
+
+
+def peer_state(node: Node, url: str) -> str:
+    return {p["url"]: p["state"] for p in node.get("/stats")[1]["peers"]}[url]
+
+
+def new_lines(node: Node, since: int) -> list[str]:
+    return node.lines()[since:]
+
+
+def assert_quiet(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    for chatter in ("factory", "starting on", "Port", "Traceback", "critical"):
+        assert chatter not in text, text
+
+
+@pytest.fixture
+def nodes() -> Iterator[Callable[..., Node]]:
+    started: list[Node] = []
+
+    def start(port: int, *flags: str) -> Node:
+        started.append(Node(port, *flags))
+        return started[-1]
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+def test_a_start_a_peer_restart_and_a_double_signal_each_log_a_few_lines(nodes):
+    pa, pb = free_port(), free_port()
+    a = nodes(pa, "--peer", f"http://127.0.0.1:{pb}")
+    b = nodes(pb, "--peer", a.url)
+    wait_until(lambda: peer_state(a, b.url) == "up" and peer_state(b, a.url) == "up",
+               "both links up")
+
+    # The start: the start line, how the cache was filled, the peer up.
+    start = a.lines()
+    print(f"\nstart: {len(start)} lines\n" + "\n".join(start))
+    assert len(start) == 3, start
+    assert_quiet(start)
+    first = start[0]
+    for part in (f"pushup {version('pushup')}", f"node n{pa}", f"listening on {a.url}",
+                 "engine mesh", f"peers {b.url}", "workers 1"):
+        assert part in first, first
+    assert start[-1].endswith(f"peer {b.url} is up"), start
+
+    # A peer killed and started again: lost, then up (no line per retry).
+    b.proc.kill()
+    b.proc.wait(10)
+    wait_until(lambda: peer_state(a, b.url) == "down", "the link down")
+    wait_until(lambda: answers(a, 200), "a still healthy")
+    b2 = nodes(pb, "--peer", a.url)
+    wait_until(lambda: peer_state(a, b2.url) == "up", "the link up again")
+    outage = new_lines(a, len(start))
+    print(f"peer outage: {len(outage)} lines\n" + "\n".join(outage))
+    assert len(outage) == 2, outage
+    assert f"peer {b.url} lost" in outage[0] and outage[1].endswith(f"peer {b.url} is up")
+    assert_quiet(outage)
+
+    # Ctrl-C in a terminal, then the launcher's SIGTERM: one drain, no traceback.
+    before = len(a.lines())
+    a.proc.send_signal(signal.SIGINT)
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(10) == 0
+    stop = new_lines(a, before)
+    print(f"SIGINT + SIGTERM: {len(stop)} lines\n" + "\n".join(stop))
+    assert_quiet(stop)
+    assert len(stop) == 3 and "draining, then stopping" in stop[0] and stop[-1].endswith(
+        "drained"), stop
+
+
+def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
+    password = "redis-pass-in-no-log"
+    redis = RedisServer("--requirepass", password)
+    redis.start()
+    try:
+        port = free_port()
+        url = f"redis://:{password}@127.0.0.1:{redis.port}"
+        node = nodes(port, "--engine", url)
+        wait_until(lambda: answers(node, 200), "the node on Redis healthy")
+        start = node.lines()
+        print(f"\nstart on Redis: {len(start)} lines\n" + "\n".join(start))
+        shown = f"redis://127.0.0.1:{redis.port}/0"
+        assert len(start) == 3 and f"engine redis; redis {shown}" in start[0], start
+        assert_quiet(start)
+
+        redis.kill()
+        wait_until(lambda: answers(node, 503), "/health 503 without Redis")
+        # The outage lasts: the node retries every second meanwhile (the point
+        # of the test is that retries log nothing).
+        time.sleep(3)
+        redis.restart()
+        wait_until(lambda: answers(node, 200), "the node healthy again")
+        outage = new_lines(node, len(start))
+        print(f"Redis down 3 s: {len(outage)} lines\n" + "\n".join(outage))
+        assert_quiet(outage)
+        # lost, unreachable (why); then, in the order the two connections come
+        # back, up and the engine's own finding: the restarted Redis is empty,
+        # so the log this node read is gone.
+        said = [line.split("] ", 1)[1].split(";")[0] for line in outage]
+        assert len(said) == 4 and said[:2] == [
+            f"redis {shown} lost", f"redis {shown} unreachable: Connection was refused by "
+            "other side: 111: Connection refused."], outage
+        gone = [s for s in said[2:] if s.startswith("redis: the log ") and s.endswith(" is gone")]
+        assert f"redis {shown} is up" in said[2:] and len(gone) == 1, outage
+        assert password not in node.log.read_text()
+    finally:
+        redis.stop()
+
+
+def test_json_logs_carry_the_start_lines_fields(nodes):
+    node = nodes(free_port(), "--log-format", "json")
+    wait_until(lambda: answers(node, 200), "healthy")
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(10) == 0
+    records = [json.loads(line) for line in node.lines()]
+    assert all({"time", "level", "namespace", "message"} <= set(r) for r in records)
+    first = records[0]
+    assert {k: first[k] for k in ("version", "node_id", "address", "engine", "peers",
+                                  "workers")} == {
+        "version": version("pushup"), "node_id": f"n{node.port}", "address": node.url,
+        "engine": "mesh", "peers": [], "workers": 1}
+    assert first["message"].startswith(f"pushup {version('pushup')} node n{node.port}")
+
+
+def test_workers_log_a_start_line_each_and_not_their_sibling_links(tmp_path):
+    port = free_port()
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
+                                 "--port", str(port), "--node-id", "w"],
+                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().startswith(b"listening on")
+        def siblings_up() -> bool:
+            workers = get_json(f"http://127.0.0.1:{port}/stats")[1]["workers"]
+            return len(workers) == 2 and all(
+                [p["state"] for p in w["peers"]] == ["up"] for w in workers)
+
+        wait_until(siblings_up, "each worker's link to its sibling up")
+        lines = log.read_text().splitlines()
+        print(f"\n--workers 2 start: {len(lines)} lines\n" + "\n".join(lines))
+        assert_quiet(lines)
+        starts = sorted(line.split("] ", 1)[1].split(" listening")[0] for line in lines
+                        if " listening on " in line)
+        assert starts == [f"pushup {version('pushup')} node w-0 (worker 0 of 2)",
+                          f"pushup {version('pushup')} node w-1 (worker 1 of 2)"], lines
+        assert not [line for line in lines if "peer http" in line], lines
+        assert len(lines) == 4, lines  # and how each worker filled its cache
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0

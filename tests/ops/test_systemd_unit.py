@@ -1,0 +1,86 @@
+"""deploy/pushup.service: ``systemd-analyze verify`` finds nothing to say about
+it, and its command line, run as the README's install steps set it up, serves
+and drains well within the unit's stop timeout."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from deploy.redis_server import free_port
+from pushup.ops.node import DRAIN_LIMIT
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "deploy" / "pushup.service"
+
+
+def settings() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path):
+    """In a root of our own: the system's unit directory (the targets the unit
+    names), the unit where the README installs it, and an executable where
+    ExecStart expects pushup (verify checks that it exists)."""
+    root = tmp_path / "root"
+    (root / "usr/lib/systemd").mkdir(parents=True)
+    shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+    (root / "lib").symlink_to("usr/lib")
+    executable = Path(shlex.split(settings()["ExecStart"][0])[0])
+    stub = root / executable.relative_to("/")
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#!/bin/sh\n")
+    stub.chmod(0o755)
+    unit = root / "etc/systemd/system/pushup.service"
+    unit.parent.mkdir(parents=True)
+    shutil.copy(UNIT, unit)
+    result = subprocess.run(["systemd-analyze", "verify", f"--root={root}", str(unit)],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
+
+
+def test_the_unit_keeps_state_restarts_on_failure_and_outwaits_the_drain():
+    unit = settings()
+    assert unit["StateDirectory"] == ["pushup"] and unit["Restart"] == ["on-failure"]
+    assert float(unit["TimeoutStopSec"][0]) >= DRAIN_LIMIT + 1  # the README's 5 s, and more
+
+
+def test_its_command_line_serves_keeps_its_data_dir_and_drains_in_time(tmp_path):
+    """ExecStart's arguments with the config file the README tells to write
+    for a single node (data_dir in the unit's StateDirectory, here tmp_path)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    port = free_port()
+    config = tmp_path / "node.toml"
+    config.write_text(f'port = {port}\nnode_id = "node1"\ndata_dir = "{state}"\n')
+    argv = shlex.split(settings()["ExecStart"][0])
+    assert argv[1:] == ["serve", "--config", "/etc/pushup/node.toml"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout.readline().decode().strip() == f"listening on http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+        assert any(state.iterdir())  # the cache lives in the state directory
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(float(settings()["TimeoutStopSec"][0])) == 0  # not a failure
+        print(f"\ndrained and exited {time.monotonic() - began:.2f} s after SIGTERM")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
