@@ -32,8 +32,9 @@ PAGE = (Path(__file__).resolve().parent / "chat.html").read_bytes()
 
 class Chat:
     def __init__(self, node_urls: Sequence[str], publish_token: str, subscribe_secret: str,
-                 cookie_key: bytes) -> None:
+                 cookie_key: bytes, token_seconds: float = 3600.0) -> None:
         self.node_urls = list(node_urls)
+        self.token_seconds = token_seconds  # how long a page's subscribe token lasts
         self.publish_token = publish_token
         self.subscribe_secret = subscribe_secret
         self.cookie_key = cookie_key
@@ -103,7 +104,7 @@ def handler_for(chat: Chat) -> type[http.server.BaseHTTPRequestHandler]:
                 user = chat.user(self.headers.get("Cookie"))
                 if user is None:
                     return self._send(401, b'{"error":"sign in first"}')
-                token = issue(chat.subscribe_secret, [CHANNEL], time.time() + 3600)
+                token = issue(chat.subscribe_secret, [CHANNEL], time.time() + chat.token_seconds)
                 return self._send(200, json.dumps({"token": token, "user": user,
                                                    "channel": CHANNEL}).encode())
             self._send(404, b'{"error":"not found"}')
