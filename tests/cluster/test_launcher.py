@@ -6,6 +6,7 @@ Ctrl-C stops everything with no traceback and nothing left in the temporary
 directory; a busy front port is one line."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -74,9 +75,18 @@ class Launcher:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        """After a failed test: Ctrl-C, and if that does not stop it, SIGKILL
+        it and what it started (its nodes are in sessions of their own)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            started = children(self.proc.pid)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                for pid in [*started, self.proc.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def children(pid: int) -> list[int]:
