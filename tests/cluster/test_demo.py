@@ -125,6 +125,11 @@ def test_a_failed_send_is_shown_and_retried_with_the_same_key():
     demo = Demo(nodes=2).start()
     ann = chrome("--window-size=900,700")
     try:
+        secrets = (demo.chat.publish_token, demo.chat.subscribe_secret, demo.cluster.secret)
+        for node in demo.cluster.nodes:  # the secrets are in no command line (`ps`)
+            assert node is not None
+            cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes().decode()
+            assert not [s for s in secrets if s in cmdline], cmdline
         sign_in(ann, demo.url, "ann")
         say(ann, "first")
         wait_shown([ann], ["ann: first"])
