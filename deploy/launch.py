@@ -160,6 +160,7 @@ class LocalCluster:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         if not line.startswith("listening on"):
+            proc.kill()  # (gone already, as a rule: it says why in its log)
             proc.wait()
             raise RuntimeError(f"node{i + 1} did not start: {last_line(path)}")
         wait_healthy(self.node_url(i), time.monotonic() + timeout, proc)
