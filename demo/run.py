@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--port", type=int, default=8000, help="the front (HAProxy) port")
     parser.add_argument("--logs", default=os.environ.get("PUSHUP_CLUSTER_DIR", str(LOGS)),
-                        help="directory of the logs, emptied at start (default .cluster/)")
+                        help="directory of the logs, the last run's removed at start "
+                             "(default .cluster/)")
     parser.add_argument("--leave-dead", action="store_true",
                         help="leave a node that dies dead (default: restart it)")
     args = parser.parse_args(argv)

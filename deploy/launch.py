@@ -407,9 +407,11 @@ def refuse(port: int, what: str) -> str | None:
 
 
 def prepare_logs(path: Path) -> Path:
-    """The logs directory, emptied of the last run's logs."""
+    """The logs directory, without the last run's files (only those: it may be
+    a directory of other things too)."""
     path.mkdir(parents=True, exist_ok=True)
-    for old in [*path.glob("*.log"), path / "haproxy.cfg"]:
+    for old in [*path.glob("node[0-9]*.log"), *path.glob("haproxy[0-9]*.log"),
+                path / "haproxy.cfg"]:
         old.unlink(missing_ok=True)
     return path
 
@@ -425,8 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engine", default="mesh",
                         help="mesh (peers), redis (a redis-server of our own) or a redis:// URL")
     parser.add_argument("--logs", default=os.environ.get("PUSHUP_CLUSTER_DIR", str(LOGS)),
-                        help="directory of the logs, emptied at start (default .cluster/ "
-                             "in the repository)")
+                        help="directory of the logs, the last run's removed at start "
+                             "(default .cluster/ in the repository)")
     parser.add_argument("--leave-dead", action="store_true",
                         help="leave a node that dies dead (default: restart it)")
     parser.add_argument("extra", nargs="*", help="flags passed to every node (after --)")
