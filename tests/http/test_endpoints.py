@@ -750,6 +750,11 @@ def test_head_subscribe_answers_what_a_get_would_now_without_holding(node):
     assert head.header("content-length") == str(len(get.body))
     empty = node.request("HEAD", "/subscribe?channels=a&timeout=30")  # not held: at once
     assert empty.status == 200
+    delivered = node.stats()["delivered"]
+    node.request("HEAD", "/subscribe?channels=a&since=0")
+    node.request("HEAD", "/subscribe?channels=never&since=now")
+    assert node.stats()["delivered"] == delivered  # a HEAD delivers nothing
+    assert node.get("/channels/never").status == 404  # ...and creates no channel
     assert node.request("HEAD", "/subscribe?channels=a&since=nan").status == 400
 
 
