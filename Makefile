@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test demo bench bench-packages cluster loadtest experiments lint setup system-packages \
+.PHONY: run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
         npm-clients conformance clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
@@ -71,12 +71,22 @@ bench-packages:
 run: $(RUN_STAMP)
 	$(VENV)/bin/pushup serve
 
-# N nodes (NODES=3) behind HAProxy on loopback; Ctrl-C stops everything.
+# N nodes (NODES=3) behind HAProxy on loopback, front on PORT (8000); a node that
+# dies is reported and restarted; logs in .cluster/; Ctrl-C stops everything.
 # ENGINE=mesh (peers, the default), redis (a redis-server of its own) or a redis:// URL.
 NODES ?= 3
 ENGINE ?= mesh
-cluster: setup
-	$(PY) deploy/launch.py --nodes $(NODES) --port 8000 --engine $(ENGINE)
+PORT ?= 8000
+cluster: cluster-packages
+	$(PY) deploy/launch.py --nodes $(NODES) --port $(PORT) --engine $(ENGINE)
+
+# What running a cluster needs, and no more: the run install, HAProxy, and
+# redis-server for ENGINE=redis (Debian packages installed only when missing).
+CLUSTER_TOOLS := haproxy $(if $(filter redis,$(ENGINE)),redis-server)
+cluster-packages: $(RUN_STAMP)
+	@for tool in $(CLUSTER_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; \
+	  done; [ -z "$$missing" ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
 # The lint (ruff, mypy --strict over the package) runs first: a layer or type
 # error fails the tests as surely as a broken test does.
@@ -95,8 +105,8 @@ bench: setup bench-packages
 	$(PY) -m loadtest.bench
 
 # The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
-demo: setup
-	$(PY) -m demo.run --nodes $(NODES) --port 8000
+demo: cluster-packages
+	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or

@@ -1,14 +1,20 @@
 """Start N PushUp nodes plus HAProxy on loopback, with one command.
 
     python deploy/launch.py [--nodes 3] [--port 8000] [--haproxy-procs 1]
-                            [--engine mesh|redis|redis://HOST:PORT]
-                            [--web-backend 127.0.0.1:5000] [-- extra pushup flags]
+                            [--engine mesh|redis|redis://HOST:PORT] [--logs DIR]
+                            [--leave-dead] [--web-backend 127.0.0.1:5000]
+                            [-- extra pushup flags]
 
 ``--engine redis`` starts a redis-server of its own (on a free loopback port,
 no persistence) and puts every node on it; a ``redis://`` URL uses that Redis.
-Prints the front URL and stops everything on Ctrl-C (or SIGTERM). The same
-``LocalCluster`` class runs the cluster tests and benchmarks, so what the
-tests prove is what ``make cluster`` starts.
+A process that dies is reported and restarted (``--leave-dead``: a node is
+left dead, and the others serve its clients); the cluster keeps serving.
+Logs go to ``--logs`` (default ``.cluster/`` in the repository, replaced by
+each run); nothing is left in the temporary directory. Secrets reach the
+nodes in their environment, never on a command line (``ps`` shows those).
+Ctrl-C (or SIGTERM) stops everything. The same ``LocalCluster`` class runs
+the cluster tests and benchmarks, so what the tests prove is what ``make
+cluster`` starts.
 """
 
 from __future__ import annotations
@@ -17,20 +23,27 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.redis_server import RedisServer, free_port  # noqa: E402,F401  (run as a script too)
+from deploy.redis_server import (  # noqa: E402  (run as a script too)
+    RedisServer,
+    RedisServerError,
+    free_port,
+)
 
 HERE = Path(__file__).resolve().parent
+LOGS = HERE.parent / ".cluster"  # `make cluster`'s logs (git-ignored), replaced by each run
 TEMPLATE = HERE / "haproxy.cfg.template"
 ERRORS = HERE / "errors"  # the JSON answers HAProxy gives itself (errorfile)
 
@@ -95,13 +108,16 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, front_port: int = 0, haproxy_procs: int = 1,
                  node_args: Sequence[str] = (), web_backend: str = "",
                  secret: str = "", workdir: str | None = None, haproxy: bool = True,
-                 engine: str = "mesh") -> None:
+                 engine: str = "mesh", node_env: dict[str, str] | None = None) -> None:
         self.node_ports = [free_port() for _ in range(nodes)]
         self.front_port = front_port or free_port()
         self.haproxy_procs = haproxy_procs if haproxy else 0
         self.node_args = list(node_args)
         self.web_backend = web_backend
         self.secret = secret or secrets.token_urlsafe(16)
+        # secrets and other settings the nodes get in their environment (not argv)
+        self.node_env = {"PUSHUP_CLUSTER_SECRET": self.secret, **(node_env or {})}
+        self.own_workdir = workdir is None  # a temporary one, removed by stop()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="pushup-cluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes: list[subprocess.Popen | None] = [None] * nodes
@@ -117,10 +133,9 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.node_ports[i]}"
 
     def node_argv(self, i: int) -> list[str]:
+        # the secret is in the environment (node_env): anyone can read a command line
         argv = [sys.executable, "-m", "pushup", "serve", "--port", str(self.node_ports[i]),
-                "--node-id", f"node{i + 1}",
-                # "=": a generated secret may start with "-" (token_urlsafe)
-                f"--cluster-secret={self.secret}"]
+                "--node-id", f"node{i + 1}"]
         if self.engine != "mesh":
             return [*argv, "--engine", self.engine_url, *self.node_args]
         for j in range(len(self.node_ports)):
@@ -133,14 +148,21 @@ class LocalCluster:
         return self.redis.url if self.redis is not None else self.engine
 
     def start_node(self, i: int, timeout: float = 30.0) -> None:
-        log = open(self.workdir / f"node{i + 1}.log", "ab")
-        proc = subprocess.Popen(self.node_argv(i), stdout=subprocess.PIPE, stderr=log,
-                                cwd=HERE.parent)
+        path = self.workdir / f"node{i + 1}.log"
+        with open(path, "ab") as log:
+            # its own session: a Ctrl-C in the terminal reaches the launcher only,
+            # which stops the nodes by PID
+            proc = subprocess.Popen(self.node_argv(i), stdout=subprocess.PIPE, stderr=log,
+                                    stdin=subprocess.DEVNULL, cwd=HERE.parent,
+                                    env={**os.environ, **self.node_env},
+                                    start_new_session=True)
         self.nodes[i] = proc
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         if not line.startswith("listening on"):
-            raise RuntimeError(f"node{i + 1} did not start; see {self.workdir}")
+            proc.kill()  # (gone already, as a rule: it says why in its log)
+            proc.wait()
+            raise RuntimeError(f"node{i + 1} did not start: {last_line(path)}")
         wait_healthy(self.node_url(i), time.monotonic() + timeout, proc)
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
@@ -155,16 +177,25 @@ class LocalCluster:
                 cfg.write_text(haproxy_config(self.front_port, self.node_ports,
                                               self.web_backend))
                 for k in range(self.haproxy_procs):
-                    log = open(self.workdir / f"haproxy{k + 1}.log", "ab")
-                    self.haproxies.append(subprocess.Popen(
-                        ["haproxy", "-db", "-f", str(cfg)], stdout=log, stderr=log))
-                wait_healthy(self.front_url, time.monotonic() + timeout, self.haproxies[0])
+                    self.haproxies.append(self.spawn_haproxy(k))
+                try:
+                    wait_healthy(self.front_url, time.monotonic() + timeout,
+                                 self.haproxies[0])
+                except RuntimeError:
+                    raise RuntimeError("haproxy did not start: " + last_line(
+                        self.workdir / "haproxy1.log")) from None
                 self.wait_haproxies_listening(timeout)
                 self.wait_backends_up(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def spawn_haproxy(self, k: int) -> subprocess.Popen:
+        with open(self.workdir / f"haproxy{k + 1}.log", "ab") as log:
+            return subprocess.Popen(["haproxy", "-db", "-f", str(self.workdir / "haproxy.cfg")],
+                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
 
     def wait_haproxies_listening(self, timeout: float = 30.0) -> None:
         """Until every HAProxy process holds a listening socket on the front port."""
@@ -214,12 +245,177 @@ class LocalCluster:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+        if self.own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def last_line(path: Path) -> str:
+    """A log's last non-empty line: what a process said before it gave up."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1].strip()[:300] if lines else f"nothing in {path}"
+
+
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Something listens on ``port`` (a bind as HAProxy does it, SO_REUSEADDR, fails)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def ended(code: int) -> str:
+    """How a process ended, from its exit status."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+class Watch:
+    """Reports each process of the cluster that dies, and restarts it (a node is
+    left dead with ``restart`` off; a node that dies three times in a minute is
+    left dead too: it would only die again)."""
+
+    def __init__(self, cluster: LocalCluster, restart: bool = True) -> None:
+        self.cluster = cluster
+        self.restart = restart
+        self.deaths: dict[int, list[float]] = {}
+        self.dead: set[int] = set()  # nodes left dead
+
+    def policy(self) -> str:
+        return ("a node that dies is reported and restarted; the others serve meanwhile"
+                if self.restart else
+                "a node that dies is reported and left dead; the others serve its clients")
+
+    def check(self) -> None:
+        """One look at every process (call it a few times a second)."""
+        c = self.cluster
+        for i, proc in enumerate(c.nodes):
+            if proc is None or proc.poll() is None:
+                continue
+            c.nodes[i] = None
+            now = time.monotonic()
+            recent = [t for t in self.deaths.get(i, []) if now - t < 60] + [now]
+            self.deaths[i] = recent
+            again = self.restart and len(recent) < 3
+            alive = sum(p is not None for p in c.nodes)
+            say(f"node{i + 1} (pid {proc.pid}, {c.node_url(i)}) {ended(proc.returncode)}; "
+                + (f"restarting it; {alive} of {len(c.nodes)} nodes serve meanwhile" if again
+                   else f"left dead ({'it died 3 times in a minute; ' if self.restart else ''}"
+                        f"see {c.workdir / f'node{i + 1}.log'}); {alive} of "
+                        f"{len(c.nodes)} nodes serve"))
+            if not again:
+                self.dead.add(i)
+                continue
+            try:
+                c.start_node(i)
+            except (RuntimeError, TimeoutError, OSError) as e:
+                say(f"node{i + 1} did not restart ({e}); left dead")
+                self.dead.add(i)
+                self.kill_quietly(i)
+                continue
+            say(f"node{i + 1} is back (pid {c.nodes[i].pid})")  # type: ignore[union-attr]
+        for k, proc in enumerate(c.haproxies):
+            if proc.poll() is not None:
+                say(f"haproxy (pid {proc.pid}) {ended(proc.returncode)}; restarting it "
+                    "(the front is down until it is back)")
+                c.haproxies[k] = c.spawn_haproxy(k)
+                say(f"haproxy is back (pid {c.haproxies[k].pid})")
+        if c.redis is not None and c.redis.exited():
+            say("redis-server died; restarting it, empty (nodes answer 503 "
+                "engine_unavailable until it is back)")
+            try:
+                c.redis.restart()
+                say(f"redis-server is back (pid {c.redis.pid})")
+            except RedisServerError as e:
+                say(f"redis-server did not restart: {str(e).splitlines()[0]}")
+
+    def kill_quietly(self, i: int) -> None:
+        proc = self.cluster.nodes[i]
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.cluster.nodes[i] = None
+
+
+def run(cluster: LocalCluster, restart: bool, banner: Callable[[], list[str]],
+        stop: Callable[[], None] = lambda: None) -> int:
+    """Start ``cluster``, print ``banner()``, watch it until Ctrl-C or SIGTERM, stop.
+
+    Every failure to start is one line (exit 1), never a traceback; ``stop``
+    is called after the cluster is stopped (``make demo``: its web server).
+    """
+    watch = Watch(cluster, restart)
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # both, explicitly: a launcher started in the background inherits SIGINT ignored
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    code = 0
+    try:
+        say(watch.policy())
+        say(f"logs: {cluster.workdir}/ (node*.log, haproxy*.log)")
+        cluster.start()
+        for line in banner():
+            print(line, flush=True)
+        while True:
+            watch.check()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        say("stopping the cluster")
+    except (RuntimeError, TimeoutError, OSError, RedisServerError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"launch: the cluster did not start: {first} (logs in {cluster.workdir}/)",
+              file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cluster.stop()
+        stop()
+    return code
+
+
+def refuse(port: int, what: str) -> str | None:
+    """One line saying why the cluster cannot start, or None: the front's port is
+    taken, or HAProxy (or redis-server, for ``ENGINE=redis``) is missing."""
+    if port_taken(port):
+        return (f"launch: port {port} is already in use on 127.0.0.1 (another process "
+                f"listens there): stop it, or choose another port: {what}")
+    if shutil.which("haproxy") is None:
+        return ("launch: haproxy is not installed (`make cluster` installs it: "
+                "apt-get install haproxy)")
+    return None
+
+
+def prepare_logs(path: Path) -> Path:
+    """The logs directory, without the last run's files (only those: it may be
+    a directory of other things too)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for old in [*path.glob("node[0-9]*.log"), *path.glob("haproxy[0-9]*.log"),
+                path / "haproxy.cfg"]:
+        old.unlink(missing_ok=True)
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -232,28 +428,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--web-backend", default="", help="HOST:PORT for non-PushUp paths")
     parser.add_argument("--engine", default="mesh",
                         help="mesh (peers), redis (a redis-server of our own) or a redis:// URL")
+    parser.add_argument("--logs", default=os.environ.get("PUSHUP_CLUSTER_DIR", str(LOGS)),
+                        help="directory of the logs, the last run's removed at start "
+                             "(default .cluster/ in the repository)")
+    parser.add_argument("--leave-dead", action="store_true",
+                        help="leave a node that dies dead (default: restart it)")
     parser.add_argument("extra", nargs="*", help="flags passed to every node (after --)")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(args.nodes, args.port, args.haproxy_procs, args.extra,
-                           args.web_backend, workdir=os.environ.get("PUSHUP_CLUSTER_DIR"),
-                           engine=args.engine)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:  # a Ctrl-C while the cluster starts stops what started, with no traceback
-        cluster.start()
-        print(f"front: {cluster.front_url}")
-        if cluster.engine != "mesh":
-            print(f"engine: {cluster.engine_url}")
-        for i in range(args.nodes):
-            print(f"node{i + 1}: {cluster.node_url(i)}")
-        print(f"logs: {cluster.workdir}   (Ctrl-C stops everything)", flush=True)
-        while all(p is None or p.poll() is None for p in [*cluster.nodes, *cluster.haproxies]):
-            time.sleep(0.5)
-        print("a process exited; stopping the cluster", file=sys.stderr)
+    why = refuse(args.port, f"make cluster PORT={args.port + 1}")
+    if why is None and args.engine == "redis" and shutil.which("redis-server") is None:
+        why = "launch: redis-server is not installed (`make cluster ENGINE=redis` installs it)"
+    if why is not None:
+        print(why, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        cluster.stop()
+    cluster = LocalCluster(args.nodes, args.port, args.haproxy_procs, args.extra,
+                           args.web_backend, workdir=str(prepare_logs(Path(args.logs))),
+                           engine=args.engine)
+
+    def banner() -> list[str]:
+        lines = [f"front: {cluster.front_url}"]
+        if cluster.engine != "mesh":
+            lines.append(f"engine: {cluster.engine_url}")
+        lines += [f"node{i + 1}: {cluster.node_url(i)} (pid {p.pid})"
+                  for i, p in enumerate(cluster.nodes) if p is not None]
+        return [*lines, "Ctrl-C stops everything"]
+
+    return run(cluster, not args.leave_dead, banner)
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ class RedisServer:
                 "--save", "", "--appendonly", "no", "--dir", str(self.dir),
                 "--unixsocket", self.unix_path, "--unixsocketperm", "700", *self.extra_args]
         with open(self.dir / "redis.log", "ab") as log:
+            # its own session: a Ctrl-C in `make cluster`'s terminal reaches the launcher only
             self._process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL)
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -126,6 +127,10 @@ class RedisServer:
         self.stop()
         raise RedisServerError(f"redis-server did not answer PING within {START_TIMEOUT}s; "
                                f"log:\n{self.log_tail()}")
+
+    def exited(self) -> bool:
+        """The process was started and has exited since (killed, crashed)."""
+        return self._process is not None and self._process.poll() is not None
 
     def cli(self, *args: Any, db: int = 0) -> Any:
         """One command, answered synchronously (see ``command``)."""

@@ -7,8 +7,8 @@ Tables are shaped like the paper's Table 1 (NT) and Table 2 (MPT), each cell
 "ours (paper)"; figures follow Figures 7-13, each with a lower panel showing
 the CPU of the load generator (busiest Locust process) and of the server, so
 a point where Locust itself was saturated is visible next to the number.
-Paper values on figures are read off the paper's charts (approximate; see
-/work/shared/research/peers.md section 4) and drawn as open markers.
+Paper values on figures are read off the paper's charts (approximate) and
+drawn as open markers.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Config:
     message_ttl: float = 3600.0
     channel_ttl: float = 3600.0
     max_timeout: float = 120.0
-    cors_origin: str = ""
+    cors_origin: tuple[str, ...] = ()  # origins a browser page may call from, or ("*",)
     allow_open_publish: bool = False
     max_body_bytes: int = 1024 * 1024
     max_message_bytes: int = 64 * 1024
@@ -93,7 +93,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "message_ttl": ("seconds a message is kept", "SECONDS"),
     "channel_ttl": ("seconds a channel lives without publishes or subscribers", "SECONDS"),
     "max_timeout": ("longest hold of a subscribe, in seconds", "SECONDS"),
-    "cors_origin": ("answer CORS for this origin (or *)", "ORIGIN"),
+    "cors_origin": ("answer CORS for this origin, e.g. http://localhost:3000 (repeatable, or "
+                    "a comma list; * for any)", "ORIGIN"),
     "allow_open_publish": ("allow publishing without a token on a public address", None),
     "max_body_bytes": ("largest request body", "BYTES"),
     "max_message_bytes": ("largest message data (serialised JSON)", "BYTES"),
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         text = f"{text} [{shown}env PUSHUP_{name.upper()}]"
         if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
-        elif name == "peer":
+        elif name in ("peer", "cors_origin"):
             serve.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
         else:
             serve.add_argument(flag, default=None, metavar=metavar, help=text)
@@ -191,7 +192,7 @@ def load(
     for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
         if value is not None:
-            from_env[name] = value.split(",") if name == "peer" else value
+            from_env[name] = value.split(",") if name in ("peer", "cors_origin") else value
     from_flags = {name: args[name] for name in _OPTIONS if args.get(name) is not None}
     raw: dict[str, Any] = {}
     for layer, name_of in ((from_file, lambda o: f"config file {config_path}, key {o}"),
@@ -278,8 +279,10 @@ def _convert(name: str, value: Any, spelled: str) -> Any:
     try:
         if kind == "bool":
             return _to_bool(value)
-        if name == "peer":
+        if name in ("peer", "cors_origin"):
             items = [value] if isinstance(value, str) else list(value)
+            if name == "cors_origin":  # each item may be a comma list
+                items = [part for v in items for part in str(v).split(",")]
             return tuple(str(v).strip() for v in items if str(v).strip())
         if name == "workers" and str(value).strip() == "auto":
             return os.cpu_count() or 1
@@ -319,6 +322,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,]+")  # what a browser sends in Origin
+
+
 def validate(c: Config) -> Config:
     def need(ok: bool, message: str) -> None:
         if not ok:
@@ -348,6 +354,11 @@ def validate(c: Config) -> Config:
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     need(c.max_message_bytes <= c.max_cached_bytes,
          "--max-message-bytes must not exceed --max-cached-bytes")
+    for origin in c.cors_origin:
+        need(origin == "*" or bool(_ORIGIN.fullmatch(origin)),
+             f"--cors-origin {origin!r} is not an origin (scheme://host[:port], no path) or *")
+    need("*" not in c.cors_origin or len(c.cors_origin) == 1,
+         "--cors-origin * already allows every origin: give it alone")
     for url in c.peer:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
     if c.engine != "mesh":

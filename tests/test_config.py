@@ -45,12 +45,12 @@ def test_defaults():
 
 
 def test_flags_win_over_env_which_wins_over_the_file():
-    toml = 'port = 7000\nmessage_ttl = 10\ncors_origin = "file"\n'
+    toml = 'port = 7000\nmessage_ttl = 10\ncors_origin = "https://file.example"\n'
     env = {"PUSHUP_PORT": "8000", "PUSHUP_MESSAGE_TTL": "20"}
     config = serve("--port", "9000", env=env, toml=toml)
     assert config.port == 9000  # flag over env over file
     assert config.message_ttl == 20.0  # env over file
-    assert config.cors_origin == "file"  # file over default
+    assert config.cors_origin == ("https://file.example",)  # file over default
 
 
 @pytest.mark.parametrize("env, flags, expected", [
@@ -75,7 +75,7 @@ def test_every_flag_has_an_environment_variable():
     assert config.publish_token == "t"
     assert (config.reactor, config.workers) == ("poll", 2)
     assert (config.message_ttl, config.channel_ttl, config.max_timeout) == (5.0, 6.0, 7.0)
-    assert (config.cors_origin, config.allow_open_publish) == ("*", True)
+    assert (config.cors_origin, config.allow_open_publish) == (("*",), True)
     assert config.peer == ("http://127.0.0.1:1",)
 
 
@@ -305,3 +305,23 @@ def test_publish_ack_is_peer_by_default_and_only_peer_all_or_local():
     assert load(["serve"], {"PUSHUP_PUBLISH_ACK_TIMEOUT": "0.5"}).publish_ack_timeout == 0.5
     assert "peer, all or local" in refused("--publish-ack", "one")
     refused("--publish-ack-timeout", "0")
+
+
+def test_cors_origin_takes_several_origins_repeated_or_as_a_comma_list():
+    assert serve("--cors-origin", "http://localhost:8000",
+                 "--cors-origin", "http://127.0.0.1:8000,https://app.example").cors_origin == (
+        "http://localhost:8000", "http://127.0.0.1:8000", "https://app.example")
+    env = {"PUSHUP_CORS_ORIGIN": "http://a.example, http://b.example"}
+    assert serve(env=env).cors_origin == ("http://a.example", "http://b.example")
+    toml = 'cors_origin = ["http://a.example", "http://b.example:81"]'
+    assert serve(toml=toml).cors_origin == ("http://a.example", "http://b.example:81")
+
+
+@pytest.mark.parametrize("given, why", [
+    ("localhost", "is not an origin"),
+    ("http://a.example/app", "is not an origin"),
+    ("*,http://a.example", "give it alone"),
+])
+def test_a_cors_origin_that_no_browser_sends_is_refused(given, why):
+    with pytest.raises(ConfigError, match=why):
+        serve("--cors-origin", given)

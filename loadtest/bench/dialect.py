@@ -7,7 +7,7 @@ figure differs between servers only by what the server does.
 
 * `pushup`: `GET /subscribe?channels=C&timeout=T[&since=CURSOR]`, answered with
   `{"messages": [{"data": ...}, ...], "cursor": ...}`; `POST /publish` with
-  `{"channels": [C], "data": D}`, answered `201` (see /work/shared/API.md).
+  `{"channels": [C], "data": D}`, answered `201` (see docs/api.md).
 * `nchan`: `GET /sub?channel=C`, answered with one message's body; the place in
   the channel's queue is the response's `Last-Modified` and `Etag`, sent back as
   `If-Modified-Since` and `If-None-Match` on the next poll (nchan's documented

@@ -99,15 +99,27 @@ def error_response(e: PushUpError, close: bool = False) -> Response:
 class Writer:
     """Serialises responses with the headers every answer carries."""
 
-    def __init__(self, cors_origin: str = "") -> None:
-        self._cors = (b"Access-Control-Allow-Origin: " + cors_origin.encode() + b"\r\n"
-                      if cors_origin else b"")
+    def __init__(self, cors_origins: tuple[str, ...] = ()) -> None:
+        # One origin (or *): the same header on every answer. Several: each
+        # answer names the request's Origin when it is one of them, and says
+        # ``Vary: Origin`` (a cache must not give one page's answer to another).
+        self._several = len(cors_origins) > 1
+        self.cors = (b"Vary: Origin\r\n" if self._several else
+                     b"Access-Control-Allow-Origin: %s\r\n" % cors_origins[0].encode()
+                     if cors_origins else b"")
+        self._allowed = {o.encode(): b"Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n"
+                         % o.encode() for o in cors_origins} if self._several else {}
         self._second = -1
         self._date = b""
         # id(delivery) -> (the delivery, kept so its id is not reused; its bytes)
         self._bodies: dict[int, tuple[Delivery, bytes]] = {}  # this fan-out's bodies
         self._shared: dict[int, tuple[Delivery, bytes]] = {}  # their whole responses
         self._shared_bytes = 0
+
+    def cors_for(self, origin: bytes | None) -> bytes | None:
+        """The CORS lines of an answer to a request from ``origin`` (its
+        Origin header); None: the writer's own (``self.cors``), the same for all."""
+        return self._allowed.get(origin) if self._several and origin is not None else None
 
     def tick(self, now: float) -> None:
         """Keep ``Date`` current; call with the clock's reading before writing."""
@@ -117,8 +129,10 @@ class Writer:
             self._date = formatdate(second, usegmt=True).encode()
 
     def head(self, status: int, content_type: bytes | None, length: int | None,
-             extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"") -> bytes:
-        """Status line and headers, ending with the blank line."""
+             extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"",
+             cors: bytes | None = None) -> bytes:
+        """Status line and headers, ending with the blank line (``cors``: the
+        request's, from ``cors_for``; the writer's own when None)."""
         parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
                  b"X-Content-Type-Options: nosniff\r\n"
                  % (status, _REASONS.get(status, b"Unknown"), self._date)]
@@ -130,20 +144,20 @@ class Writer:
             parts.append(name + b": " + value + b"\r\n")
         if connection:
             parts.append(b"Connection: " + connection + b"\r\n")
-        parts.append(self._cors)
+        parts.append(self.cors if cors is None else cors)
         parts.append(b"\r\n")
         return b"".join(parts)
 
     def render(self, response: Response, head_only: bool = False,
-               connection: bytes = b"") -> bytes:
+               connection: bytes = b"", cors: bytes | None = None) -> bytes:
         """The whole response; ``head_only`` for HEAD (length kept, no body)."""
         body = response.body
         if body is None:
             no_length = response.status in (204, 304) or response.status < 200
             return self.head(response.status, None, None if no_length else 0,
-                             response.headers, connection)
+                             response.headers, connection, cors)
         head = self.head(response.status, response.content_type, len(body),
-                         response.headers, connection)
+                         response.headers, connection, cors)
         return head if head_only else head + body
 
     def shared(self, delivery: Delivery) -> bytes:

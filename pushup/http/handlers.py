@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from importlib.metadata import version
 from importlib.resources import files
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from pushup.core.idempotency import Idem, check_key, fingerprint
 from pushup.core.model import (
     Draft,
     Message,
+    Now,
     Query,
     check_channel_list,
     dumps,
@@ -94,7 +96,8 @@ class Handlers:
         self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
-            (b"subscribe",): {b"GET": self.subscribe},
+            (b"",): {b"GET": self.index, b"HEAD": self.index},
+            (b"subscribe",): {b"GET": self.subscribe, b"HEAD": self.subscribe},
             (b"channels",): {b"POST": self.create_channel},
             (b"channels", b"*"): {b"GET": self.channel_info, b"HEAD": self.channel_info,
                                   b"DELETE": self.delete_channel},
@@ -190,7 +193,7 @@ class Handlers:
 
     def _origin_allowed(self, origin: bytes, request: Request) -> bool:
         allowed = self.config.cors_origin
-        if allowed == "*" or origin.decode("latin-1") == allowed:
+        if "*" in allowed or origin.decode("latin-1") in allowed:
             return True
         host = request.headers.get(b"host", b"")
         return bool(host) and origin in (b"http://" + host, b"https://" + host)
@@ -261,6 +264,12 @@ class Handlers:
             expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
         if cached is None:  # kept only once authorised
             self.parsed_queries.put(request.query, parsed)
+        if request.method == b"HEAD":
+            # the head a GET would get now: never held, nothing counted as
+            # delivered, no channel created (HEAD is safe)
+            if isinstance(query.since, Now):
+                query = replace(query, since=self.service.store.end())
+            return Response(200, poll_body(Delivery(query, self.service.store.query(query))))
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)
@@ -334,6 +343,10 @@ class Handlers:
             return _when(self.backplane.probe(), lambda _: ok)
         return ok
 
+    def index(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        """``GET /``: what this is, its version and where its endpoints are."""
+        return _INDEX
+
     def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, dumps(self._stats()))
 
@@ -361,6 +374,11 @@ _PREFLIGHT = Response(204, headers=(
     (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, Idempotency-Key"),
     (b"Access-Control-Max-Age", b"86400")))
 _NO_CONTENT = Response(204)
+_INDEX = Response(200, dumps({
+    "service": "pushup", "version": version("pushup"),
+    "links": {"publish": "/publish", "subscribe": "/subscribe", "channels": "/channels",
+              "channel": "/channels/{name}", "health": "/health", "stats": "/stats",
+              "metrics": "/metrics", "client": "/pushup.js"}}))
 _CLIENT_JS = Response(200, files("pushup.http").joinpath("static/pushup.js").read_bytes(),
                       b"text/javascript; charset=utf-8")
 

@@ -145,6 +145,7 @@ class HTTPProtocol(Protocol):
         self._timer: IDelayedCall | None = None
         self._stamp = 0.0  # last read or answer
         self._keep = (True, False, False)  # keep-alive, HTTP/1.0, HEAD of the current
+        self._cors: bytes | None = None  # the current request's CORS lines (Writer.cors_for)
         self._chunked = False  # an event stream's body is framed in chunks
         self._on_writable: Callable[[], None] | None = None  # a stream waits for the client
         self._upgraded_to: IProtocol | None = None  # what reads the connection after a 101
@@ -392,11 +393,13 @@ class HTTPProtocol(Protocol):
             entry = queue.popleft()
             if isinstance(entry, Response):
                 self._keep = (False, False, False)
+                self._cors = None
                 self._send(entry)
                 return
             request, keep_alive, http10, size = entry
             self._queued_bytes -= size
             self._keep = (keep_alive, http10, request.method == b"HEAD")
+            self._cors = self.front.writer.cors_for(request.headers.get(b"origin"))
             try:
                 result = self.front.app.handle(request, self)
             except Exception:
@@ -428,7 +431,7 @@ class HTTPProtocol(Protocol):
             connection = b"close"
         front = self.front
         front.writer.tick(front.clock.seconds())
-        self._write(front.writer.render(response, head, connection))
+        self._write(front.writer.render(response, head, connection, self._cors))
         if not keep and response is not self._refused_early:  # else once its body is read
             self.close()
 
@@ -456,7 +459,7 @@ class HTTPProtocol(Protocol):
         self._stamp = now = front.clock.seconds()
         keep_alive, http10, head = self._keep
         front.writer.tick(now)
-        if keep_alive and not http10 and not head and not front.draining:
+        if keep_alive and not http10 and not head and not front.draining and self._cors is None:
             self._write(front.writer.shared(delivery))
         else:
             self._send(Response(200, front.writer.shared_body(delivery)))
@@ -480,7 +483,7 @@ class HTTPProtocol(Protocol):
         self._chunked = not self._keep[1]
         extra = ((b"Transfer-Encoding", b"chunked"),) if self._chunked else ()
         self._write(front.writer.head(200, b"text/event-stream; charset=utf-8", None, extra,
-                                      connection=b"close"))
+                                      connection=b"close", cors=self._cors))
 
     def send_events(self, data: bytes) -> bool:
         if self._closing:

@@ -114,6 +114,8 @@ def worker_argv(config: Config, index: int, port: int) -> list[str]:
         if isinstance(value, bool):
             if value:
                 argv.append(flag)
+        elif isinstance(value, tuple):  # a repeatable flag (--cors-origin)
+            argv += [f"{flag}={item}" for item in value]
         elif value != "":
             argv.append(f"{flag}={value}")  # "=": a value may start with "-"
     for url in config.peer:  # other nodes: every worker links to each

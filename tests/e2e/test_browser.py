@@ -72,6 +72,32 @@ def test_a_page_of_another_origin_gets_each_message_once_in_order(page_server, s
         driver.quit()
 
 
+def test_pages_of_each_of_several_cors_origins_are_served(page_server, start_node):
+    """The issue-20 case: a page opened as http://127.0.0.1:PORT and the same page
+    opened as http://localhost:PORT are two origins; both are given and both work
+    (the module import, the poll and the event stream are CORS requests)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, root = page_server
+    port = server.server_address[1]
+    origins = [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+    node = start_node("--cors-origin", ",".join(origins))
+    driver = chrome()
+    try:
+        for origin in origins:
+            channel = "origins-" + os.urandom(4).hex()
+            (root / f"{channel}.html").write_text(PAGE % {"node": node.url, "channel": channel})
+            driver.get(f"{origin}/{channel}.html")
+            node.wait_subscribers(channel, 2, timeout=30)  # both transports hold
+            node.publish([channel], origin)
+            got = WebDriverWait(driver, 30).until(lambda d: (lambda r: r if len(r["long-poll"])
+                                                             and len(r["sse"]) else None)(
+                d.execute_script("return window.received")))
+            assert got == {"long-poll": [origin], "sse": [origin]}, origin
+    finally:
+        driver.quit()
+
+
 def test_a_page_of_a_foreign_origin_cannot_publish_without_the_token(page_server, start_node):
     server, root = page_server
     page_origin = f"http://127.0.0.1:{server.server_address[1]}"

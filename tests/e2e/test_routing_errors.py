@@ -7,7 +7,8 @@ import pytest
 from pushup_e2e import assert_error, assert_json_ok, uniq
 
 
-@pytest.mark.parametrize("path", ["/", "/nope", "/publish/extra", "/subscribe/x", "/channels/a/b/c",
+@pytest.mark.parametrize("path", ["//", "/nope", "/publish/extra", "/subscribe/x",
+                                  "/channels/a/b/c",
                                   "/healthz", "/channels/a/renew/x"])
 def test_unknown_path_is_404_not_found(node, path):
     r = node.get(path)

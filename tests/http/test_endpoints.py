@@ -8,11 +8,13 @@ StringTransport (see conftest.py); time is a ``task.Clock``.
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from urllib.parse import quote
 
 import pytest
 
 from pushup.core.model import Draft
+from pushup.http.tokens import issue
 
 START = 1_763_800_000.0
 TOKEN = "s3cret-token"
@@ -27,7 +29,8 @@ def enc(name: str) -> str:
 # -- routing ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/", "/nope", "/publish/", "/channels/a/b", "/channels/a/renew/x",
+@pytest.mark.parametrize("path", ["//", "/nope", "/publish/", "/channels/a/b",
+                                  "/channels/a/renew/x",
                                   "/subscribe/x", "/health/"])
 def test_unknown_path_is_404_not_found(node, check_error, path):
     check_error(node.get(path), 404, "not_found")
@@ -36,8 +39,8 @@ def test_unknown_path_is_404_not_found(node, check_error, path):
 @pytest.mark.parametrize("method, path, allowed", [
     ("GET", "/publish", "POST"),
     ("PUT", "/publish", "POST"),
-    ("POST", "/subscribe", "GET"),
-    ("DELETE", "/subscribe?channels=a", "GET"),
+    ("POST", "/subscribe", "GET, HEAD"),
+    ("DELETE", "/subscribe?channels=a", "GET, HEAD"),
     ("GET", "/channels", "POST"),
     ("PUT", "/channels/a", "GET, HEAD, DELETE"),
     ("POST", "/channels/a", "GET, HEAD, DELETE"),
@@ -603,7 +606,7 @@ def test_without_a_token_configured_publishing_is_open(node):
 
 @pytest.fixture
 def cors(make_node):
-    return make_node(cors_origin=ORIGIN, publish_token=TOKEN, max_body_bytes=100,
+    return make_node(cors_origin=(ORIGIN,), publish_token=TOKEN, max_body_bytes=100,
                      max_timeout=5)
 
 
@@ -644,7 +647,7 @@ def test_cors_header_on_timed_out_subscribe(cors):
 
 
 def test_cors_star_is_sent_as_star(make_node):
-    node = make_node(cors_origin="*")
+    node = make_node(cors_origin=("*",))
     assert node.get("/health").header("access-control-allow-origin") == "*"
 
 
@@ -670,12 +673,44 @@ def test_options_on_any_path_is_a_204_preflight(cors):
 
 
 @pytest.mark.parametrize("path, allowed", [("/publish", "POST"),
-                                           ("/subscribe?channels=a", "GET"),
+                                           ("/subscribe?channels=a", "GET, HEAD"),
                                            ("/channels/room", "GET, HEAD, DELETE")])
 def test_options_without_cors_is_405(node, check_error, path, allowed):
     response = node.request("OPTIONS", path)
     check_error(response, 405, "method_not_allowed")
     assert response.header("allow") == allowed
+
+
+SEVERAL = ("http://localhost:8000", "http://127.0.0.1:8000")
+
+
+def test_several_cors_origins_each_answer_names_the_pages_own(make_node):
+    node = make_node(cors_origin=SEVERAL, max_timeout=5)
+    for origin in SEVERAL:
+        for response in (node.get("/health", headers={"Origin": origin}),
+                         node.request("OPTIONS", "/publish", headers={"Origin": origin}),
+                         node.publish("a", 1, headers={"Origin": origin})):
+            assert response.header("access-control-allow-origin") == origin, response
+            assert response.header("vary") == "Origin", response
+    stranger = node.get("/health", headers={"Origin": "http://evil.example"})
+    assert stranger.header("access-control-allow-origin") is None
+    assert stranger.header("vary") == "Origin"
+    check_forbidden = node.publish("a", 1, headers={"Origin": "http://evil.example"})
+    assert check_forbidden.status == 403
+
+
+def test_several_cors_origins_on_held_polls_and_streams(make_node):
+    node = make_node(cors_origin=SEVERAL, max_timeout=5)
+    polls = [node.open("GET", "/subscribe?channels=a&timeout=5", headers={"Origin": o})
+             for o in SEVERAL]
+    stream = node.open("GET", "/subscribe?channels=a", headers={
+        "Origin": SEVERAL[1], "Accept": "text/event-stream"})
+    assert node.publish("a", 1).status == 201
+    for poll, origin in zip(polls, SEVERAL, strict=True):
+        assert poll.response.json["messages"][0]["data"] == 1  # a fan-out's answer...
+        assert poll.response.header("access-control-allow-origin") == origin  # ...per page
+    head = stream.transport.value().partition(b"\r\n\r\n")[0].decode()
+    assert f"\r\nAccess-Control-Allow-Origin: {SEVERAL[1]}\r\n" in head
 
 
 def test_no_cors_header_when_not_configured(node):
@@ -691,6 +726,43 @@ def test_health_is_200_ok(node):
     assert response.status == 200
     assert response.json["status"] == "ok"
     assert node.request("HEAD", "/health").status == 200
+
+
+def test_get_root_is_a_json_index_of_the_endpoints(node):
+    response = node.get("/")
+    assert response.status == 200
+    index = response.json
+    assert index["service"] == "pushup"
+    assert index["version"] == version("pushup")
+    assert index["links"] == {
+        "publish": "/publish", "subscribe": "/subscribe", "channels": "/channels",
+        "channel": "/channels/{name}", "health": "/health", "stats": "/stats",
+        "metrics": "/metrics", "client": "/pushup.js"}
+    head = node.request("HEAD", "/")
+    assert (head.status, head.body) == (200, b"")
+
+
+def test_head_subscribe_answers_what_a_get_would_now_without_holding(node):
+    node.publish("a", 1)
+    get = node.get("/subscribe?channels=a&since=0")
+    head = node.request("HEAD", "/subscribe?channels=a&since=0")
+    assert (head.status, head.body) == (200, b"")
+    assert head.header("content-length") == str(len(get.body))
+    empty = node.request("HEAD", "/subscribe?channels=a&timeout=30")  # not held: at once
+    assert empty.status == 200
+    delivered = node.stats()["delivered"]
+    node.request("HEAD", "/subscribe?channels=a&since=0")
+    node.request("HEAD", "/subscribe?channels=never&since=now")
+    assert node.stats()["delivered"] == delivered  # a HEAD delivers nothing
+    assert node.get("/channels/never").status == 404  # ...and creates no channel
+    assert node.request("HEAD", "/subscribe?channels=a&since=nan").status == 400
+
+
+def test_head_subscribe_checks_the_token(make_node):
+    node = make_node(subscribe_secret="k" * 32)
+    assert node.request("HEAD", "/subscribe?channels=a").status == 401
+    token = issue("k" * 32, ["a"], START + 60)
+    assert node.request("HEAD", f"/subscribe?channels=a&token={token}").status == 200
 
 
 def test_health_is_503_while_draining(node, check_error):
@@ -730,7 +802,7 @@ def test_health_is_503_engine_unavailable_while_the_outside_engine_does_not_answ
 
 
 def test_connections_over_the_limit_are_answered_503_overloaded(make_node, check_error):
-    node = make_node(max_connections=2, cors_origin="*")
+    node = make_node(max_connections=2, cors_origin=("*",))
     first, second = node.connect(), node.connect()
     third = node.connect()
     response = third.response  # answered on connect, before any request
@@ -770,7 +842,7 @@ def test_a_page_of_another_origin_cannot_publish_or_manage_channels(node, check_
 
 
 def test_a_page_of_the_allowed_origin_may_publish(make_node):
-    node = make_node(cors_origin="https://app.example")
+    node = make_node(cors_origin=("https://app.example",))
     response = node.publish("a", 1, headers={"Origin": "https://app.example"})
     assert response.status == 201
     assert response.header("access-control-allow-origin") == "https://app.example"
@@ -882,7 +954,7 @@ def test_publishing_needs_no_subscribe_token(private):
 
 
 def test_the_browser_client_is_served_as_a_javascript_module(make_node):
-    node = make_node(cors_origin="https://app.example")
+    node = make_node(cors_origin=("https://app.example",))
     response = node.get("/pushup.js")
     assert response.status == 200
     assert response.header("content-type") == "text/javascript; charset=utf-8"

@@ -89,7 +89,7 @@ def test_a_key_is_forgotten_after_the_window(make_node):
 
 
 def test_a_browser_may_send_the_key_across_origins(make_node):
-    h = make_node(cors_origin="*")
+    h = make_node(cors_origin=("*",))
     allowed = h.request("OPTIONS", "/publish").header("access-control-allow-headers")
     assert "idempotency-key" in allowed.lower()
 

@@ -57,7 +57,7 @@ def test_ctrl_c_on_make_cluster_stops_every_node_without_a_traceback(tmp_path):
                    "--port", str(free_port())], tmp_path / "launcher.log",
                    PUSHUP_CLUSTER_DIR=str(logs))
     deadline = time.monotonic() + DEADLINE
-    while not proc.stdout.readline().startswith(b"logs:"):  # the last line of its start
+    while not proc.stdout.readline().startswith(b"Ctrl-C stops"):  # the last line of its start
         assert time.monotonic() < deadline and proc.poll() is None
     assert ctrl_c(proc) == 0
     launcher = (tmp_path / "launcher.log").read_text()

@@ -1,0 +1,33 @@
+"""`make cluster` and `make demo` set up only what running a cluster needs: the run
+install, HAProxy, and redis-server for ENGINE=redis; not the test suite's
+packages or tools (read from `make --dry-run`, which runs nothing)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_ONLY = ("[test", "chromium", "nodejs", "npm", "nftables", "strace", "nginx")
+
+
+def dry_run(*args: str) -> str:
+    make = shutil.which("make")
+    assert make, "make is needed"
+    r = subprocess.run([make, "--dry-run", "--always-make", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("target", ["cluster", "demo"])
+def test_cluster_and_demo_install_only_what_a_cluster_needs(target):
+    plain = dry_run(target)
+    assert "pip install" in plain and "-e ." in plain  # the run install (--always-make)
+    assert "haproxy" in plain and "redis-server" not in plain
+    assert not [word for word in TEST_ONLY if word in plain], plain
+    redis = dry_run(target, "ENGINE=redis")
+    assert "redis-server" in redis
+    assert not [word for word in TEST_ONLY if word in redis], redis
