@@ -136,9 +136,14 @@ class PeerLink:
         self._wake(0)
 
     def poke(self) -> None:
-        """New messages or ops: send them on this reactor turn's end, together."""
+        """New messages or ops: send them now if nothing is in flight (the
+        peer's subscribers hear of them before ours are answered: the local
+        fan-out waits for the next turn), else at this turn's end, together
+        with whatever else the turn brings."""
         if self._open:
-            if self._flush_call is None:
+            if not self._window and self._flush_call is None:
+                self._flush()
+            elif self._flush_call is None:
                 self._flush_call = self.clock.callLater(0, self._flush)
         elif self._stream is None and self._failures == 0:
             self._wake(0)

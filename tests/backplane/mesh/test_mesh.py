@@ -151,17 +151,34 @@ def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
     node, [wire] = mesh()
     pending = publish(node, 1, 2)
     assert isinstance(pending, Pending) and answered(pending) is None
-    node.reactor.advance(0)  # the link sends the batch...
-    assert len(wire.held) == 1 and answered(pending) is None  # ...not confirmed yet
+    assert len(wire.held) == 1 and answered(pending) is None  # sent, not confirmed yet
     wire.deliver()
     assert answered(pending).status == 201
     assert wire.receiver.store.origins.horizon_of(node.service.store.origin_name) == 2
 
 
+def test_an_idle_link_sends_a_publish_before_this_node_answers_its_own_subscribers():
+    """The peers' subscribers should not wait for ours: on an idle link the
+    batch leaves with the publish; the local fan-out runs on the next turn.
+    On a busy link (batches in flight) the turn's publishes go together."""
+    node, [wire] = mesh()
+    held = Held()
+    node.service.subscribe(Query(("c",), Cursor(()), None, 100), 30, held)
+    publish(node, 1)
+    assert len(wire.held) == 1 and held.bodies == []
+    publish(node, 2)
+    publish(node, 3)
+    assert len(wire.held) == 1  # one in flight: the next two wait for the turn's end
+    node.reactor.advance(0)
+    assert len(wire.held) == 2 and len(held.bodies) == 1
+
+
 def test_with_publish_ack_local_the_201_comes_at_once():
     node, [wire] = mesh(publish_ack="local")
     answer = publish(node, 1)
-    assert isinstance(answer, Response) and answer.status == 201 and wire.held == []
+    # answered before any peer holds it (the batch is on its way, unanswered)
+    assert isinstance(answer, Response) and answer.status == 201 and len(wire.held) == 1
+    assert wire.receiver.store.message_count == 0
 
 
 def test_the_first_of_two_peers_to_hold_it_is_enough():
