@@ -70,6 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--server", default=str(REPO / ".venv" / "bin" / "pushup"),
                     help="server command (default: the venv's pushup); split like a shell")
     ap.add_argument("--publishers", type=int, default=8)
+    ap.add_argument("--results", action="store_true",
+                    help="scale: write its record, table and Figures 12-13 to the committed "
+                    "loadtest/results/nodes (default: loadtest/out/scale-<timestamp>)")
     ap.add_argument("--front-shares", type=int, default=0,
                     help="scale: HAProxy, redis-server and the generator in one unbudgeted "
                     "cgroup with this cpu.shares (0: left in the root group)")
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(scale, dict) and "engines" in scale:
         print()
         print(nodescale.table(scale))
+        where = REPO / "loadtest" / "results" / "nodes" if args.results else OUT / f"scale-{stamp}"
+        nodescale.write(record, scale, where)
+        print(f"node scaling: {where.relative_to(REPO)}/report.md")
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

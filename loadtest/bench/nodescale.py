@@ -20,8 +20,10 @@ and its record says so (``budget_cores`` None, ``budget_note`` why).
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from deploy.launch import LocalCluster
@@ -102,6 +104,10 @@ def _one(ctx: Context, engine: str, k: int, n: int, publishes: int, interval: fl
         others = {"haproxy": [h.pid for h in c.haproxies],
                   "redis": [c.redis.pid] if c.redis is not None else [],
                   "generator": ctx.pool.pids}
+        # CPU while fan-outs are in flight (publish sent .. last receipt), per process
+        busy_pids = ctx.pool.pids + others["haproxy"]
+        busy: dict[int, float] = {}
+        busy_wall = 0.0
         trips: list[float] = []
         rounds: list[dict[str, Any]] = []
         statuses: dict[str, int] = {}
@@ -119,6 +125,7 @@ def _one(ctx: Context, engine: str, k: int, n: int, publishes: int, interval: fl
                 throttle0 = budgets.throttling()
                 t_start = time.monotonic()
             last_publish = time.monotonic()
+            busy0 = {pid: _cpu([pid]) for pid in busy_pids}
             t0 = time.time()
             status, doc = nodes[0].request(
                 "POST", "/publish",
@@ -132,6 +139,9 @@ def _one(ctx: Context, engine: str, k: int, n: int, publishes: int, interval: fl
             lat = sorted(t - t0 for t in times)
             if r == 0:
                 continue
+            busy_wall += time.time() - t0
+            for pid in busy_pids:
+                busy[pid] = busy.get(pid, 0.0) + _cpu([pid]) - busy0[pid]
             trips.extend(lat)
             rounds.append({"delivered": len(lat), "expected": expected,
                            "p50_s": round(percentile(lat, 50), 4) if lat else None,
@@ -158,6 +168,12 @@ def _one(ctx: Context, engine: str, k: int, n: int, publishes: int, interval: fl
         "delivered_pct": round(100.0 * delivered / max(1, sum(x["expected"] for x in rounds)),
                                2),
         "cpu_pct": cpu_pct,
+        "in_fanout_cpu_pct": {
+            "generator_busiest_process": round(max(
+                100 * busy.get(p, 0.0) / busy_wall for p in ctx.pool.pids), 1),
+            "generator": round(100 * sum(busy.get(p, 0.0) for p in ctx.pool.pids) / busy_wall, 1),
+            "haproxy": round(100 * sum(busy.get(p, 0.0) for p in others["haproxy"]) / busy_wall,
+                             1)},
         "node_cpu_pct_max": max(cpu_pct[f"node{i + 1}"] for i in range(k)),
         "throttled": {g: {"periods": v.get("nr_periods", 0) - throttle0.get(g, {}).get(
                               "nr_periods", 0),
@@ -178,7 +194,8 @@ def table(res: dict[str, Any]) -> str:
              f"{res['generator']}",
              "",
              "| engine | nodes | trip p50 s | p90 s | last p50 s | 1 node ÷ this | delivered "
-             "| busiest node CPU % | HAProxy % | redis % | generator % | load avg |",
+             "| busiest node CPU % | HAProxy % | redis % | generator % (in fan-outs; busiest "
+             "process) | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for engine, rows in res["engines"].items():
         for k, r in rows.items():
@@ -187,5 +204,69 @@ def table(res: dict[str, Any]) -> str:
                 f"| {engine} | {k} | {r['trip_p50_s']} | {r['trip_p90_s']} | {r['last_p50_s']} "
                 f"| {r['speedup_p50']} | {r['delivered_pct']} % | {r['node_cpu_pct_max']} "
                 f"| {c['haproxy']} | {c['redis'] if r['engine'] == 'redis' else '-'} "
-                f"| {c['generator']} | {r['loadavg_before'][0]:.2f} |")
+                f"| {c['generator']} ({r['in_fanout_cpu_pct']['generator']}; "
+                f"{r['in_fanout_cpu_pct']['generator_busiest_process']}) "
+                f"| {r['loadavg_before'][0]:.2f} |")
     return "\n".join(lines)
+
+
+def write(record: dict[str, Any], res: dict[str, Any], out: Path) -> None:
+    """The run's record (JSON), the table (report.md) and Figures 12-13 (PNG) in ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(record, indent=2, default=str))
+    machine = record.get("machine", {})
+    (out / "report.md").write_text(
+        f"# Node scaling under per-node CPU budgets (Figures 12-13)\n\n"
+        f"`{record.get('command')}`, started {record.get('started')}; load average "
+        f"{machine.get('loadavg_at_start', [0])[0]:.2f} at the start, "
+        f"{machine.get('loadavg_at_end', [0])[0]:.2f} at the end (2 cores, shared).\n\n"
+        + table(res) + "\n\n![fig12](fig12_trip_nodes.png)\n![fig13](fig13_delivered_nodes.png)\n")
+    engines = res["engines"]
+    fig, (top, low) = plt.subplots(2, 1, figsize=(7, 7), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 2]})
+    for (engine, rows), colour in zip(engines.items(), ("C0", "C3"), strict=False):
+        ks = [int(k) for k in rows]
+        top.plot(ks, [rows[str(k)]["trip_p50_s"] for k in ks], "o-", color=colour,
+                 label=f"{engine}: trip p50")
+        top.plot(ks, [rows[str(k)]["trip_p90_s"] for k in ks], "x:", color=colour,
+                 label=f"{engine}: p90")
+        low.plot(ks, [rows[str(k)]["in_fanout_cpu_pct"]["generator_busiest_process"]
+                      for k in ks], "o-", color=colour,
+                 label=f"{engine}: busiest generator process")
+        low.plot(ks, [rows[str(k)]["in_fanout_cpu_pct"]["haproxy"] for k in ks], "s--",
+                 color=colour, label=f"{engine}: HAProxy")
+        low.plot(ks, [rows[str(k)]["node_cpu_pct_max"] for k in ks], "^:", color=colour,
+                 label=f"{engine}: busiest node (whole run)")
+        base = rows.get("1", {}).get("trip_p50_s")
+        if base:
+            top.plot(ks, [base / k for k in ks], color="grey", lw=0.8, ls="--")
+    budget = res.get("budget_cores")
+    top.set_title(f"Fig. 12: {res['subscribers']:,} long polls via HAProxy, "
+                  + (f"{budget:g} core per node" if budget else "NO CPU budgets")
+                  + " (grey: 1 node / N)")
+    top.set_ylabel("publish trip time, s")
+    top.legend(fontsize=8)
+    low.set_ylabel("CPU % of a core\n(during fan-outs)")
+    low.set_xlabel("nodes")
+    low.set_xticks(sorted({int(k) for rows in engines.values() for k in rows}))
+    low.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "fig12_trip_nodes.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for engine, rows in engines.items():
+        ks = [int(k) for k in rows]
+        ax.plot(ks, [rows[str(k)]["delivered_pct"] for k in ks], "o-", label=engine)
+    ax.set_ylim(0, 105)
+    ax.set_title("Fig. 13: messages received, % of (publishes x subscribers)")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("%")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "fig13_delivered_nodes.png", dpi=110)
+    plt.close(fig)
