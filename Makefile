@@ -83,11 +83,12 @@ conformance: setup
 
 # ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
 # on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;
+# with RESULTS=1 its table and figures go to loadtest/results/nodes, committed;
 # unbudgeted, and saying so, where /sys/fs/cgroup/cpu is not writable).
 ONLY ?=
 BUDGET ?=
 bench: setup bench-packages
-	$(PY) -m loadtest.bench$(if $(ONLY), --only $(ONLY))$(if $(BUDGET), --budget $(BUDGET))
+	$(PY) -m loadtest.bench$(if $(ONLY), --only $(ONLY))$(if $(BUDGET), --budget $(BUDGET))$(if $(filter 1 yes true,$(RESULTS)), --results)
 
 # The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
 demo: setup

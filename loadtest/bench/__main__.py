@@ -73,12 +73,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--results", action="store_true",
                     help="scale: write its record, table and Figures 12-13 to the committed "
                     "loadtest/results/nodes (default: loadtest/out/scale-<timestamp>)")
-    ap.add_argument("--front-shares", type=int, default=0,
+    ap.add_argument("--front-shares", type=int, default=10240,
                     help="scale: HAProxy, redis-server and the generator in one unbudgeted "
-                    "cgroup with this cpu.shares (0: left in the root group)")
-    ap.add_argument("--budget", type=float, default=0.25,
-                    help="scale: CPU cores per node, each node in its own cgroup (default 0.25:"
-                    " 4 nodes take 1 of this box's 2 cores, the generator and HAProxy the rest)")
+                    "cgroup with this cpu.shares, 10x a root-group task's weight, so other "
+                    "users of the machine do not make them the bottleneck (0: left in the "
+                    "root group)")
+    ap.add_argument("--budget", type=float, default=0.1,
+                    help="scale: CPU cores per node, each node in its own cgroup (default 0.1:"
+                    " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
+                    "generator are not what the trip time measures; docs/benchmarks.md)")
     ap.add_argument("--repoll", choices=["immediate", "after-round"], default="immediate",
                     help="fan-out subscribers re-poll on receipt (default) or only after "
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
