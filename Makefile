@@ -94,10 +94,10 @@ bench: setup bench-packages
 demo: setup
 	$(PY) -m demo.run --nodes $(NODES) --port 8000
 
-# The paper's evaluation with real Locust (PROFILE=quick|paper|scale|nodes); results,
+# The paper's evaluation with real Locust (PROFILE=quick|paper|scale|nodes-locust); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or
 # with RESULTS=1 in loadtest/results/$(PROFILE)/, the committed results. Needs
-# root for NT and for the per-node CPU cgroups of PROFILE=nodes (or BUDGET=cores).
+# root for NT and for the per-node CPU cgroups of PROFILE=nodes-locust (or BUDGET=cores).
 PROFILE ?= quick
 RESULTS ?=
 loadtest: setup
