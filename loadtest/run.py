@@ -1,7 +1,7 @@
 """Rerun the paper's evaluation (section 4) against PushUp with real Locust.
 
-    python -m loadtest.run --profile quick|paper|scale|nodes-locust [--nodes 1,2,4] [--out DIR | --results]
-                           [--budget CORES] [--engine mesh|redis]
+    python -m loadtest.run --profile quick|paper|scale|nodes-locust [--nodes 1,2,4]
+                           [--out DIR | --results] [--budget CORES] [--engine mesh|redis]
                            [--modes cp,mlp,elp] [--cc 10,100,1000]
                            [--intervals 10,20,30,40,50] [--conns 500,...,16000]
                            [--repeat R] [--timeout 50]
