@@ -101,21 +101,27 @@ conformance: setup
 	PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
 	  $(PY) -m pytest tests/conformance --timeout 600
 
+# ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
+# on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;
+# with RESULTS=1 its table and figures go to loadtest/results/nodes, committed;
+# unbudgeted, and saying so, where /sys/fs/cgroup/cpu is not writable).
+ONLY ?=
+BUDGET ?=
 bench: setup bench-packages
-	$(PY) -m loadtest.bench
+	$(PY) -m loadtest.bench$(if $(ONLY), --only $(ONLY))$(if $(BUDGET), --budget $(BUDGET))$(if $(filter 1 yes true,$(RESULTS)), --results)
 
 # The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
 demo: cluster-packages
 	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)
 
-# The paper's evaluation with real Locust (PROFILE=quick|paper|scale); results,
+# The paper's evaluation with real Locust (PROFILE=quick|paper|scale|nodes-locust); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or
 # with RESULTS=1 in loadtest/results/$(PROFILE)/, the committed results. Needs
-# root for NT.
+# root for NT and for the per-node CPU cgroups of PROFILE=nodes-locust (or BUDGET=cores).
 PROFILE ?= quick
 RESULTS ?=
 loadtest: setup
-	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)
+	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)$(if $(BUDGET), --budget $(BUDGET))
 
 # The seeds rerun on PushUp (issue 11): select/poll/epoll under idle held polls, and
 # fan-out over a private veth with MTU and tbf caps (needs root). PROFILE=smoke|full

@@ -147,10 +147,11 @@ def _saturated(r: dict[str, Any]) -> bool:
 
 
 def scale_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
-    """(mode, nodes) -> users -> one row aggregating the point's messages."""
+    """(mode, nodes) -> users -> one row aggregating the point's messages (the
+    mesh's; Redis rows are in ``budget_table``)."""
     out: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
-        if r["experiment"] != "scale":
+        if r["experiment"] != "scale" or r.get("engine", "mesh") != "mesh":
             continue
         out[(r["mode"], r["nodes"])][r["users"]] = r
     return out
@@ -185,6 +186,41 @@ def scale_table(rows: list[dict[str, Any]]) -> str:
                  "⚠ = the busiest Locust process reached ≥ 90 % of a core (or Locust warned). "
                  "RMP = received / (scheduled messages × connected subscribers): a message "
                  "the server did not accept in time counts as lost.\n")
+    return "\n".join(lines)
+
+
+def budget_table(rows: list[dict[str, Any]]) -> str:
+    """Scale points run with a CPU budget per node, by engine and node count."""
+    pts = [r for r in rows if r["experiment"] == "scale" and
+           ("budget_cores" in r and r.get("budget_note") is None and r.get("budget_cores")
+            or r.get("engine", "mesh") != "mesh")]
+    if not pts:
+        return ""
+    lines = ["### Nodes with a CPU budget each (Figures 12-13, Locust)\n",
+             "| engine | nodes | budget, cores per node | connections | MPT mean / p50 / p99 (s) "
+             "| 1 node ÷ this (mean) | RMP | node CPU % (throttled periods) | HAProxy CPU % "
+             "| Locust CPU % (busiest proc peak) | host CPU % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    one = {(r.get("engine", "mesh"), r["users"]): r.get("mpt_mean_s") for r in pts
+           if r["nodes"] == 1}
+    for r in sorted(pts, key=lambda r: (r.get("engine", "mesh"), r["users"], r["nodes"])):
+        engine = r.get("engine", "mesh")
+        base = one.get((engine, r["users"]))
+        thr = r.get("budget_throttling") or {}
+        throttled = sum(v.get("nr_throttled", 0) for v in thr.values())
+        periods = sum(v.get("nr_periods", 0) for v in thr.values())
+        lines.append(
+            f"| {engine} | {r['nodes']} | {_f(r.get('budget_cores'), 2)} | {r['users']:,} | "
+            f"{_f(r.get('mpt_mean_s'), 2)} / {_f(r.get('mpt_p50_s'), 2)} / "
+            f"{_f(r.get('mpt_p99_s'), 2)} | "
+            f"{_f(base / r['mpt_mean_s'], 2) if base and r.get('mpt_mean_s') else '—'} | "
+            f"{_f(r.get('rmp_pct'), 1)} % | {_f(r.get('server_cpu_pct'), 0)} "
+            f"({throttled:,} of {periods:,}) | {_f(r.get('haproxy_cpu_pct'), 0)} | "
+            f"{_f(r.get('gen_cpu_pct'), 0)} ({_f(r.get('gen_cpu_peak_pct'), 0)})"
+            f"{' ⚠' if _saturated(r) else ''} | {_f(r.get('host_cpu_pct'), 0)} |")
+    lines.append("\nnode CPU = all nodes together, % of one core, mean over the point; "
+                 "throttled = CFS periods in which a node's quota ran out, summed over the "
+                 "nodes' groups.\n")
     return "\n".join(lines)
 
 
@@ -337,6 +373,7 @@ def write_report(out: Path) -> Path:
         parts.append("")
     parts.append(grid_tables(rows))
     parts.append(scale_table(rows))
+    parts.append(budget_table(rows))
     if figs:
         parts.append("### Figures\n")
         parts += [f"![{f}]({f})" for f in figs]

@@ -1,6 +1,7 @@
 """Rerun the paper's evaluation (section 4) against PushUp with real Locust.
 
-    python -m loadtest.run --profile quick|paper|scale [--nodes 1,2,4] [--out DIR | --results]
+    python -m loadtest.run --profile quick|paper|scale|nodes-locust [--nodes 1,2,4]
+                           [--out DIR | --results] [--budget CORES] [--engine mesh|redis]
                            [--modes cp,mlp,elp] [--cc 10,100,1000]
                            [--intervals 10,20,30,40,50] [--conns 500,...,16000]
                            [--repeat R] [--timeout 50]
@@ -20,7 +21,14 @@ subprocess, measures, and stops everything, also on error or Ctrl-C):
   MPT and RMP for a few messages each fanned out to every connection.
 - nodes (paper 4.4, Figures 12-13): with ``--nodes 2,4`` (any N > 1) the
   scale points of ELP are also run on N nodes behind HAProxy
-  (``deploy.launch.LocalCluster``).
+  (``deploy.launch.LocalCluster``). With ``--budget CORES`` every node runs in
+  a CPU cgroup of its own with that quota (``loadtest.cgroups``; the 1-node
+  point then runs behind HAProxy too, like the others), made after the nodes
+  start and removed when they stop; Locust and HAProxy stay unbudgeted.
+  Without a writable /sys/fs/cgroup/cpu the run goes on unbudgeted, prints so,
+  and each row's ``budget_cores`` is null with ``budget_note`` saying why.
+  The ``nodes-locust`` profile is that: ELP at 4,000 connections on 1, 2 and 4
+  nodes, 0.1 core each.
 
 Every figure is measured, none estimated: NT by nftables counters on the
 server port (bytes on the wire, both directions, headers included); MPT from
@@ -58,6 +66,7 @@ from typing import Any
 
 import psutil
 
+from loadtest.cgroups import CpuBudgets
 from loadtest.netcount import NetCountUnavailable, PortCounter, Traffic, available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +85,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "scale": dict(modes=["mlp", "elp"], cc=[], intervals=[], repeat=1,
                   conns=[500, 1000, 2000, 4000, 8000, 16000], scale_messages=4,
                   scale_gap=10.0, timeout=50.0),
+    # The paper's 4.4 (Figures 12-13) with a CPU budget per node: 1, 2, 4 nodes.
+    # (The raw-epoll version, not bounded by Locust: make bench ONLY=scale.)
+    # A gap of 8 s: one node at 0.1 core needs ~5 s per publish to 4,000 (re-polls
+    # included), so publishes never overlap; 2 Locust processes (each < 50 %).
+    "nodes-locust": dict(modes=["elp"], cc=[], intervals=[], repeat=1, conns=[4000],
+                         scale_messages=5, scale_gap=8.0, timeout=50.0, nodes=[1, 2, 4],
+                         budget=0.1, processes=2),
 }
 
 
@@ -90,6 +106,8 @@ class Point:
     gap: float = 0.0  # scale: seconds between them
     timeout: float = 50.0
     procs: int = 0  # Locust processes; 0: one up to 4,000 users, else two
+    budget: float = 0.0  # CPU cores per node (a cgroup each); 0: none
+    engine: str = "mesh"  # the nodes' engine when there are several (or a budget)
 
     @property
     def edge(self) -> float:
@@ -98,7 +116,9 @@ class Point:
 
     @property
     def label(self) -> str:
-        n = f" nodes={self.nodes}" if self.nodes > 1 else ""
+        n = f" nodes={self.nodes}" if self.nodes > 1 or self.budget else ""
+        n += f" {self.engine}" if self.engine != "mesh" else ""
+        n += f" budget={self.budget:g}" if self.budget else ""
         return f"{self.experiment} {self.mode.upper()} {self.users} subscribers{n}"
 
     @property
@@ -165,8 +185,11 @@ def get_stats(url: str) -> dict[str, Any]:
 class Server:
     """The server under test: ELP (pushup serve), MLP (loadtest.mlp), or N nodes."""
 
-    def __init__(self, mode: str, nodes: int, users: int, workdir: Path) -> None:
+    def __init__(self, mode: str, nodes: int, users: int, workdir: Path, budget: float = 0.0,
+                 engine: str = "mesh", run: str = "") -> None:
         self.mode, self.nodes, self.users, self.workdir = mode, nodes, users, workdir
+        self.budget, self.engine, self.run = budget, engine, run or str(os.getpid())
+        self.budgets: CpuBudgets | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.cluster: Any = None
         self.url = ""
@@ -175,16 +198,21 @@ class Server:
 
     def start(self) -> Server:
         log = open(self.workdir / "server.log", "ab")
-        if self.mode != "mlp" and self.nodes > 1:
+        if self.mode != "mlp" and (self.nodes > 1 or self.budget):
             sys.path.insert(0, str(ROOT))
             from deploy.launch import LocalCluster
 
             procs = 2 if self.users > 9000 else 1
             self.cluster = LocalCluster(
                 nodes=self.nodes, haproxy_procs=procs, workdir=str(self.workdir / "cluster"),
-                node_args=["--max-connections", "20000", "--log-level", "warn"])
+                node_args=["--max-connections", "20000", "--log-level", "warn"],
+                engine=self.engine)
             (self.workdir / "cluster").mkdir(exist_ok=True)
             self.cluster.start()
+            if self.budget:
+                self.budgets = CpuBudgets(self.run, self.budget)
+                for i, node in enumerate(self.cluster.nodes):
+                    self.budgets.assign(f"node{i + 1}", node.pid)
             self.url, self.port = self.cluster.front_url, self.cluster.front_port
             self.inner_ports = list(self.cluster.node_ports)
             return self
@@ -209,7 +237,8 @@ class Server:
         """Server processes by role (nodes, haproxy)."""
         if self.cluster is not None:
             return {"server": [p.pid for p in self.cluster.nodes if p is not None],
-                    "haproxy": [p.pid for p in self.cluster.haproxies]}
+                    "haproxy": [p.pid for p in self.cluster.haproxies],
+                    "redis": [self.cluster.redis.pid] if self.cluster.redis else []}
         return {"server": [self.proc.pid] if self.proc else [], "haproxy": []}
 
     def stats(self) -> dict[str, Any]:
@@ -219,9 +248,13 @@ class Server:
         return get_stats(self.url)
 
     def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
+        try:
+            if self.cluster is not None:
+                self.cluster.stop()
+                self.cluster = None
+        finally:
+            if self.budgets is not None:
+                self.budgets.close()
         if self.proc is not None:
             stop_process(self.proc)
             self.proc = None
@@ -403,7 +436,8 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"pushup-lt-{name}-"))
-    server = Server("elp" if p.mode == "cp" else p.mode, p.nodes, p.users, work)
+    server = Server("elp" if p.mode == "cp" else p.mode, p.nodes, p.users, work, p.budget,
+                    p.engine, f"{run_id}-{os.getpid()}-{name}")
     locust: subprocess.Popen[bytes] | None = None
     counter: PortCounter | None = None
     sampler = Sampler()
@@ -474,6 +508,10 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
             wake = min([time.time() + 1.0] + [m[0] for m in marks])
             time.sleep(max(0.05, min(1.0, wake - time.time())))
         final_traffic = counter.read() if counter is not None else {}
+        budgets = server.budgets
+        budget_row = {"budget_cores": p.budget if budgets and budgets.available else None,
+                      "budget_note": (budgets.reason or None) if budgets else None,
+                      "budget_throttling": budgets.throttling() if budgets else None}
         server_stats = server.stats()
         cpu_warning = b"CPU usage above" in (raw / f"{name}.locust.log").read_bytes()
     finally:
@@ -503,6 +541,7 @@ def run_point(p: Point, out: Path, progress: Progress, run_id: str) -> list[dict
     front_total = final_traffic.get(server.port, Traffic()) if final_traffic else None
     base: dict[str, Any] = {
         "run": run_id, "experiment": p.experiment, "mode": p.mode, "nodes": p.nodes,
+        "engine": p.engine, **budget_row,
         "users": p.users, "timeout_s": p.timeout, "locust_processes": p.processes,
         "connected": connected, "requests": polls,
         # Locust users (subscribers + the publisher) running at the first publish
@@ -583,7 +622,8 @@ def plan(args: argparse.Namespace) -> list[Point]:
     for key in ("repeat", "timeout"):
         if getattr(args, key) is not None:
             prof[key] = getattr(args, key)
-    nodes = args.nodes or [1]
+    nodes = args.nodes or prof.get("nodes") or [1]
+    budget = args.budget if args.budget is not None else prof.get("budget", 0.0)
     points = []
     gaps = [float(g) for g in prof["intervals"]] * prof["repeat"]
     if gaps:
@@ -598,7 +638,9 @@ def plan(args: argparse.Namespace) -> list[Point]:
                     continue
                 points.append(Point("scale", mode, conns, n, messages=prof["scale_messages"],
                                     gap=prof["scale_gap"], timeout=prof["timeout"],
-                                    procs=args.processes))
+                                    procs=args.processes or prof.get("processes", 0),
+                                    budget=budget if mode == "elp" else 0.0,
+                                    engine=args.engine))
     return points
 
 
@@ -629,6 +671,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="output folder (default: loadtest/out/<profile>, git-ignored)")
     where.add_argument("--results", action="store_true",
                        help="write the committed results, loadtest/results/<profile>")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="CPU cores per node for the scale points, a cgroup each "
+                        "(default: the profile's; 0: none)")
+    parser.add_argument("--engine", choices=["mesh", "redis"], default="mesh",
+                        help="the nodes' engine when there are several or a budget")
     parser.add_argument("--modes", type=_list(str), default=None)
     parser.add_argument("--cc", type=_list(int), default=None, help="grid subscriber counts")
     parser.add_argument("--intervals", type=_list(float), default=None,

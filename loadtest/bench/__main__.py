@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines] [--quick]`.
+engines,scale] [--quick] [--budget CORES]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -8,7 +8,11 @@ CPU use, client counters, machine load) to loadtest/out/bench-<timestamp>.json.
 process), PushUp `--workers 2` and nginx + nchan (compare.py) and prints the
 figures with their ratios; it needs `make bench-packages` (nginx, nchan).
 `engines` measures a 3-node cluster on the mesh and on Redis side by side
-(engines.py; needs redis-server, `make system-packages`).
+(engines.py; needs redis-server, `make system-packages`). `scale` is the paper's
+node scaling (Figures 12-13): 1, 2 and 4 nodes behind HAProxy on each engine,
+every node in its own CPU cgroup of `--budget` cores, made and removed by the
+run (nodescale.py, loadtest/cgroups.py; unbudgeted, and saying so, where
+/sys/fs/cgroup/cpu is not writable).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -27,27 +31,30 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, engines, report, scenarios
+from . import cluster, compare, engines, nodescale, report, scenarios
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines"]
+           "engines", "scale"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
         "big_n": 16000, "big_publishes": 3, "round_timeout": 30.0,
         "cluster_nodes": [1, 2, 4], "cluster_n": 10000, "cluster_publishes": 10,
         "lag_samples": 200, "ack_lone": 500, "engines_publish_seconds": 8.0, "engines_reps": 3,
-        "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5]}
+        "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5],
+        "scale_nodes": [1, 2, 4], "scale_n": 4000, "scale_publishes": 10,
+        "scale_interval": 1.0}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
          "cluster_nodes": [1, 2], "cluster_n": 400, "cluster_publishes": 2,
          "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
-         "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1]}
+         "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
+         "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -63,6 +70,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--server", default=str(REPO / ".venv" / "bin" / "pushup"),
                     help="server command (default: the venv's pushup); split like a shell")
     ap.add_argument("--publishers", type=int, default=8)
+    ap.add_argument("--results", action="store_true",
+                    help="scale: write its record, table and Figures 12-13 to the committed "
+                    "loadtest/results/nodes (default: loadtest/out/scale-<timestamp>)")
+    ap.add_argument("--front-shares", type=int, default=10240,
+                    help="scale: HAProxy, redis-server and the generator in one unbudgeted "
+                    "cgroup with this cpu.shares, 10x a root-group task's weight, so other "
+                    "users of the machine do not make them the bottleneck (0: left in the "
+                    "root group)")
+    ap.add_argument("--budget", type=float, default=0.1,
+                    help="scale: CPU cores per node, each node in its own cgroup (default 0.1:"
+                    " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
+                    "generator are not what the trip time measures; docs/benchmarks.md)")
     ap.add_argument("--repoll", choices=["immediate", "after-round"], default="immediate",
                     help="fan-out subscribers re-poll on receipt (default) or only after "
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
@@ -73,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [x for x in args.only if x not in CHOICES]
     if bad:
         ap.error(f"unknown benchmark(s) {bad}; choose from {CHOICES}")
+    if args.budget <= 0:
+        ap.error("--budget must be a positive number of cores")
     if not 1 <= args.workers <= 8:
         ap.error("--workers must be 1..8")
     return args
@@ -162,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, args.publishers, cfg["engines_publish_seconds"], cfg["engines_reps"],
                 cfg["lag_samples"], cfg["engines_n"], cfg["engines_publishes"],
                 cfg["round_timeout"], cfg["engines_scaling"])))
+        if "scale" in args.only:
+            plan.append(("scale", lambda: nodescale.bench_node_scaling(
+                ctx, cfg["scale_nodes"], cfg["scale_n"], cfg["scale_publishes"],
+                cfg["scale_interval"], args.budget, cfg["round_timeout"], args.front_shares)))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -199,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     if "engines_side_by_side" in record:
         print()
         print(engines.table(eng))
+    scale = results.get("scale")
+    if isinstance(scale, dict) and "engines" in scale:
+        print()
+        print(nodescale.table(scale))
+        where = REPO / "loadtest" / "results" / "nodes" if args.results else OUT / f"scale-{stamp}"
+        nodescale.write(record, scale, where)
+        print(f"node scaling: {where.relative_to(REPO)}/report.md")
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "
