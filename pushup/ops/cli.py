@@ -122,10 +122,13 @@ def show_help(argv: Sequence[str]) -> int:
 
 
 def install_reactor(name: str) -> None:
-    if name == "epoll":
-        from twisted.internet import epollreactor as chosen
-    elif name == "poll":
-        from twisted.internet import pollreactor as chosen  # type: ignore[no-redef]
+    if name == "epoll":  # Twisted's, minus a log context per event (pushup/_twisted.py)
+        from pushup._twisted import install_lean_epoll
+
+        install_lean_epoll()
+        return
+    if name == "poll":
+        from twisted.internet import pollreactor as chosen
     else:
         from twisted.internet import selectreactor as chosen  # type: ignore[no-redef]
     chosen.install()  # type: ignore[no-untyped-call]
