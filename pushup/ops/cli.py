@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
+from pushup import BUILD
 from pushup.config import (
     Config,
     ConfigError,
@@ -36,7 +37,7 @@ GC_YOUNG = 50_000  # objects allocated (net) before a young collection (tune_gc)
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
-        print(f"pushup {version('pushup')}")
+        print(f"pushup {version('pushup')}\ncore: {BUILD}")
         return 0
     if args[:1] == ["token"]:
         return token(args[1:], os.environ)
@@ -193,6 +194,9 @@ def serve(config: Config) -> int:
     install_reactor(config.reactor)
     raise_open_files_limit()
     start_logging(config.log_level, config.log_format)
+    from twisted.logger import Logger
+
+    Logger("pushup").info("core: {build}", build=BUILD)  # compiled or interpreted
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
