@@ -93,3 +93,13 @@ def test_a_stale_build_is_never_imported(tmp_path: Path) -> None:
     assert stale.startswith("interpreted (stale compiled build: pushup.core.hub was edited")
     assert path == str(tmp_path / "pushup" / "core" / "store.py")
     assert "RuntimeWarning: pushup: running the interpreted (stale" in stderr
+
+
+def test_without_a_c_compiler_the_build_is_the_interpreted_package() -> None:
+    """setup.py compiles nothing and says so in one line (pip then installs the sources)."""
+    env = {**os.environ, "CC": "/nonexistent/cc"}
+    done = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == pushup.__version__
+    assert [line for line in done.stderr.splitlines() if line.startswith("pushup build:")] == \
+        ["pushup build: interpreted: no C compiler (/nonexistent/cc)"]
