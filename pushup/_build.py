@@ -18,7 +18,7 @@ those extension modules may be used:
 
 When they may not be used, a finder placed first on ``sys.meta_path`` loads
 the ``.py`` source of each module of ``COMPILED``. ``BUILD`` says which runs
-and why; ``pushup --version``, ``/stats`` and the node's first log line show it.
+and why; ``pushup --version``, ``/stats`` and a log line once listening show it.
 """
 
 from __future__ import annotations

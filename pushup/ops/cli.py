@@ -194,9 +194,6 @@ def serve(config: Config) -> int:
     install_reactor(config.reactor)
     raise_open_files_limit()
     start_logging(config.log_level, config.log_format)
-    from twisted.logger import Logger
-
-    Logger("pushup").info("core: {build}", build=BUILD)  # compiled or interpreted
 
     from twisted.internet import reactor
     from twisted.internet.error import CannotListenError
@@ -234,6 +231,9 @@ def serve(config: Config) -> int:
         started.addCallback(lambda _: node.listen_once(reuse_port=True))
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"listening on http://{host}:{port}", flush=True)
+    from twisted.logger import Logger
+
+    Logger("pushup").info("core: {build}", build=BUILD)  # compiled or interpreted
     tune_gc()
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
     # After a burst of large answers, give the pages malloc keeps back (README).
