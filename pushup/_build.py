@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 # The modules mypyc compiles: the pure core's values, cursor, store and hub,
-# and the HTTP front's query parsing and response framing. Not ``errors``
+# and the HTTP front's protocol, query parsing and response framing. Not ``errors``
 # (compiled exception subclasses lose their class-level ``status``), not
 # ``idempotency`` (``Replayed`` subclasses ``list``), not ``service`` or
 # ``handlers`` (tests count calls by replacing a method on them).
@@ -50,6 +50,7 @@ COMPILED = (
     "pushup.core.store",
     "pushup.http.exchange",
     "pushup.http.params",
+    "pushup.http.protocol",
 )
 PURE_ENV = "PUSHUP_PURE"
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds ``pushup/``

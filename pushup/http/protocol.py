@@ -28,7 +28,7 @@ from httptools import (
     parse_url,
 )
 from twisted.internet import defer
-from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol
+from twisted.internet.interfaces import IAddress, IProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -57,6 +57,18 @@ _HEADERS_TOO_LARGE = error_response(errors.HeadersTooLarge(
     f"a request's headers are at most {MAX_HEADER_BYTES} bytes in at most {MAX_HEADERS} "
     "lines; give a large token as token= in the query"), close=True)
 
+
+
+class Timer(TypingProtocol):
+    """What ``clock.callLater`` returns, as far as a connection uses it (Twisted's
+    ``IDelayedCall``, spelled as a typing Protocol so that mypyc, which reads zope
+    interfaces without mypy-zope, types it the same)."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+    def getTime(self) -> float: ...  # noqa: N802 (Twisted's)
 
 class App(TypingProtocol):
     """What the front needs of the handlers (:class:`pushup.http.handlers.Handlers`)."""
@@ -142,7 +154,7 @@ class HTTPProtocol(Protocol):
         self._blocked_since: float | None = None  # output not taken by the client
         self._broken = False  # nothing more is parsed on this connection
         self._closing = False
-        self._timer: IDelayedCall | None = None
+        self._timer: Timer | None = None
         self._stamp = 0.0  # last read or answer
         self._keep = (True, False, False)  # keep-alive, HTTP/1.0, HEAD of the current
         self._chunked = False  # an event stream's body is framed in chunks
@@ -314,7 +326,10 @@ class HTTPProtocol(Protocol):
             if parsed is None or not parsed.path:
                 raise _Refuse(error_response(errors.NotFound(
                     f"no such path: {url.decode('latin-1')[:100]}")))
-            path, query = parsed.path, parsed.query or b""
+            # httptools' stub says `query: bytes`, but it is None when absent: read
+            # untyped, or the compiled build checks for bytes and fails
+            given: bytes | None = cast(Any, parsed).query
+            path, query = parsed.path, (b"" if given is None else given)
         self._path, self._query = path, query
         verdict = self.front.app.admit(self._parser.get_method(), path, self._headers)
         if isinstance(verdict, Response):
