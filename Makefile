@@ -5,20 +5,32 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
+.PHONY: build run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
         npm-clients conformance clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e .
-	touch $(RUN_STAMP)
+	mkdir -p build && touch $(RUN_STAMP) $(BUILT)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,loadtest,dev]'
-	touch $(STAMP) $(RUN_STAMP)
+	mkdir -p build && touch $(STAMP) $(RUN_STAMP) $(BUILT)
+
+# The core compiled with mypyc (setup.py; pushup/_build.py names the modules), in
+# place next to its sources, where a C compiler exists. Compiled again whenever a
+# compiled source changed: a build older than its source is never used (the
+# sources run instead, with a warning), so `make run` and `make test` rebuild first.
+BUILT := build/.compiled
+COMPILED_SOURCES := $(shell $(PYTHON) -c "import runpy; print(' '.join(n.replace('.', '/') \
+  + '.py' for n in runpy.run_path('pushup/_build.py')['COMPILED']))")
+$(BUILT): $(COMPILED_SOURCES) setup.py pushup/_build.py | $(RUN_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	mkdir -p build && touch $(BUILT)
+build: $(BUILT)
 
 # Debian packages the tests and load tests use (HAProxy for the cluster, nftables
 # for wire-byte counters, Node for the browser client's tests, Redis for the Redis
@@ -68,7 +80,7 @@ bench-packages:
 	    apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null; rc=$$?; \
 	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) $(BUILT)
 	$(VENV)/bin/pushup serve
 
 # N nodes (NODES=3) behind HAProxy on loopback, front on PORT (8000); a node that
@@ -90,8 +102,11 @@ cluster-packages: $(RUN_STAMP)
 
 # The lint (ruff, mypy --strict over the package) runs first: a layer or type
 # error fails the tests as surely as a broken test does.
-test: setup bench-packages lint
+# The suite runs against the build pip made (compiled where a C compiler exists);
+# the pure core's unit tests run once more on the interpreted sources.
+test: setup bench-packages lint $(BUILT)
 	$(PY) -m pytest
+	PUSHUP_PURE=1 $(PY) -m pytest tests/core
 
 # The external checks, longer than `make test` runs them: the SSE clients (npm
 # `eventsource`, httpx-sse, aiohttp-sse-client, sseclient-py) and long polls get 200

@@ -19,4 +19,9 @@ The package's folders are its layers; each imports only those beneath it
 Run ``pushup serve --help`` for every setting.
 """
 
+from pushup._build import choose
+
 __version__ = "0.1.0"
+# "compiled (mypyc, N modules)" or "interpreted (why)": decided before any module
+# of the core is imported (pushup/_build.py).
+BUILD = choose()

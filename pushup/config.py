@@ -212,7 +212,8 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     return [f"unknown environment variable {key} ignored" + _did_you_mean(key, known)
             for key in sorted(environ)
             if key.startswith("PUSHUP_") and key not in known
-            and not key.startswith(INTERNAL_ENV_PREFIX)]
+            and not key.startswith(INTERNAL_ENV_PREFIX)
+            and key != "PUSHUP_PURE"]  # not a setting: run the interpreted core (pushup/_build.py)
 
 
 def _read_secret_files(layer: dict[str, Any], name_of: Callable[[str], str],

@@ -14,6 +14,8 @@ import math
 import re
 from dataclasses import InitVar, dataclass, field
 
+import msgspec
+
 from pushup.core.cursor import Cursor
 from pushup.core.errors import BadChannelName, BadJSON, BadRequest, TooLarge, TooManyChannels
 
@@ -96,18 +98,22 @@ def parse_time(value: str, name: str) -> int:
     return round(seconds * 1_000_000)
 
 
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
+# msgspec's JSON decoder (C): ~0.5 µs for a small publish body where the stdlib
+# takes ~3.5 µs. It accepts exactly what the stdlib did here (strict UTF-8, no
+# NaN or Infinity, integers of any size up to the stdlib's 4,300 digits, the
+# last of duplicate keys) and the values it gives serialise, through the
+# stdlib's encoder (encode_data), to the same bytes (tests/core/test_loads.py).
+# orjson would not do: it turns an integer past 64 bits into a float.
+_decode = msgspec.json.Decoder().decode
 
 
 def loads(body: bytes) -> object:
     """Parse a request body strictly: UTF-8, no NaN/Infinity, bounded nesting."""
     try:
-        text = body.decode("utf-8")
-        return json.loads(text, parse_constant=_refuse_constant)
+        return _decode(body)
     except RecursionError:
         raise BadJSON("the JSON body is nested too deeply") from None
-    except ValueError as e:  # includes UnicodeDecodeError and JSONDecodeError
+    except ValueError as e:  # includes UnicodeDecodeError and msgspec.DecodeError
         raise BadJSON(f"the body is not valid JSON: {e}") from None
 
 

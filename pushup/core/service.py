@@ -83,10 +83,11 @@ class Alarm:
 
     def set(self, deadline: int | None, now: int) -> None:
         """Fire at ``deadline`` (µs) unless already due earlier; None disarms."""
-        if self._call is not None and self._call.active():
+        call = self._call
+        if call is not None and call.active():
             if deadline is not None and self._at <= deadline:
                 return
-            self._call.cancel()
+            call.cancel()
         self._call = None
         if deadline is not None:
             self._at = deadline
@@ -218,8 +219,9 @@ class Service:
             return Delivery(query, result)
         waiter = Waiter(query, now + round(min(timeout, self.max_timeout) * 1e6), who)
         self.hub.add(waiter)
+        # (Retention's timer needs nothing here: holding changes no store deadline,
+        # and a channel this poll created armed it above.)
         self._timeouts.set(waiter.deadline, now)
-        self._sweeper.set(self._next_sweep(), now)
         return waiter
 
     def rearm(self) -> None:

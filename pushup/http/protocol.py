@@ -28,7 +28,7 @@ from httptools import (
     parse_url,
 )
 from twisted.internet import defer
-from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol
+from twisted.internet.interfaces import IAddress, IProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -58,6 +58,18 @@ _HEADERS_TOO_LARGE = error_response(errors.HeadersTooLarge(
     "lines; give a large token as token= in the query"), close=True)
 
 
+
+class Timer(TypingProtocol):
+    """What ``clock.callLater`` returns, as far as a connection uses it (Twisted's
+    ``IDelayedCall``, spelled as a typing Protocol so that mypyc, which reads zope
+    interfaces without mypy-zope, types it the same)."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+    def getTime(self) -> float: ...  # noqa: N802 (Twisted's)
+
 class App(TypingProtocol):
     """What the front needs of the handlers (:class:`pushup.http.handlers.Handlers`)."""
 
@@ -79,6 +91,17 @@ class _Refuse(Exception):
 
     def __init__(self, response: Response | None) -> None:
         self.response = response
+
+
+class Upgraded(TypingProtocol):
+    """What the front uses of the protocol a connection is upgraded to (a
+    Twisted ``IProtocol``; typed here so the compiled build needs no zope)."""
+
+    def makeConnection(self, transport: Any) -> None: ...  # noqa: N802 (Twisted's names)
+
+    def dataReceived(self, data: bytes) -> None: ...  # noqa: N802
+
+    def connectionLost(self, reason: Any) -> None: ...  # noqa: N802
 
 
 class Connection(TypingProtocol):
@@ -142,13 +165,13 @@ class HTTPProtocol(Protocol):
         self._blocked_since: float | None = None  # output not taken by the client
         self._broken = False  # nothing more is parsed on this connection
         self._closing = False
-        self._timer: IDelayedCall | None = None
+        self._timer: Timer | None = None
         self._stamp = 0.0  # last read or answer
         self._keep = (True, False, False)  # keep-alive, HTTP/1.0, HEAD of the current
         self._cors: bytes | None = None  # the current request's CORS lines (Writer.cors_for)
         self._chunked = False  # an event stream's body is framed in chunks
         self._on_writable: Callable[[], None] | None = None  # a stream waits for the client
-        self._upgraded_to: IProtocol | None = None  # what reads the connection after a 101
+        self._upgraded_to: Upgraded | None = None  # what reads the connection after a 101
         self._new_message()
 
     def _new_message(self) -> None:
@@ -241,18 +264,18 @@ class HTTPProtocol(Protocol):
         self.conn.unregisterProducer()
         # The connection stays ours, and counted among the front's (the limit
         # holds, a drain closes it): we hand what we read on to the protocol.
-        self._upgraded_to = protocol
+        upgraded = self._upgraded_to = cast(Upgraded, protocol)
         assert self.transport is not None
-        protocol.makeConnection(self.transport)
+        upgraded.makeConnection(self.transport)
         if rest:
-            protocol.dataReceived(rest)
+            upgraded.dataReceived(rest)
         return True
 
     def connectionLost(self, reason: object = None) -> None:
         self._closing = True
         self.front.lost(self)
         if self._upgraded_to is not None:
-            self._upgraded_to.connectionLost(reason)  # type: ignore[arg-type]
+            self._upgraded_to.connectionLost(reason)
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -326,7 +349,10 @@ class HTTPProtocol(Protocol):
             if parsed is None or not parsed.path:
                 raise _Refuse(error_response(errors.NotFound(
                     f"no such path: {url.decode('latin-1')[:100]}")))
-            path, query = parsed.path, parsed.query or b""
+            # httptools' stub says `query: bytes`, but it is None when absent: read
+            # untyped, or the compiled build checks for bytes and fails
+            given: bytes | None = cast(Any, parsed).query
+            path, query = parsed.path, (b"" if given is None else given)
         self._path, self._query = path, query
         verdict = self.front.app.admit(self._parser.get_method(), path, self._headers)
         if isinstance(verdict, Response):

@@ -112,8 +112,10 @@ def start_line(config: Config, node_id: str, address: str,
                worker: tuple[int, int] | None = None) -> dict[str, Any]:
     """The fields of the one line a node logs when it starts (``worker``: its
     index and the count, for one of ``--workers``)."""
+    from pushup import BUILD
+
     fields: dict[str, Any] = {"version": version("pushup"), "node_id": node_id,
-                              "address": address, "workers": config.workers}
+                              "address": address, "workers": config.workers, "core": BUILD}
     if config.engine == "mesh":
         fields["engine"] = "mesh"
         fields["peers"] = list(config.peer)
@@ -133,5 +135,5 @@ def log_start(fields: dict[str, Any]) -> None:
     worker = " (worker {worker} of {workers})" if "worker" in fields else ""
     Logger(namespace="pushup").info(
         "pushup {version} node {node_id}" + worker + " listening on {address}; engine "
-        "{engine}; " + where.replace("{", "{{").replace("}", "}}") + "; workers {workers}",
-        **fields)
+        "{engine}; " + where.replace("{", "{{").replace("}", "}}") + "; workers {workers}; "
+        "core {core}", **fields)

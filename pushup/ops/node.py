@@ -22,6 +22,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.tcp import makeBinding
 from twisted.logger import Logger
 
+from pushup import BUILD
 from pushup.backplane import Alone, Backplane
 from pushup.backplane.disk import DataDir, Durable
 from pushup.backplane.mesh.dial import http_client
@@ -160,9 +161,8 @@ class Node:
         return d
 
     def stats(self) -> dict[str, Any]:
-        if self.fleet is not None:
-            return self.fleet.stats()
-        return self.worker_stats()
+        stats = self.fleet.stats() if self.fleet is not None else self.worker_stats()
+        return {**stats, "build": BUILD}  # compiled or interpreted core (pushup/_build.py)
 
     def worker_stats(self) -> dict[str, Any]:
         """This process's figures (the node's, unless it is one of ``--workers``)."""

@@ -15,7 +15,15 @@ def test_version_is_the_package_version():
     result = run_cli("--version")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert result.returncode == 0
-    assert result.stdout.decode().strip() == f"pushup {version}"
+    # this machine has a C compiler: pip install / make built the compiled core
+    assert result.stdout.decode().splitlines() == [f"pushup {version}",
+                                                   "core: compiled (mypyc, 13 modules)"]
+
+
+def test_version_says_when_the_interpreted_core_runs():
+    result = run_cli("--version", env={"PUSHUP_PURE": "1"})
+    assert result.returncode == 0
+    assert result.stdout.decode().splitlines()[1] == "core: interpreted (PUSHUP_PURE=1)"
 
 
 def test_a_printed_token_opens_exactly_its_channels(start_node, tmp_path):

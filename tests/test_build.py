@@ -1,0 +1,105 @@
+"""pushup/_build.py: the compiled core runs only when every module of it is built and
+none is older than its source; else the sources run, and ``BUILD`` says why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pushup
+from pushup._build import COMPILED, compiled_of, decide
+
+ROOT = Path(pushup.__file__).resolve().parent.parent
+SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
+NAMES = ("pkg.a", "pkg.b")
+
+
+def tree(tmp_path: Path, built: tuple[str, ...] = NAMES) -> Path:
+    (tmp_path / "pkg").mkdir(parents=True)
+    for name in NAMES:
+        source = tmp_path / (name.replace(".", "/") + ".py")
+        source.write_text("")
+        os.utime(source, (1000, 1000))
+        if name in built:
+            so = source.with_suffix(SUFFIX)
+            so.write_bytes(b"")
+            os.utime(so, (2000, 2000))
+    return tmp_path
+
+
+def test_this_checkout_runs_the_compiled_core() -> None:
+    # this machine has a C compiler: pip install -e / make build compiled it
+    assert pushup.BUILD == f"compiled (mypyc, {len(COMPILED)} modules)"
+    from pushup.core import errors, store
+    from pushup.http import params
+
+    assert str(store.__file__).endswith(".so") and str(params.__file__).endswith(".so")
+    # stays interpreted: compiled, its exception classes would lose their `status`
+    assert str(errors.__file__).endswith(".py")
+
+
+def test_every_module_built_and_newer_than_its_source_is_used(tmp_path: Path) -> None:
+    assert decide(NAMES, tree(tmp_path), {}) == (True, "compiled (mypyc, 2 modules)")
+
+
+def test_pure_in_the_environment_runs_the_sources(tmp_path: Path) -> None:
+    assert decide(NAMES, tree(tmp_path), {"PUSHUP_PURE": "1"}) == \
+        (False, "interpreted (PUSHUP_PURE=1)")
+
+
+def test_no_build_or_part_of_one_runs_the_sources(tmp_path: Path) -> None:
+    assert decide(NAMES, tree(tmp_path, built=()), {})[1] == \
+        "interpreted (no compiled build: no C compiler, or not built)"
+    assert decide(NAMES, tree(tmp_path / "x", built=("pkg.a",)), {})[1] == \
+        "interpreted (incomplete compiled build: pkg.b is not built)"
+
+
+def test_a_source_edited_after_its_build_runs_the_sources(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    os.utime(root / "pkg" / "b.py", (3000, 3000))
+    use, why = decide(NAMES, root, {})
+    assert not use and why.startswith("interpreted (stale compiled build: pkg.b was edited")
+
+
+def _copy_package(to: Path) -> None:
+    shutil.copytree(ROOT / "pushup", to / "pushup", copy_function=shutil.copy2,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for shared in ROOT.glob("pushup__mypyc*.so"):
+        shutil.copy2(shared, to / shared.name)
+
+
+def _imported(root: Path) -> list[str]:
+    code = ("import pushup, pushup.core.store as s, pushup.core.service; "
+            "print(pushup.BUILD); print(s.__file__)")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("PUSHUP_PURE", None)
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True,
+                          text=True, timeout=60, cwd=root, env=env, check=True)
+    return [*done.stdout.splitlines(), done.stderr]
+
+
+def test_a_stale_build_is_never_imported(tmp_path: Path) -> None:
+    """A real compiled build, one source touched after it: the sources run."""
+    _copy_package(tmp_path)
+    fresh, path, _ = _imported(tmp_path)
+    assert fresh.startswith("compiled") and path == str(compiled_of("pushup.core.store",
+                                                                    tmp_path))
+    source = tmp_path / "pushup" / "core" / "hub.py"
+    os.utime(source, (compiled_of("pushup.core.hub", tmp_path).stat().st_mtime + 10,) * 2)
+    stale, path, stderr = _imported(tmp_path)
+    assert stale.startswith("interpreted (stale compiled build: pushup.core.hub was edited")
+    assert path == str(tmp_path / "pushup" / "core" / "store.py")
+    assert "RuntimeWarning: pushup: running the interpreted (stale" in stderr
+
+
+def test_without_a_c_compiler_the_build_is_the_interpreted_package() -> None:
+    """setup.py compiles nothing and says so in one line (pip then installs the sources)."""
+    env = {**os.environ, "CC": "/nonexistent/cc"}
+    done = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == pushup.__version__
+    assert [line for line in done.stderr.splitlines() if line.startswith("pushup build:")] == \
+        ["pushup build: interpreted: no C compiler (/nonexistent/cc)"]

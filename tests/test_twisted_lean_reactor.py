@@ -1,0 +1,201 @@
+"""pushup/_twisted.py's ``LeanEPollReactor``: what it copies from Twisted is still
+what Twisted does (the source it stands in for and the private names it reads
+are pinned), and on real loopback sockets it reads, writes, logs errors and
+disconnects as Twisted's epoll reactor does, without a log context per plain
+event."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from twisted.internet import epollreactor, posixbase
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import globalLogPublisher
+from twisted.python import log
+from twisted.python.failure import Failure
+
+from pushup._twisted import LeanEPollReactor
+
+# sha256 of the source of what LeanEPollReactor.doPoll stands in for or calls. A
+# Twisted upgrade that changes one of them fails here: read the new source,
+# bring LeanEPollReactor.doPoll in line, then update the hash.
+PINNED = {
+    "EPollReactor.doPoll":
+        "09b62ae68ef01b4bc5eaa170827e2baf0a2a5098e7e7ce7b5e1c80cda187c827",
+    "_PollLikeMixin._doReadOrWrite":
+        "5ffee55b79492b0037fc7bedacfc3aaa6d1f173122c738f8274b8be12d8d2be3",
+    "_DisconnectSelectableMixin._disconnectSelectable":
+        "9d6de0e555ea44fe03fc4a1ad58e51749195df9ba9ef3ce879f5ec689d3ac939",
+}
+SOURCES: dict[str, Callable[..., Any]] = {
+    "EPollReactor.doPoll": epollreactor.EPollReactor.doPoll,
+    "_PollLikeMixin._doReadOrWrite": posixbase._PollLikeMixin._doReadOrWrite,
+    "_DisconnectSelectableMixin._disconnectSelectable":
+        posixbase._DisconnectSelectableMixin._disconnectSelectable,
+}
+
+
+def digest(f: Callable[..., Any]) -> str:
+    return hashlib.sha256(inspect.getsource(f).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_the_twisted_source_the_lean_reactor_copies_is_unchanged(name: str) -> None:
+    assert digest(SOURCES[name]) == PINNED[name]
+
+
+def test_the_private_names_it_reads_are_there() -> None:
+    reactor = LeanEPollReactor()
+    try:
+        assert isinstance(reactor._selectables, dict)
+        assert callable(reactor._poller.poll)
+        assert list(inspect.signature(reactor._disconnectSelectable).parameters)[:3] == \
+            ["selectable", "why", "isRead"]
+        assert reactor.doIteration == reactor.doPoll  # the reactor's loop calls ours
+        assert epollreactor.EPollReactor._POLL_IN == 1  # EPOLLIN: our plain read event
+    finally:
+        reactor._poller.close()
+
+
+class Recorder(Protocol):
+    def __init__(self, fail_on: bytes | None = None) -> None:
+        self.data = b""
+        self.lost: Failure | None = None
+        self.fail_on = fail_on
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 (Twisted's)
+        self.data += data
+        if self.fail_on is not None and self.fail_on in self.data:
+            raise ValueError("the protocol failed")
+        self.transport.write(data.upper())  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]  # noqa: N802
+        self.lost = reason
+
+
+class Served:
+    """A lean reactor (not installed) listening on loopback, and a plain client socket."""
+
+    def __init__(self, fail_on: bytes | None = None) -> None:
+        self.reactor = LeanEPollReactor()
+        self.server: list[Recorder] = []
+
+        def build(_addr: object) -> Recorder:
+            self.server.append(Recorder(fail_on))
+            return self.server[-1]
+
+        self.port = self.reactor.listenTCP(0, _factory(build), interface="127.0.0.1")
+        self.client = socket.create_connection(("127.0.0.1", self.port.getHost().port))
+        self.client.setblocking(False)
+        self.turn_until(lambda: bool(self.server))
+
+    def receive(self, n: int) -> bytes:
+        """Turn the reactor until the client has read ``n`` bytes, or the end."""
+        got = [b""]
+
+        def read() -> bool:
+            try:
+                chunk = self.client.recv(1 << 20)
+            except BlockingIOError:
+                return False
+            got[0] += chunk
+            return not chunk or len(got[0]) >= n
+
+        self.turn_until(read)
+        return got[0]
+
+    def turn_until(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "waited 5 s"
+            self.reactor.iterate(0.05)
+
+    def close(self) -> None:
+        self.client.close()
+        self.port.stopListening()
+        for _ in range(3):
+            self.reactor.iterate(0)
+        self.reactor._poller.close()
+
+
+def _factory(build: Callable[[object], Recorder]) -> Factory:
+    class F(Factory):
+        def buildProtocol(self, addr: object) -> Recorder:  # noqa: N802
+            return build(addr)
+
+    return F()
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = Served()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def log_contexts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every selectable the reactor sets a per-event log context for."""
+    seen: list[object] = []
+    real = log.callWithLogger
+
+    def counting(logger: object, f: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+        seen.append(logger)
+        return real(logger, f, *a, **kw)
+
+    monkeypatch.setattr(log, "callWithLogger", counting)
+    return seen
+
+
+def test_plain_reads_and_writes_run_without_a_log_context_each(served, log_contexts) -> None:
+    for word in (b"one", b"two", b"three"):
+        served.client.sendall(word)
+        served.turn_until(lambda w=word: served.server[0].data.endswith(w))
+        assert served.receive(len(word)) == word.upper()
+    # a large answer the socket does not take at once goes out on write events
+    served.server[0].transport.write(b"x" * 8_000_000)  # type: ignore[union-attr]
+    assert served.receive(8_000_000) == b"x" * 8_000_000
+    assert log_contexts == []
+
+
+def test_a_closed_peer_is_disconnected_cleanly(served) -> None:
+    served.client.close()
+    served.turn_until(lambda: served.server[0].lost is not None)
+    assert served.server[0].lost.check(ConnectionDone)  # type: ignore[union-attr]
+
+
+def test_an_error_in_doread_is_logged_and_disconnects_the_connection() -> None:
+    failures: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("isError"):  # what log.err sends, as Twisted's reactor calls it
+            failures.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    s = Served(fail_on=b"boom")
+    try:
+        s.client.sendall(b"boom")
+        s.turn_until(lambda: s.server[0].lost is not None)
+        assert s.server[0].lost.check(ValueError)  # type: ignore[union-attr]
+        assert [e["failure"].value.args for e in failures] == [("the protocol failed",)]
+        assert s.receive(1) == b""  # the reactor closed the socket
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        s.close()
+
+
+def test_pushup_serve_runs_the_lean_reactor_for_epoll() -> None:
+    code = ("from pushup.ops.cli import install_reactor; install_reactor('epoll'); "
+            "from twisted.internet import reactor; print(type(reactor).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.strip() == "LeanEPollReactor"
