@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,13 @@ from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.ops.node import Node
 from tests.sse_client import dechunk
+
+# The nodes the suite starts get SIGINT as they would from a terminal, however
+# the suite itself was started: a background job (`make test &`) inherits SIGINT
+# ignored, and a node leaves an inherited SIG_IGN alone (README, Operations), so
+# the Ctrl-C tests would test nothing. A Python handler is reset at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
 JSON_CT = "application/json; charset=utf-8"
