@@ -35,7 +35,7 @@ from typing import Protocol
 from twisted.internet.address import UNIXAddress
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
-from twisted.protocols.basic import Int32StringReceiver
+from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 
 from pushup._twisted import write_now
 from pushup.backplane import PEER_BODY_LIMIT, Applied, Received
@@ -80,9 +80,9 @@ class Frames(Int32StringReceiver):
     MAX_LENGTH = PEER_BODY_LIMIT
 
     def sendString(self, string: bytes) -> None:  # noqa: N802 (Twisted's name)
-        if len(string) >= 2 ** 31:
-            raise ValueError("a frame of 2 GiB or more")
-        write_now(self.transport, struct.pack("!I", len(string)) + string)
+        if len(string) >= 2 ** (8 * self.prefixLength):
+            raise StringTooLongError(f"a frame of {len(string)} bytes")
+        write_now(self.transport, struct.pack(self.structFormat, len(string)) + string)
 
 
 class Receiver(Protocol):
