@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick, "settings": {**cfg, "workers": args.workers,
                                           "publishers": args.publishers,
                                           "repoll": args.repoll,
-                                          "server": args.server},
+                                          # relative to the checkout: a record names
+                                          # no path of the machine that made it
+                                          "server": args.server.replace(f"{REPO}/", "")},
         "machine": machine(),
         "results": {},
     }
