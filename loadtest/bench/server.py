@@ -25,7 +25,6 @@ import os
 import resource
 import select
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -33,28 +32,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pushup.backplane.mesh.dial import UNIX_SCHEME
+from pushup.ops.workers import UnixHTTPConnection
+
 from . import procfs
 
 
 def _private_address(url: str) -> int | str:
     """A worker's private address from its sibling URL: a loopback port, or
     ``http+unix://NAME`` as is (an abstract Unix socket)."""
-    if url.startswith("http+unix://"):
+    if url.startswith(UNIX_SCHEME + "://"):
         return url
     return int(url.rsplit(":", 1)[1].rstrip("/"))
 
-
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP to a worker's private abstract Unix socket (``http+unix://NAME``)."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.name = url.removeprefix("http+unix://")
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect("\0" + self.name)
 
 PR_SET_PDEATHSIG = 1
 
@@ -218,7 +208,7 @@ class Server:
             if conn is None:
                 conn = self._control[port] = (
                     http.client.HTTPConnection(self.host, port, timeout=timeout)
-                    if isinstance(port, int) else _UnixConnection(port, timeout))
+                    if isinstance(port, int) else UnixHTTPConnection(port, timeout))
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 resp = conn.getresponse()

@@ -66,12 +66,13 @@ def _reserve_public(config: Config) -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """An HTTP connection to a worker's private (abstract Unix) socket."""
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to a worker's private socket, by its URL
+    (``http+unix://NAME``, an abstract Unix socket)."""
 
-    def __init__(self, name: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
-        self.name = name
+        self.name = urlsplit(url).netloc
 
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -83,7 +84,7 @@ def _healthy(url: str, timeout: float = 30.0) -> bool:
     """Wait until a worker answers /health 200 (it may be catching up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        conn = _UnixHTTPConnection(urlsplit(url).netloc, timeout=2)
+        conn = UnixHTTPConnection(url, timeout=2)
         try:
             conn.request("GET", "/health")
             if conn.getresponse().status == 200:
