@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from pushup.client.reading import Reading
+from pushup.client.reading import Following, Reading
 from pushup.client.retry import Attempts, Backoff, Rotation
-from pushup.client.sync import FOREVER, NOT_SENT, encode, error_of, quote_name
+from pushup.client.sync import NOT_SENT, encode, error_of, quote_name
 from pushup.client.values import ChannelInfo, Event, Published, Receipt
 
 
@@ -136,7 +136,7 @@ class AsyncClient:
             await asyncio.sleep(delay)
 
 
-class AsyncSubscription(AsyncIterator[Event]):
+class AsyncSubscription(Following, AsyncIterator[Event]):
     """``Subscription`` for ``async for``: the same items, cursor and retries."""
 
     def __init__(self, client: AsyncClient, reading: Reading, poll_timeout: float,
@@ -145,14 +145,6 @@ class AsyncSubscription(AsyncIterator[Event]):
         self._reading = reading
         self.poll_timeout = poll_timeout
         self.max_failures = max_failures
-
-    @property
-    def cursor(self) -> str:
-        return self._reading.cursor
-
-    @property
-    def channels(self) -> list[str]:
-        return list(self._reading.channels)
 
     def __aiter__(self) -> AsyncSubscription:
         return self
@@ -175,9 +167,8 @@ class AsyncSubscription(AsyncIterator[Event]):
 
     async def _round(self, hold: float) -> list[Event]:
         params, headers = self._reading.request(hold)
-        retries = FOREVER if self.max_failures is None else max(self.max_failures - 1, 0)
         response = await self._client._send("GET", "/subscribe", what="subscribe",
                                             params=params, headers=headers,
                                             timeout=hold + self._client.timeout,
-                                            retries=retries)
+                                            retries=self._retries())
         return self._reading.take(response.json())

@@ -66,3 +66,29 @@ class Reading:
         items = list(self.pending)
         self.pending.clear()
         return items
+
+
+FOREVER = 1_000_000_000  # a subscription's retries without max_failures
+
+
+class Following:
+    """What the sync and async subscriptions share around their ``Reading``:
+    where to resume, the channels still followed, and how often a round is
+    retried. Their rounds differ only in waiting (blocking or ``await``)."""
+
+    _reading: Reading
+    poll_timeout: float
+    max_failures: int | None
+
+    @property
+    def cursor(self) -> str:
+        return self._reading.cursor
+
+    @property
+    def channels(self) -> list[str]:
+        """The channels still followed (closed ones are dropped)."""
+        return list(self._reading.channels)
+
+    def _retries(self) -> int:
+        """Retries of one round: forever, or ``max_failures`` attempts in all."""
+        return FOREVER if self.max_failures is None else max(self.max_failures - 1, 0)

@@ -20,12 +20,11 @@ from urllib.parse import quote
 
 import httpx
 
-from pushup.client.reading import Reading
+from pushup.client.reading import Following, Reading
 from pushup.client.retry import Attempts, Backoff, Rotation
 from pushup.client.values import ChannelInfo, Event, Published, Receipt
 
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # nothing reached a node
-FOREVER = 1_000_000_000  # a subscription's retries without max_failures
 
 
 def error_of(response: httpx.Response) -> tuple[str, str]:
@@ -199,7 +198,7 @@ class Client:
             time.sleep(delay)
 
 
-class Subscription(Iterator[Event]):
+class Subscription(Following, Iterator[Event]):
     """A long-polling subscription, iterated for ``Message``, ``Gap`` and
     ``Closed`` items in order; the iteration blocks until there is one.
 
@@ -231,15 +230,6 @@ class Subscription(Iterator[Event]):
         self.poll_timeout = poll_timeout
         self.max_failures = max_failures
 
-    @property
-    def cursor(self) -> str:
-        return self._reading.cursor
-
-    @property
-    def channels(self) -> list[str]:
-        """The channels still followed (closed ones are dropped)."""
-        return list(self._reading.channels)
-
     def __iter__(self) -> Subscription:
         return self
 
@@ -263,8 +253,7 @@ class Subscription(Iterator[Event]):
 
     def _round(self, hold: float) -> list[Event]:
         params, headers = self._reading.request(hold)
-        retries = FOREVER if self.max_failures is None else max(self.max_failures - 1, 0)
         response = self._client._send("GET", "/subscribe", what="subscribe", params=params,
                                       headers=headers, timeout=hold + self._client.timeout,
-                                      retries=retries)
+                                      retries=self._retries())
         return self._reading.take(response.json())
