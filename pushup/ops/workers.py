@@ -35,6 +35,7 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 from pushup.backplane.mesh.dial import unix_address, unix_url
+from pushup._build import PURE_ENV
 from pushup.config import Config
 from pushup.core.model import default_node_id
 from pushup.ops.fleet import BOARD_ENV, create_board
@@ -125,9 +126,10 @@ def worker_argv(config: Config, index: int, port: int) -> list[str]:
 
 
 def worker_env(config: Config, environ: Mapping[str, str], **extra: str) -> dict[str, str]:
-    """The environment of a worker: ours without PUSHUP_* (the configuration is
-    resolved already), plus the secrets and ``extra``."""
-    env = {k: v for k, v in environ.items() if not k.startswith("PUSHUP_")}
+    """The environment of a worker: ours without PUSHUP_* settings (the
+    configuration is resolved already; ``PUSHUP_PURE``, which is not one,
+    stays), plus the secrets and ``extra``."""
+    env = {k: v for k, v in environ.items() if not k.startswith("PUSHUP_") or k == PURE_ENV}
     for name in SECRETS:
         if getattr(config, name):
             env["PUSHUP_" + name.upper()] = getattr(config, name)
