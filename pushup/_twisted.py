@@ -8,7 +8,9 @@ pool's attribute that names it.
 Twisted queues every ``transport.write`` until the reactor's next turn (ask
 for writability, wait, send, stop asking): three system calls and a turn
 per response. ``write_now`` sends at once when nothing is queued before the
-data, as asyncio does, and hands Twisted only what the socket did not take.
+data, as asyncio does, and hands Twisted only what the socket did not take;
+it says whether the socket took it all (the replication stream's 201 between
+sibling workers counts on that, :mod:`pushup.backplane.mesh.peers`).
 Twisted offers no public way to ask "is your write buffer empty?".
 
 ``LeanEPollReactor`` (``--reactor epoll``): Twisted's epoll reactor wraps every
@@ -82,8 +84,10 @@ def install_lean_epoll() -> LeanEPollReactor:
     return reactor
 
 
-def write_now(transport: Any, data: bytes) -> None:
-    """Write ``data``: straight to the socket when nothing is queued before it."""
+def write_now(transport: Any, data: bytes) -> bool:
+    """Write ``data``: straight to the socket when nothing is queued before it.
+    True when the socket took all of it (and so everything written before it):
+    the kernel holds it for the other end, and nothing of it waits in Twisted."""
     sock = getattr(transport, "socket", None)
     if (sock is not None and transport.connected and not transport.disconnecting
             and not transport._tempDataBuffer
@@ -94,6 +98,8 @@ def write_now(transport: Any, data: bytes) -> None:
             pass  # would block, or broken: Twisted's own write path copes
     if data:
         transport.write(data)
+        return False
+    return True
 
 
 def quiet_pool(reactor: Any) -> Any:

@@ -35,7 +35,7 @@ def _transport(takes: int) -> abstract.FileDescriptor:
 
 def test_an_idle_transport_sends_at_once_and_queues_the_rest():
     t = _transport(takes=3)
-    write_now(t, b"abcdef")
+    assert write_now(t, b"abcdef") is False  # not all of it reached the socket
     assert t.socket.sent == [b"abc"]  # type: ignore[attr-defined]
     assert t._tempDataBuffer == [b"def"] and t._tempDataLen == 3
 
@@ -44,7 +44,7 @@ def test_queued_output_keeps_its_order():
     t = _transport(takes=100)
     t.write(b"first")  # Twisted's own path: queued until the reactor's next turn
     assert t._tempDataBuffer == [b"first"]
-    write_now(t, b"second")
+    assert write_now(t, b"second") is False
     assert t.socket.sent == []  # type: ignore[attr-defined]  # not ahead of "first"
     assert t._tempDataBuffer == [b"first", b"second"]
 
@@ -52,9 +52,16 @@ def test_queued_output_keeps_its_order():
 def test_a_partly_sent_buffer_counts_as_queued():
     t = _transport(takes=100)
     t.dataBuffer, t.offset = b"0123456789", 4  # what doWrite leaves after a short send
-    write_now(t, b"x")
+    assert write_now(t, b"x") is False
     assert t.socket.sent == []  # type: ignore[attr-defined]
     assert t._tempDataBuffer == [b"x"]
+
+
+def test_data_the_socket_takes_whole_is_said_to_be_sent():
+    t = _transport(takes=100)
+    assert write_now(t, b"all of it") is True
+    assert t.socket.sent == [b"all of it"]  # type: ignore[attr-defined]
+    assert t._tempDataBuffer == []
 
 
 def test_the_quiet_pool_builds_its_connections_with_the_quiet_factory():

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from pushup.backplane.mesh.dial import unix_address, unix_url
 from pushup._build import PURE_ENV
+from pushup.backplane.mesh.dial import unix_address, unix_url
 from pushup.config import Config
 from pushup.core.model import default_node_id
 from pushup.ops.fleet import BOARD_ENV, create_board

@@ -113,7 +113,8 @@ class Cluster:
             return self._replayed(messages)
         for link in self.links:
             link.poke()
-        if self.publish_ack == "local" or not self.confirming:
+        if self.publish_ack == "local" or not self.confirming \
+                or self._confirmed() >= messages[-1].seq:  # a sibling's socket took it
             return defer.succeed(messages)
         return self._acknowledged(messages)
 
@@ -134,9 +135,9 @@ class Cluster:
     def _confirmed(self) -> int:
         """How far our origin is confirmed as ``--publish-ack`` counts it."""
         if self.publish_ack == "all":
-            counted = [x.after for x in self.confirming if x.state in ("up", "connecting")]
+            counted = [x.holds for x in self.confirming if x.state in ("up", "connecting")]
             return min(counted, default=0)
-        return max(link.after for link in self.confirming)
+        return max(link.holds for link in self.confirming)
 
     def _confirmable(self) -> bool:
         """Some peer may yet confirm: one that is ``up`` or still ``connecting``."""
@@ -148,11 +149,11 @@ class Cluster:
             return
         if self.publish_ack == "all":
             # every peer that may yet confirm; one that went down is not waited for
-            counted = [x.after for x in self.confirming if x.state in ("up", "connecting")]
+            counted = [x.holds for x in self.confirming if x.state in ("up", "connecting")]
             if counted:
                 self.acks.confirm(min(counted))
         else:
-            self.acks.confirm(link.after)
+            self.acks.confirm(link.holds)
         if not self._confirmable():
             self.acks.give_up()
 

@@ -80,9 +80,17 @@ class Frames(Int32StringReceiver):
     MAX_LENGTH = PEER_BODY_LIMIT
 
     def sendString(self, string: bytes) -> None:  # noqa: N802 (Twisted's name)
+        self.send_frame(string)
+
+    def send_frame(self, string: bytes) -> bool:
+        """Send one frame; True when the socket took all of it (and so every
+        frame before it) at once, False when some of it waits in Twisted."""
+        return write_now(self.transport, self.framed(string))
+
+    def framed(self, string: bytes) -> bytes:
         if len(string) >= 2 ** (8 * self.prefixLength):
             raise StringTooLongError(f"a frame of {len(string)} bytes")
-        write_now(self.transport, struct.pack(self.structFormat, len(string)) + string)
+        return struct.pack(self.structFormat, len(string)) + string
 
 
 class Receiver(Protocol):
@@ -115,6 +123,8 @@ class PeerStream(Frames):
         self.from_node = True  # from another node (TCP), not a sibling worker (Unix)
         self._heard = 0.0  # when the last frame came
         self._timer: IDelayedCall | None = None
+        # Answers to the batches of one read, sent together once it is done.
+        self._answers: list[bytes] | None = None
 
     def connectionMade(self) -> None:  # noqa: N802 (Twisted's name)
         assert self.transport is not None
@@ -142,6 +152,27 @@ class PeerStream(Frames):
             self._timer.cancel()
         self._timer = None
 
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 (Twisted's name)
+        """Frames in, then their answers out in one write: a dialer that sent
+        several batches while we were busy reads one answer per read of ours,
+        not one per batch."""
+        self._answers = []
+        try:
+            super().dataReceived(data)  # type: ignore[no-untyped-call]
+        finally:
+            self._flush_answers()
+
+    def _answer(self, frame: bytes) -> None:
+        if self._answers is None:
+            self.sendString(frame)
+        else:
+            self._answers.append(self.framed(frame))
+
+    def _flush_answers(self) -> None:
+        answers, self._answers = self._answers, None
+        if answers and self.transport is not None:
+            write_now(self.transport, b"".join(answers))
+
     def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
         kind, payload = frame[:1], frame[1:]
         self._heard = self.node.clock.seconds()
@@ -151,7 +182,7 @@ class PeerStream(Frames):
             except PushUpError as e:
                 self._close(b"e" + str(e).encode())
                 return
-            self.sendString(answer_frame(received))
+            self._answer(answer_frame(received))
             if self.from_node and isinstance(received, Applied):
                 self.node.relay(payload)
         elif self.state == "open" and kind == b"r":
@@ -159,7 +190,7 @@ class PeerStream(Frames):
                 self.node.receive(unpack_batch(payload))
             except PushUpError as e:
                 log.debug("a relayed batch was not applied: {e}", e=e)
-            self.sendString(b"r")
+            self._answer(b"r")
         elif self.state == "hello" and kind == b"h" and len(payload) == NONCE:
             self._nonce_c, self._nonce_s = payload, nonce()
             self.state = "proof"
@@ -176,6 +207,7 @@ class PeerStream(Frames):
 
     def _close(self, frame: bytes) -> None:
         self.state = "closed"
+        self._flush_answers()  # what was answered goes before the reason
         self.sendString(frame)
         if self.transport is not None:
             self.transport.loseConnection()

@@ -29,10 +29,52 @@ def frames(data: bytes) -> list[bytes]:
     return out
 
 
+class _Socket:
+    """What ``_twisted.write_now`` sends on: takes ``takes`` bytes a call
+    (all, when None) into the transport's buffer, as a socket would."""
+
+    def __init__(self, transport: StringTransport, takes: int | None) -> None:
+        self.transport = transport
+        self.takes = takes
+
+    def send(self, data: bytes) -> int:
+        n = len(data) if self.takes is None else min(self.takes, len(data))
+        self.transport.io.write(bytes(data[:n]))
+        return n
+
+
+class KernelTransport(StringTransport):
+    """A client transport whose writes go through a socket (``write_now``'s
+    direct path), so the link can tell what the socket took whole."""
+
+    def __init__(self, takes: int | None) -> None:
+        super().__init__()
+        self.socket = _Socket(self, takes)
+        self.connected = 1
+        self._tempDataBuffer: list[bytes] = []
+        self.dataBuffer = b""
+        self.offset = 0
+
+    def write(self, data: bytes) -> None:
+        """What the socket did not take waits in Twisted until the pipe
+        delivers it (the reactor's turn that would write it out)."""
+        self._tempDataBuffer.append(data)
+        super().write(data)
+
+    def clear(self) -> None:
+        super().clear()
+        self._tempDataBuffer = []
+
+
 class Pipe:
-    def __init__(self, receiver, unix: bool = False) -> None:
+    def __init__(self, receiver, unix: bool = False, kernel: bool = False,
+                 takes: int | None = None) -> None:
         self.receiver = receiver
         self.unix = unix  # the peer's end is a Unix socket (a sibling worker's)
+        # The link writes through a socket-like transport taking ``takes``
+        # bytes a send (all, when None); else Twisted's buffered write path.
+        self.kernel = kernel
+        self.takes = takes
         self._dead = False
         self._status = 0
         self.client = self.server = None
@@ -44,7 +86,8 @@ class Pipe:
         self.dials += 1
         if self._dead:
             return fail(ConnectionRefusedError())
-        self.client, self.ct = protocol, StringTransport()
+        self.client = protocol
+        self.ct = KernelTransport(self.takes) if self.kernel else StringTransport()
         protocol.makeConnection(self.ct)
         self.ct.clear()  # the stream request: the peer's front reads it
         if self._status:

@@ -9,6 +9,7 @@ from twisted.internet.task import Clock
 
 from pushup.backplane import Applied, ChannelOp, Hole
 from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.peers import CORK
 from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair
 from pushup.config import Config
 from pushup.core.cursor import Cursor
@@ -160,17 +161,30 @@ def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
 def test_an_idle_link_sends_a_publish_before_this_node_answers_its_own_subscribers():
     """The peers' subscribers should not wait for ours: on an idle link the
     batch leaves with the publish; the local fan-out runs on the next turn.
-    On a busy link (batches in flight) the turn's publishes go together."""
+    On a busy link (a batch in flight) what follows waits for its answer
+    and goes in one batch (peers.CORK)."""
     node, [wire] = mesh()
     held = Held()
     node.service.subscribe(Query(("c",), Cursor(()), None, 100), 30, held)
+    hellos = wire.posts
     publish(node, 1)
     assert len(wire.held) == 1 and held.bodies == []
     publish(node, 2)
     publish(node, 3)
-    assert len(wire.held) == 1  # one in flight: the next two wait for the turn's end
     node.reactor.advance(0)
-    assert len(wire.held) == 2 and len(held.bodies) == 1
+    assert len(wire.held) == 1 and len(held.bodies) == 1  # the turn ended: still one
+    wire.deliver()  # its answer sends the other two, together
+    node.reactor.advance(0)
+    assert wire.receiver.store.message_count == 3 and wire.posts - hellos == 2
+
+
+def test_a_busy_link_sends_at_once_when_a_full_batch_waits():
+    node, [wire] = mesh()
+    publish(node, 1)
+    for n in range(CORK):
+        publish(node, 2 + n)
+    node.reactor.advance(0)
+    assert len(wire.held) == 2  # the one in flight, and CORK more without its answer
 
 
 def test_with_publish_ack_local_the_201_comes_at_once():
@@ -191,6 +205,7 @@ def test_the_first_of_two_peers_to_hold_it_is_enough():
 
 def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms():
     node, [wire] = mesh()
+    node.cluster.links[0].cork = 0  # the second batch leaves before the first's answer
     order: list[int] = []
     first = publish(node, 1)
     node.reactor.advance(0)  # the first batch is on the wire...
