@@ -3,6 +3,7 @@ siblings over Unix sockets) and on Redis, clients hopping between the nodes
 through HAProxy; and what a 201 promises when the worker that gave it dies."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -21,6 +22,8 @@ from pushup_cluster import (
     wait_clients_have,
     wait_until,
 )
+
+from pushup.ops.workers import UnixHTTPConnection
 
 
 def _all_linked(base: str, nodes: int) -> bool:
@@ -115,6 +118,44 @@ def test_a_201_from_a_worker_killed_right_after_it_is_still_served():
         # caught up from it) holds every acknowledged message.
         for _ in range(10):
             assert set(retained(base, [channel])) == acknowledged
+
+
+def test_a_201_counts_the_siblings_socket_and_survives_the_worker_that_gave_it():
+    """README ("What a 201 means", --workers): the frame wholly in a sibling's
+    Unix socket counts. The sibling is stopped (SIGSTOP: it reads nothing),
+    the other worker answers 201 all the same and is SIGKILLed; the sibling,
+    let go on, reads what its socket held and serves every message."""
+    with LocalCluster(nodes=1, haproxy=False, node_args=["--workers", "2"]) as c:
+        base = c.node_url(0)
+        wait_until(lambda: _all_linked(base, 1), 30, 0.1, "both workers linked")
+        victim, sibling = stats(base)["workers"]
+        victim_url = next(p["url"] for p in sibling["peers"] if p["sibling"])
+        channel = uniq("socket")
+        acknowledged = set()
+        os.kill(sibling["pid"], signal.SIGSTOP)
+        try:
+            for n in range(5):  # fewer than a link's window of unanswered batches
+                status, body = _publish_to(victim_url, {"channels": [channel], "data": n})
+                assert status == 201, body
+                acknowledged.add(body["id"])
+            os.kill(victim["pid"], signal.SIGKILL)
+            wait_until(lambda: _dead(victim["pid"]), 10, 0.01, "the worker gone")
+        finally:
+            os.kill(sibling["pid"], signal.SIGCONT)
+        for _ in range(10):  # the sibling, or the victim restarted and caught up from it
+            assert set(retained(base, [channel])) == acknowledged
+
+
+def _publish_to(url: str, message: dict) -> tuple[int, dict]:
+    """POST /publish to one worker, on its private socket."""
+    conn = UnixHTTPConnection(url, timeout=10)
+    try:
+        conn.request("POST", "/publish", json.dumps(message).encode(),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
 
 
 def test_two_nodes_of_two_workers_on_redis_deliver_exactly_once_through_haproxy():
