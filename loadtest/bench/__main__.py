@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale] [--quick] [--budget CORES]`.
+engines,scale,workers] [--quick] [--budget CORES] [--worker-budget CORES]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -12,7 +12,9 @@ figures with their ratios; it needs `make bench-packages` (nginx, nchan).
 node scaling (Figures 12-13): 1, 2 and 4 nodes behind HAProxy on each engine,
 every node in its own CPU cgroup of `--budget` cores, made and removed by the
 run (nodescale.py, loadtest/cgroups.py; unbudgeted, and saying so, where
-/sys/fs/cgroup/cpu is not writable).
+/sys/fs/cgroup/cpu is not writable). `workers` measures `--workers 2` against
+one process with every serving process in a CPU cgroup of `--worker-budget`
+cores, the generator outside (workerscale.py): what a core per worker buys.
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -31,14 +33,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, engines, nodescale, report, scenarios
+from . import cluster, compare, engines, nodescale, report, scenarios, workerscale
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale"]
+           "engines", "scale", "workers"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -47,14 +49,15 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "lag_samples": 200, "ack_lone": 500, "engines_publish_seconds": 8.0, "engines_reps": 3,
         "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5],
         "scale_nodes": [1, 2, 4], "scale_n": 4000, "scale_publishes": 10,
-        "scale_interval": 1.0}
+        "scale_interval": 1.0, "workers_n": 5000}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
          "cluster_nodes": [1, 2], "cluster_n": 400, "cluster_publishes": 2,
          "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
-         "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2}
+         "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2,
+         "workers_n": 500}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -82,6 +85,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="scale: CPU cores per node, each node in its own cgroup (default 0.1:"
                     " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
                     "generator are not what the trip time measures; docs/benchmarks.md)")
+    ap.add_argument("--worker-budget", type=float, default=0.2,
+                    help="workers: CPU cores per serving process (default 0.2: two workers "
+                    "take 0.4 of this box's 2 cores, so the unbudgeted generator, which "
+                    "needs about as much CPU per delivery as PushUp, is not what the "
+                    "figures measure; docs/benchmarks.md)")
     ap.add_argument("--repoll", choices=["immediate", "after-round"], default="immediate",
                     help="fan-out subscribers re-poll on receipt (default) or only after "
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
@@ -185,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, args.publishers, cfg["engines_publish_seconds"], cfg["engines_reps"],
                 cfg["lag_samples"], cfg["engines_n"], cfg["engines_publishes"],
                 cfg["round_timeout"], cfg["engines_scaling"])))
+        if "workers" in args.only:
+            plan.append(("workers", lambda: workerscale.bench_worker_scaling(
+                ctx, cfg["workers_n"], cfg["fanout_publishes"], cfg["round_timeout"],
+                args.publishers, cfg["publish_seconds"], cfg["publish_reps"],
+                args.worker_budget)))
         if "scale" in args.only:
             plan.append(("scale", lambda: nodescale.bench_node_scaling(
                 ctx, cfg["scale_nodes"], cfg["scale_n"], cfg["scale_publishes"],
@@ -226,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     if "engines_side_by_side" in record:
         print()
         print(engines.table(eng))
+    workers = results.get("workers")
+    if isinstance(workers, dict) and "fanout" in workers:
+        print()
+        print(workerscale.table(workers))
     scale = results.get("scale")
     if isinstance(scale, dict) and "engines" in scale:
         print()

@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class Context:
     stamp: str
     log: Any = print
     servers_started: list[str] = field(default_factory=list)
+    on_serving: Callable[[Server], None] | None = None  # handed to every server started
 
     def server(self, name: str, target: Target = PUSHUP) -> Server:
         if target != PUSHUP:
@@ -68,7 +70,9 @@ class Context:
         ]
         if target.workers > 1:
             command += ["--workers", str(target.workers)]
-        return Server(command, log_path, self.repo, workers=target.workers)
+        srv = Server(command, log_path, self.repo, workers=target.workers)
+        srv.on_serving = self.on_serving
+        return srv
 
     def snapshot(self, srv: Server) -> procfs.Snapshot:
         return procfs.snapshot(srv.pids, self.pool.pids + [_self_pid()])

@@ -92,6 +92,8 @@ class Server:
         self._identity: list[tuple[int, int | None]] = []
         self._control: dict[int, http.client.HTTPConnection] = {}
         self._worker_ports: list[int | str] = []
+        # Told once the server serves (its processes known): e.g. CPU budgets.
+        self.on_serving: Callable[[Server], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -119,6 +121,8 @@ class Server:
         """Note the server's processes (call once it answers requests)."""
         self.pids = procfs.descendants(self.pid)
         self._identity = [(p, procfs.start_ticks(p)) for p in self.pids]
+        if self.on_serving is not None:
+            self.on_serving(self)
 
     def start(self, timeout: float = 30.0) -> None:
         self.spawn(subprocess.PIPE)

@@ -39,6 +39,7 @@ DOWN_AFTER = 3  # failures in a row before a peer is shown as down
 DOWN_LOG_AFTER = 10.0  # seconds unreachable before the log calls a peer down (README)
 WINDOW = 8  # batches sent and not yet answered, at most...
 WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
+SIBLING_WINDOW = 64  # ...to a sibling worker
 RELAY_WINDOW = 64  # relayed batches (another node's, to a sibling) unanswered, at most
 # With a batch in flight, the next leaves when the answer comes, or at once
 # when this many of our messages wait: under load, batches grow instead of
@@ -84,9 +85,10 @@ class PeerLink:
       link to the sequence it expects (operations of unanswered batches go
       back to the queue, in order). A lost connection rewinds to ``after``.
     - Memory: the queue of messages is the store (what it still holds past
-      ``after``); at most ``WINDOW`` batches (about ``WINDOW_BYTES``) are in
-      flight; operations wait in a deque of ``max_ops``, the oldest dropped
-      (and counted) when it is full.
+      ``after``); at most ``WINDOW`` batches (``SIBLING_WINDOW`` to a
+      sibling), and about ``WINDOW_BYTES`` of them, are in flight; operations
+      wait in a deque of ``max_ops``, the oldest dropped (and counted) when
+      it is full.
     - Failure is state, never an exception to the caller: ``state`` moves
       between connecting, up, down (``DOWN_AFTER`` failures in a row, or a
       batch unanswered for ``timeout``) and refused (the handshake fails:
@@ -117,6 +119,9 @@ class PeerLink:
         # many messages wait (CORK). Not to a sibling: its socket answers a
         # publish (``holds``), and a cork would make the publish wait for it.
         self.cork = 0 if self.sibling else CORK
+        # Batches unanswered at most: a sibling's socket holds more (its
+        # answers come on its next turn; our 201s do not wait for them).
+        self.window = SIBLING_WINDOW if self.sibling else WINDOW
         self._answering = False  # the peer has acked a batch on this connection
         self.sent = 0  # our messages the peer accepted
         self.unrelayed = 0  # other nodes' batches not relayed to this sibling (repair brings them)
@@ -376,7 +381,7 @@ class PeerLink:
         store = self.store
         if self._window and store.own_seq - self._next < self.cork and not hello:
             return  # the answer in flight sends it (``_answered`` pokes)
-        while len(self._window) < WINDOW and (self._window_bytes < WINDOW_BYTES
+        while len(self._window) < self.window and (self._window_bytes < WINDOW_BYTES
                                                or not self._window):
             batch = backlog(store, store.origin_name, self._next,
                             (store.own_seq, store.last_ts))

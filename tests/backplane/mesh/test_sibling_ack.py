@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 
 from pushup.backplane import Unconfirmed
 from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.peers import SIBLING_WINDOW
 from pushup.config import Config
 from pushup.core.model import Draft
 from pushup.core.service import Service
@@ -108,3 +109,21 @@ def test_the_batches_of_one_read_are_answered_in_one_write():
     pipe.st.write = lambda data: (writes.append(data), write(data))  # type: ignore[method-assign]
     pipe.deliver()
     assert [frames(w) for w in writes] == [[b"a1", b"a2", b"a3"]]
+
+
+def test_a_sibling_that_reads_nothing_holds_a_window_of_answered_publishes():
+    """Its socket holds up to SIBLING_WINDOW batches, each publish answered
+    as its batch goes in; the next waits for the sibling's answers."""
+    clock = _clock()
+    b, c, pipe = _worker(clock)
+    answered = []
+    for n in range(SIBLING_WINDOW + 1):
+        answered.append(_publish(b, b"%d" % n))
+        clock.advance(0)  # each turn's batch goes in (the sibling answers none)
+    assert all(len(a) == 1 for a in answered[:SIBLING_WINDOW]) and answered[-1] == []
+    assert len(pipe.held) == SIBLING_WINDOW
+    pipe.deliver()  # its answers make room: the last batch goes in at the turn's end
+    clock.advance(0)
+    assert len(answered[-1]) == 1
+    pipe.deliver()
+    assert c.store.message_count == SIBLING_WINDOW + 1
