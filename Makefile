@@ -119,7 +119,8 @@ conformance: setup
 # ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
 # on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;
 # with RESULTS=1 its table and figures go to loadtest/results/nodes, committed;
-# unbudgeted, and saying so, where /sys/fs/cgroup/cpu is not writable).
+# unbudgeted, and saying so, where /sys/fs/cgroup/cpu is not writable). ONLY=workers
+# runs --workers 2 against one process, each serving process in a cgroup of its own.
 ONLY ?=
 BUDGET ?=
 bench: setup bench-packages

@@ -397,12 +397,14 @@ class PeerLink:
             hello = False
             body = pack_batch(replace(batch, ops=tuple(ops)))
             whole = stream.send_frame(b"b" + body)
-            if whole and messages and self.sibling and self._answering:
-                self._handed(upto)
             self._window.append(_Sent(self._next, tuple(m.seq for m in messages), tuple(ops),
                                       len(body), self.clock.seconds()))
             self._window_bytes += len(body)
             self._next = batch.skip[0] if batch.skip is not None else upto
+            if whole and messages and self.sibling and self._answering:
+                # Last: the 201s this answers may bring the next publish, and
+                # its poke must find the batch sent and counted.
+                self._handed(upto)
         if self._window and (self._timer is None or not self._timer.active()
                              or self._timer.getTime() > self.clock.seconds() + self.timeout):
             self._wake(self.timeout)
