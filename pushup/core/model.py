@@ -122,6 +122,16 @@ def dumps(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def channel_list_json(names: tuple[str, ...]) -> bytes:
+    """The JSON list of valid channel names, as ``dumps`` writes it. A valid
+    name has no control character, so only a quote or a backslash needs
+    escaping; names without either are joined directly (a fifth of the cost,
+    once per message on every node that stores it)."""
+    if any('"' in name or "\\" in name for name in names):
+        return dumps(list(names))
+    return ('["' + '","'.join(names) + '"]').encode("utf-8")
+
+
 def encode_data(data: object, max_bytes: int) -> bytes:
     """Serialise a message's ``data`` once; 413 when over ``max_bytes``."""
     try:
@@ -166,7 +176,7 @@ class Message:
     def __post_init__(self, data: bytes) -> None:
         ident = f"{self.origin}-{self.seq}"
         head = f'{{"id":"{ident}","timestamp":{format_time(self.ts)},"channels":'.encode()
-        listed = dumps(list(self.channels))
+        listed = channel_list_json(self.channels)
         full = head + listed + b',"data":' + data + b"}"
         object.__setattr__(self, "id", ident)
         object.__setattr__(self, "full", full)
@@ -197,7 +207,7 @@ class Message:
         if channels is None or channels.issuperset(self.channels):
             return self.full
         start, end = self._split
-        listed = dumps([c for c in self.channels if c in channels])
+        listed = channel_list_json(tuple(c for c in self.channels if c in channels))
         return self.full[:start] + listed + self.full[end:]
 
 

@@ -1,13 +1,17 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pushup.core.errors import BadChannelName, BadJSON, BadRequest, TooLarge, TooManyChannels
 from pushup.core.model import (
     Message,
     Origin,
+    channel_list_json,
     check_channel_list,
     check_channel_name,
+    dumps,
     encode_data,
     format_time,
     loads,
@@ -89,3 +93,27 @@ def test_an_origin_name_parses_into_its_node_id_and_epoch():
     origin = Origin("n-1", 1_763_800_000_123_456)
     assert parse_origin(origin.name) == ("n-1", 1_763_800_000_123)
     assert parse_origin("garbage") is None and parse_origin("a.B!") is None
+
+
+# A message's channel list is written without json.dumps where nothing needs
+# escaping: every valid name must still come out as dumps writes it.
+def _is_valid_name(name: str) -> bool:
+    try:
+        return check_channel_name(name) == name
+    except BadChannelName:
+        return False
+
+
+_valid_names = st.text(min_size=1, max_size=12).filter(_is_valid_name)
+
+
+@given(st.lists(_valid_names, min_size=1, max_size=4, unique=True))
+def test_a_channel_list_is_written_as_json_dumps_writes_it(names: list[str]) -> None:
+    assert channel_list_json(tuple(names)) == dumps(names)
+    m = Message("o", 1, 1_700_000_000_000_000, tuple(names), b"1")
+    assert json.loads(m.full)["channels"] == names
+    assert json.loads(m.json_for(frozenset(names[:1])))["channels"] == names[:1]
+
+
+def test_quotes_and_backslashes_in_a_channel_name_are_escaped() -> None:
+    assert channel_list_json(('a"b', "c\\d", "é")) == '["a\\"b","c\\\\d","é"]'.encode()
