@@ -383,6 +383,8 @@ class PeerLink:
             return  # the answer in flight sends it (``_answered`` pokes)
         while len(self._window) < self.window and (self._window_bytes < WINDOW_BYTES
                                                or not self._window):
+            if self._next >= store.own_seq and not self.ops and not hello:
+                break  # sent all we have (an answer's poke, a turn's second flush)
             batch = backlog(store, store.origin_name, self._next,
                             (store.own_seq, store.last_ts))
             messages = batch.messages
@@ -395,7 +397,7 @@ class PeerLink:
             if not (messages or ops or batch.skip or hello):
                 break
             hello = False
-            body = pack_batch(replace(batch, ops=tuple(ops)))
+            body = pack_batch(replace(batch, ops=tuple(ops)) if ops else batch)
             whole = stream.send_frame(b"b" + body)
             self._window.append(_Sent(self._next, tuple(m.seq for m in messages), tuple(ops),
                                       len(body), self.clock.seconds()))
