@@ -89,13 +89,16 @@ def write_now(transport: Any, data: bytes) -> bool:
     True when the socket took all of it (and so everything written before it):
     the kernel holds it for the other end, and nothing of it waits in Twisted."""
     sock = getattr(transport, "socket", None)
-    if (sock is not None and transport.connected and not transport.disconnecting
+    if not (sock is not None and transport.connected and not transport.disconnecting
             and not transport._tempDataBuffer
             and len(transport.dataBuffer) == transport.offset):
-        try:
-            data = data[sock.send(data):]
-        except OSError:
-            pass  # would block, or broken: Twisted's own write path copes
+        if data:
+            transport.write(data)
+        return False  # something waits in Twisted before it (or no socket)
+    try:
+        data = data[sock.send(data):]
+    except OSError:
+        pass  # would block, or broken: Twisted's own write path copes
     if data:
         transport.write(data)
         return False

@@ -55,6 +55,7 @@ def test_a_partly_sent_buffer_counts_as_queued():
     assert write_now(t, b"x") is False
     assert t.socket.sent == []  # type: ignore[attr-defined]
     assert t._tempDataBuffer == [b"x"]
+    assert write_now(t, b"") is False  # nothing new, but not all is in the socket
 
 
 def test_data_the_socket_takes_whole_is_said_to_be_sent():

@@ -11,7 +11,8 @@ that order.
 
 A publish is acknowledged (the 201) once a peer holds it, with
 ``--publish-ack peer`` (the default), once every live peer does with
-``all``, or at once with ``local``; see
+``all``, or at once with ``local`` (between workers, a sibling holds it once
+its Unix socket does: :attr:`PeerLink.holds`); see
 :mod:`pushup.backplane.mesh.acks` and the README, "What a 201 means". A keyed publish's
 record travels with its last message (:mod:`pushup.backplane.mesh.wire`), so a retry on
 any node that holds it stores nothing new.

@@ -11,6 +11,7 @@ says what it is:
 - ``b`` batch: a batch of the dialer's own messages and ops (``wire.pack_batch``);
 - ``a`` horizon / ``n`` expected: the answer to each batch, in order (an ack
   with how far we hold its origin, or a hole with the sequence we expect);
+  the answers to the batches of one read leave in one write;
 - ``r`` batch: a batch another node sent the dialer, relayed by a worker to
   its sibling (``--workers``); applied like any, answered by an empty ``r``.
   A worker relays what arrives on a stream from another node (TCP), never
