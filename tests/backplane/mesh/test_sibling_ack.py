@@ -21,15 +21,14 @@ from tests.backplane.mesh.test_stream import _clock, _cluster, _held, _store
 
 
 def _worker(clock: Clock, url: str = "http+unix://c", takes: int | None = None):
-    """Worker ``b`` and its one peer ``c`` (a sibling at ``http+unix://``),
-    linked and past a first batch ``c`` has acked."""
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
-                http=None, **({"siblings": (url,)} if url.startswith("http+unix") else {}))
-    if not url.startswith("http+unix"):
-        b = Cluster(Service(_store("b"), clock, 120),
-                    Config(cluster_secret="s", peer=(url,)), clock, http=None)
+    """Worker ``b`` and its one peer ``c`` (a sibling at ``http+unix://``, else
+    another node), linked and past a first batch ``c`` has acked."""
+    sibling = url.startswith("http+unix://")
+    config = Config(cluster_secret="s", peer=() if sibling else (url,))
+    b = Cluster(Service(_store("b"), clock, 120), config, clock, http=None,
+                siblings=(url,) if sibling else ())
     c = _cluster(clock, name="c")
-    pipe = Pipe(c, unix=url.startswith("http+unix"), kernel=True, takes=takes)
+    pipe = Pipe(c, unix=sibling, kernel=True, takes=takes)
     [link] = b.links
     link.dial, link.http = pipe.dial, pipe
     b.ready = True
