@@ -205,9 +205,9 @@ class PeerLink:
         and applies what it reads in order). The kernel holds those bytes for
         the sibling process: they outlive the worker that sent them, as
         acked messages do, and the sibling reads them whether or not the
-        sender still runs. What neither survives is the sibling's own death,
-        before or after its ack alike. Counting the socket spares a publish
-        the wait for the sibling's turn (docs/benchmarks.md, issue 17)."""
+        sender still runs. Neither survives the death of both workers.
+        Counting the socket spares a publish the wait for the sibling's turn
+        (docs/benchmarks.md, issue 17)."""
         return self.handed if self.handed > self.after else self.after
 
     @property
