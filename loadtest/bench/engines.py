@@ -26,6 +26,7 @@ from pushup.backplane.redis.engine import META
 
 from . import procfs
 from .cluster import NODE_ARGS, Control, _lag_sampler, _wait, bench_cluster_fanout
+from .report import grid
 from .scenarios import BenchError, Context, percentile
 
 ENGINES = ("mesh", "redis")
@@ -290,7 +291,8 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(v: float | None, unit: str) -> str:
+def fmt(v: float | None, unit: str) -> str:
+    """A figure with its unit, as the engines and workers tables print it."""
     if v is None:
         return "-"
     if unit == "/s":
@@ -300,20 +302,12 @@ def _fmt(v: float | None, unit: str) -> str:
     return f"{v:,.2f} {unit}" if v < 10 else f"{v:,.0f} {unit}"
 
 
-def _grid(head: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
-    return ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
-            "  ".join("-" * w for w in widths),
-            *("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip()
-              for b in body)]
-
-
 def table(res: dict[str, Any]) -> str:
     """The side-by-side figures, then CPU per message against the node count."""
     lines = [f"Mesh and Redis, {NODES} nodes: {res['reps']} x {res['duration_s']:.0f} s of "
              f"publishing (medians), {res['publishes']} fan-out publishes", ""]
-    lines += _grid(["figure", "mesh", "redis", "redis / mesh"], [
-        [r["figure"], _fmt(r["values"]["mesh"], r["unit"]), _fmt(r["values"]["redis"], r["unit"]),
+    lines += grid(["figure", "mesh", "redis", "redis / mesh"], [
+        [r["figure"], fmt(r["values"]["mesh"], r["unit"]), fmt(r["values"]["redis"], r["unit"]),
          "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"] for r in rows(res)])
     for e in ENGINES:
         r = res["engines"].get(e, {})
@@ -326,10 +320,10 @@ def table(res: dict[str, Any]) -> str:
     if len({k for k, _ in by}) > 1:
         lines += ["", f"CPU per message against the number of nodes (one run each; {NODES}: "
                   "the medians above):", ""]
-        lines += _grid(
+        lines += grid(
             ["nodes", "engine", "publishes/s", "redis-server", "node 1", "each reader",
              "all processes"],
-            [[str(k), e, _fmt(b["per_second"], "/s"), _fmt(b["redis_us_per_message"], "µs"),
-              _fmt(b["node1_us_per_message"], "µs"), _fmt(b["reader_us_per_message"], "µs"),
-              _fmt(b["cluster_us_per_message"], "µs")] for (k, e), b in sorted(by.items())])
+            [[str(k), e, fmt(b["per_second"], "/s"), fmt(b["redis_us_per_message"], "µs"),
+              fmt(b["node1_us_per_message"], "µs"), fmt(b["reader_us_per_message"], "µs"),
+              fmt(b["cluster_us_per_message"], "µs")] for (k, e), b in sorted(by.items())])
     return "\n".join(lines)

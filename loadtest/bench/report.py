@@ -300,15 +300,15 @@ def compare_table(res: dict[str, Any], quick: bool = False) -> str:
                        for n, _, _ in COMPARE_RATIOS])
     lines = [f"Side by side: {res['subscribers']:,} subscribers, {res['publishes']} publishes; "
              f"{res['publishers']} publishers; RSS at {res['subscribers']:,} held polls", ""]
-    lines += _grid(head, body)
+    lines += grid(head, body)
     lines += ["", "Targets (ratios from this run" + (
         "; --quick: tiny scale, indicative only):" if quick else "):")]
     t_rows = [[t["target"], t["text"], t["limit"], t["verdict"]] for t in compare_targets(res)]
-    lines += _grid(["target", "this run", "target", "verdict"], t_rows)
+    lines += grid(["target", "this run", "target", "verdict"], t_rows)
     return "\n".join(lines)
 
 
-def _grid(head: list[str], body: list[list[str]]) -> list[str]:
+def grid(head: list[str], body: list[list[str]]) -> list[str]:
     """Left-aligned columns; a one-cell row is a note spanning the line."""
     full = [b for b in body if len(b) == len(head)]
     widths = [max(len(x) for x in col) for col in zip(head, *full, strict=True)]

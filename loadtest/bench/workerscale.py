@@ -25,6 +25,8 @@ from loadtest import cgroups
 
 from . import scenarios
 from .compare import PACE_S, PUSHUP_1, PUSHUP_2
+from .engines import fmt
+from .report import grid
 from .scenarios import Context
 from .server import Server
 
@@ -85,7 +87,7 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     out = []
     for label, a, b, unit, target in figures:
         ratio = f"{b / a:.2f}x" if a and b is not None else "-"
-        out.append((label, _fmt(a, unit), _fmt(b, unit), ratio, target))
+        out.append((label, fmt(a, unit), fmt(b, unit), ratio, target))
     for key in (one, two):
         u = fan[key].get("usage_all_publishes")
         if u:
@@ -98,24 +100,11 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def _fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "/s":
-        return f"{value:,.0f}/s"
-    if unit == "%":
-        return f"{value:.2f} %"
-    return f"{value:.2f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-
-
 def table(res: dict[str, Any]) -> str:
     budget = (f"{res['budget_cores']:g} core per serving process" if res.get("budget_cores")
               else f"NO budgets ({res.get('budget_note')})")
-    head = ("figure", "one process", "--workers 2", "ratio", "target")
-    body = rows(res)
-    widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(5)]
     lines = [f"--workers 2 against one process, {budget}; {res['subscribers']} subscribers, "
              f"{res['publishes']} publishes; {res['publishers']} publishers", ""]
-    for r in [head, tuple("-" * w for w in widths), *body]:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    lines += grid(["figure", "one process", "--workers 2", "ratio", "target"],
+                  [list(r) for r in rows(res)])
     return "\n".join(lines)
