@@ -9,15 +9,13 @@ every subscriber, and that every process it started is gone. It asserts no timin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.quick_bench import run_quick_bench
+
 CLIENT_FAILURES = ("duplicate", "gap", "protocol_error", "bad_poll_body", "poll_status_",
                    "publish_status_", "connect_error", "closed_", "send_error",
                    "recv_error", "short_send")
@@ -36,13 +34,9 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.timeout(150)
 def test_quick_mesh_and_redis_side_by_side() -> None:
-    r = subprocess.run([sys.executable, "-m", "loadtest.bench", "--quick", "--only", "engines"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "Mesh and Redis, 3 nodes" in r.stdout
-    written = [line for line in r.stdout.splitlines() if line.startswith("written: ")]
-    record = json.loads((ROOT / written[-1].split(" ", 1)[1]).read_text())
+    stdout, path = run_quick_bench("--only", "engines")
+    assert "Mesh and Redis, 3 nodes" in stdout
+    record = json.loads(path.read_text())
     res: dict[str, Any] = record["results"]["engines"]
     assert "error" not in res, res["error"]
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loadtest.bench.nchan import NchanMissing, nginx_binary
+from tests.loadtest.quick_bench import run_quick_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["pushup-1", "pushup-2", "nchan"]
@@ -61,12 +61,9 @@ def no_client_failures(counters: dict[str, int]) -> list[str]:
 @pytest.mark.timeout(150)
 def test_quick_side_by_side_with_nchan() -> None:
     ensure_nginx_nchan()
-    r = subprocess.run([sys.executable, "-m", "loadtest.bench", "--quick", "--only", "nchan"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "Side by side" in r.stdout and "Targets" in r.stdout
-    written = [line for line in r.stdout.splitlines() if line.startswith("written: ")]
-    record = json.loads((ROOT / written[-1].split(" ", 1)[1]).read_text())
+    stdout, path = run_quick_bench("--only", "nchan")
+    assert "Side by side" in stdout and "Targets" in stdout
+    record = json.loads(path.read_text())
     res: dict[str, Any] = record["results"]["nchan"]
     assert "error" not in res, res["error"]
     n, publishes = res["subscribers"], res["publishes"]

@@ -11,32 +11,24 @@ group is left behind. It asserts no timing.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadtest.cgroups import CPU_ROOT
+from tests.loadtest.quick_bench import run_quick_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(150)
 def test_quick_node_scaling_with_a_budget_per_node() -> None:
-    r = subprocess.run([sys.executable, "-m", "loadtest.bench", "--quick", "--only", "scale",
-                        "--budget", "0.2", "--front-shares", "2048"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stdout + r.stderr
-    written = [line for line in r.stdout.splitlines() if line.startswith("written: ")]
-    path = ROOT / written[-1].split(" ", 1)[1]
+    stdout, path = run_quick_bench("--only", "scale", "--budget", "0.2", "--front-shares", "2048")
     stamp = path.stem.removeprefix("bench-")
     res = json.loads(path.read_text())["results"]["scale"]
     assert "error" not in res, res["error"]
     assert res["budget_cores"] == 0.2 and res["budget_note"] is None
-    assert r.stdout.count("CPU budgets: 0.2 core per node (cgroup v1") == 4
+    assert stdout.count("CPU budgets: 0.2 core per node (cgroup v1") == 4
     for engine in ("mesh", "redis"):
         rows = res["engines"][engine]
         assert set(rows) == {"1", "2"}

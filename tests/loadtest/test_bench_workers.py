@@ -12,27 +12,16 @@ timing.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from loadtest.cgroups import CPU_ROOT
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.quick_bench import run_quick_bench
 
 
 @pytest.mark.timeout(150)
 def test_quick_workers_against_one_process_with_a_budget_per_process() -> None:
-    r = subprocess.run([sys.executable, "-m", "loadtest.bench", "--quick", "--only", "workers",
-                        "--worker-budget", "0.3"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stdout + r.stderr
-    written = [line for line in r.stdout.splitlines() if line.startswith("written: ")]
-    path = ROOT / written[-1].split(" ", 1)[1]
+    stdout, path = run_quick_bench("--only", "workers", "--worker-budget", "0.3")
     stamp = path.stem.removeprefix("bench-")
     res = json.loads(path.read_text())["results"]["workers"]
     assert "error" not in res, res["error"]
@@ -43,5 +32,5 @@ def test_quick_workers_against_one_process_with_a_budget_per_process() -> None:
     for key in ("pushup-1", "pushup-2"):
         assert res["fanout"][key]["delivered_pct"] == 100.0
         assert res["publish"][key]["median_per_second"] > 0
-    assert "--workers 2 against one process, 0.3 core per serving process" in r.stdout
+    assert "--workers 2 against one process, 0.3 core per serving process" in stdout
     assert sorted(p.name for p in CPU_ROOT.glob(f"pushup-{stamp}-*")) == []
