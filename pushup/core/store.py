@@ -4,8 +4,10 @@ Each channel keeps one run per origin (a ``Run``, in sequence order; an
 origin's timestamps strictly increase with its sequence, so a run is also in
 timestamp order). A query merges the runs of its channels by ``(timestamp,
 id)``, returns each message once, and computes the cursor that comes after
-it. A global index ordered by ``(timestamp, id)`` drives retention: message
-ttl and the total-bytes cap evict oldest first.
+it. Retention (message ttl, the total-bytes cap) evicts the oldest by
+``(timestamp, id)`` first: the oldest of the heads of each origin's run, as
+there are few origins (one per node and restart) and many messages, so a
+message stored costs no global sorted index.
 
 Which origins a returned cursor names, and which history went with a
 restart, is :mod:`pushup.core.origins`; which channels exist and how long
@@ -20,9 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from heapq import merge as merge_sorted
 from operator import attrgetter
-
-from sortedcontainers import SortedKeyList
 
 from pushup.core.changes import NO_CHANGES, Changes
 from pushup.core.channels import Channel as Channel  # re-exported: the store's channels
@@ -76,8 +77,7 @@ class Store:
         self._origin = origin
         self._channels = Channels(retention.channel_ttl, origin.name)
         self._bytes = 0
-        self._by_time = SortedKeyList(key=_by_time)
-        self._by_origin: dict[str, Run] = {}  # origin -> its cached messages
+        self._by_origin: dict[str, Run] = {}  # origin -> its cached messages (none empty)
         self._holders: dict[str, int] = {}  # message id -> channels holding it
         self._changes: Changes = NO_CHANGES
         # Keyed publishes of every origin, for their window (pushup.core.idempotency).
@@ -115,7 +115,7 @@ class Store:
 
     @property
     def message_count(self) -> int:
-        return len(self._by_time)
+        return len(self._holders)
 
     @property
     def bytes(self) -> int:
@@ -140,8 +140,9 @@ class Store:
         """When :meth:`expire` next has something to do (µs), if ever."""
         channels = self._channels.next_deadline()
         times = [] if channels is None else [channels]
-        if self._by_time:
-            times.append(self._by_time[0].ts + self.retention.message_ttl)
+        oldest = self._oldest()
+        if oldest is not None:
+            times.append(oldest.ts + self.retention.message_ttl)
         return min(times) if times else None
 
     def query(self, q: Query) -> Result:
@@ -269,7 +270,7 @@ class Store:
                 if (c := self._channels.find(n)) is not None and c.holds(m)]
 
     def all_messages(self) -> list[Message]:
-        return list(self._by_time)
+        return list(merge_sorted(*self._by_origin.values(), key=_by_time))
 
     def image(self) -> StoreImage:
         """Everything this store holds, as one value (for a peer's snapshot)."""
@@ -336,8 +337,8 @@ class Store:
         renewal) unless ``busy(name)``: then it is looked at again one ttl on.
         """
         cutoff = now - self.retention.message_ttl
-        while self._by_time and self._by_time[0].ts <= cutoff:
-            self._evict(self._by_time[0])
+        while (oldest := self._oldest()) is not None and oldest.ts <= cutoff:
+            self._evict(oldest)
         removed = []
         for name in self._channels.expired(now, busy):
             self.delete(name)
@@ -345,6 +346,11 @@ class Store:
         return removed
 
     # -- internals ---------------------------------------------------------
+
+    def _oldest(self) -> Message | None:
+        """The message retention takes first: the oldest of the origins' heads."""
+        heads = [run[0] for run in self._by_origin.values()]
+        return min(heads, key=_by_time) if heads else None
 
     def _insert(self, m: Message, now: int, renew: bool = True,
                 into: tuple[str, ...] | None = None) -> None:
@@ -365,7 +371,6 @@ class Store:
             if renew:
                 channel.expires_at = max(channel.expires_at, now + channel.ttl)
         self._holders[m.id] = len(names)
-        self._by_time.add(m)
         mine = self._by_origin.get(m.origin)
         if mine is None:
             mine = self._by_origin[m.origin] = Run()
@@ -379,7 +384,9 @@ class Store:
                 self._drop_from(channel, oldest)
                 self._release(oldest)
         while self._bytes > self.retention.max_bytes:
-            self._evict(self._by_time[0])
+            oldest = self._oldest()
+            assert oldest is not None
+            self._evict(oldest)
 
     def _evict(self, m: Message) -> None:
         """Remove ``m`` from every channel and the cache, recording the gap."""
@@ -405,20 +412,12 @@ class Store:
 
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
-            _remove(self._by_time, m)
             mine = self._by_origin[m.origin]
             mine.remove(m)
             self._bytes -= m.size
             self._changes.message(m)
-            if not mine and self.origins.superseded(m.origin):
-                self.origins.retired.add(m.origin)
-
-
-def _remove(items: SortedKeyList, m: Message) -> None:
-    """Remove ``m``; evictions take the oldest, so look at the head first."""
-    if items[0] is m:
-        del items[0]
-    else:
-        items.remove(m)
-
+            if not mine:
+                del self._by_origin[m.origin]
+                if self.origins.superseded(m.origin):
+                    self.origins.retired.add(m.origin)
 

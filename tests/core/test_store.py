@@ -118,6 +118,23 @@ def test_total_bytes_cap_evicts_oldest_first():
     assert s.bytes <= 400 and kept == tuple(ms[-len(kept):])
 
 
+def test_retention_takes_the_oldest_of_every_origin_first():
+    # Three origins whose messages interleave in time and arrive out of time
+    # order: the bytes cap and the message ttl evict by (timestamp, id) across
+    # all of them, and the snapshot lists what is left in that order.
+    size = len(pub(make(), "a", at=T0).full)
+    s = make(max_bytes=4 * size, message_ttl=100)
+    ours = [pub(s, "a", at=T0 + t) for t in (10, 40)]
+    p = [Message("p.x", i + 1, T0 + t, ("a",), b"1") for i, t in enumerate((5, 30, 50))]
+    q = [Message("q.x", i + 1, T0 + t, ("a",), b"1") for i, t in enumerate((20, 45))]
+    for m in (p[0], q[0], p[1], q[1], p[2]):
+        assert s.apply(m, T0 + 60)
+    by_time = [p[0], ours[0], q[0], p[1], ours[1], q[1], p[2]]
+    assert s.message_count == 4 and s.all_messages() == by_time[3:]
+    s.expire(T0 + 145, busy=lambda name: False)  # ttl 100: ts <= 45 is due
+    assert s.all_messages() == [p[2]] and s.message_count == 1
+    assert s.next_deadline() == p[2].ts + 100
+
 def test_channel_lifecycle():
     s = make()
     ch = s.create("room", 60 * S, T0)
