@@ -5,8 +5,8 @@ connection (the replication stream, :mod:`pushup.backplane.mesh.stream`):
 batches in sequence order, up to ``WINDOW`` of them unanswered, each answered
 by the peer with an ack (how far it holds us) or a hole (the sequence it
 expects: the link rewinds and resends from there). With a batch in flight a
-TCP link holds the next back until the answer comes or ``CORK`` messages
-wait; to a sibling worker it sends at once, and a frame wholly in the
+TCP link holds the next back until the turn its answer comes in ends, or
+``CORK`` messages wait; to a sibling worker it sends at once, and a frame wholly in the
 sibling's Unix socket counts as held (``PeerLink.holds``). Its queue is the store
 itself: the link remembers how far the peer has confirmed (``after``) and how
 far it has sent (``_next``), so a peer that is down costs no memory beyond the
@@ -44,9 +44,10 @@ WINDOW = 8  # batches sent and not yet answered, at most...
 WINDOW_BYTES = 4 * 1024 * 1024  # ...and about this many bytes of them (always one)
 SIBLING_WINDOW = 64  # ...to a sibling worker
 RELAY_WINDOW = 64  # relayed batches (another node's, to a sibling) unanswered, at most
-# With a batch in flight, the next leaves when the answer comes, or at once
-# when this many of our messages wait: under load, batches grow instead of
-# multiplying (each costs both ends a frame, a wake-up and an answer).
+# With a batch in flight, the next leaves at the end of the turn its answer
+# comes in, or at once when this many of our messages wait: under load,
+# batches grow instead of multiplying (each costs both ends a frame, a
+# wake-up and an answer).
 CORK = 64
 
 # connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);
@@ -373,7 +374,16 @@ class PeerLink:
             self._answering = True
             self._up()
             self._confirmed(value)
+            if self.cork and self._waiting() and self._open and self._flush_call is None:
+                # The cork comes off at this turn's end, so the batch also
+                # takes the publishes the rest of the turn reads.
+                self._flush_call = self.clock.callLater(0, self._flush)
+                return
         self.poke()
+
+    def _waiting(self) -> bool:
+        """Messages or ops of ours wait to be sent."""
+        return self.store.own_seq > self._next or bool(self.ops)
 
     def _flush(self, hello: bool = False) -> None:
         """Send what the window has room for (``hello``: at least one batch)."""

@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from pushup.backplane import Applied, ChannelOp, Hole
 from pushup.backplane.mesh.mesh import Cluster
 from pushup.backplane.mesh.peers import CORK
-from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair
+from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair, unpack_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
 from pushup.core.hub import Waiter
@@ -173,10 +173,29 @@ def test_an_idle_link_sends_a_publish_before_this_node_answers_its_own_subscribe
     publish(node, 3)
     node.reactor.advance(0)
     assert len(wire.held) == 1 and len(held.bodies) == 1  # the turn ended: still one
-    wire.deliver()  # its answer sends the other two, together
+    wire.deliver()  # its answer lets the other two go, together, at the turn's end
     node.reactor.advance(0)
+    wire.deliver()
     assert wire.receiver.store.message_count == 3 and wire.posts - hellos == 2
 
+
+def test_an_answer_uncorks_the_link_at_the_turns_end_with_the_whole_turns_publishes():
+    """The answer to the batch in flight lets what waits go, at the end of the
+    turn that read it: a publish read later in that turn goes in the same
+    batch rather than waiting behind it for another round trip."""
+    node, [wire] = mesh()
+    hellos = wire.posts
+    publish(node, 1)  # in flight
+    publish(node, 2)  # corked behind it
+    node.reactor.advance(0)
+    wire.deliver()  # the turn reads its answer...
+    publish(node, 3)  # ...and then another publish
+    assert wire.held == []
+    node.reactor.advance(0)  # the turn ends
+    [batch] = wire.held
+    assert [m.seq for m in unpack_batch(batch[1:]).messages] == [2, 3]
+    wire.deliver()
+    assert wire.posts - hellos == 2 and wire.receiver.store.message_count == 3
 
 def test_a_busy_link_sends_at_once_when_a_full_batch_waits():
     node, [wire] = mesh()
