@@ -20,7 +20,7 @@ import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -100,7 +100,12 @@ def encode_batch(batch: Batch) -> bytes:
 
 
 _packer = msgspec.msgpack.Encoder()
-_unpacker = msgspec.msgpack.Decoder()
+# The batch's shape is checked by msgspec as it decodes, in C: a message row is
+# (seq, ts, channels, data) with at least one channel; channel names, ops and
+# keys are checked here.
+_Row = tuple[int, int, Annotated[list[str], msgspec.Meta(min_length=1)], bytes]
+_unpacker = msgspec.msgpack.Decoder(
+    tuple[str, bool, list[_Row], list[Any], tuple[int, int] | None, list[Any]])
 
 
 def pack_batch(batch: Batch) -> bytes:
@@ -117,18 +122,10 @@ def unpack_batch(body: bytes) -> Batch:
     """A batch from the replication stream, checked as ``decode_batch`` checks."""
     try:
         origin, first, rows, ops, skip, keys = _unpacker.decode(body)
-        if not isinstance(origin, str):
-            raise BadRequest("malformed batch origin")
-        messages = []
-        for seq, ts, channels, data in rows:
-            if not (isinstance(seq, int) and isinstance(ts, int) and isinstance(data, bytes)
-                    and isinstance(channels, list) and channels):
-                raise BadRequest("malformed message row")
-            names = tuple(check_channel_name(c) for c in channels)
-            messages.append(Message(origin, seq, ts, names, data))
-        if skip is not None:
-            skip = (int(skip[0]), int(skip[1]))
-        return Batch(origin, bool(first), tuple(messages), tuple(ops_of(ops)), skip,
+        messages = tuple([
+            Message(origin, seq, ts, tuple([check_channel_name(c) for c in channels]), data)
+            for seq, ts, channels, data in rows])
+        return Batch(origin, first, messages, tuple(ops_of(ops)), skip,
                      tuple(_key(origin, row) for row in keys))
     except (msgspec.DecodeError, ValueError, KeyError, TypeError, IndexError) as e:
         raise BadJSON(f"malformed peer batch: {e}") from None
