@@ -91,6 +91,9 @@ class Cluster:
         self._repairs = task.LoopingCall(self._repair)
         self._repairs.clock = clock
         self._next_repair = 0  # the link asked next (round-robin)
+        # Each origin's horizon at the last repair: one that moved since is
+        # not asked for (its stream brings it).
+        self._repair_seen: dict[str, int] = {}
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -246,17 +249,21 @@ class Cluster:
     # with the first batch it holds past it of an origin that is neither its
     # own (its link brings those) nor the asker's. Receiving is the usual
     # in-order apply, so a batch that both the origin and a peer send is
-    # applied once.
+    # applied once. It asks only for the origins that did not move here
+    # since its last round: one whose stream is bringing its messages is
+    # not fetched a second time, over HTTP, from whichever peer happened to
+    # read them a moment sooner.
 
     def repair(self, body: bytes) -> bytes | None:
         """A peer's repair request: a batch it lacks, or None if nothing."""
         self.check_ready()
-        asker, theirs = decode_repair(body)
+        asker, theirs, wanted = decode_repair(body)
         store = self.store
         for origin, have in store.origins.horizons().items():
             after = theirs.get(origin, 0)
-            if origin in (store.origin_name, asker) or have <= after:
-                continue
+            if origin in (store.origin_name, asker) or have <= after or (
+                    wanted is not None and origin in theirs and origin not in wanted):
+                continue  # (an origin the asker never heard of, it wants)
             lost = store.origins.lost_of(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
             return encode_batch(backlog(store, origin, after, (have, ts)))
@@ -270,8 +277,15 @@ class Cluster:
             return
         link = live[self._next_repair % len(live)]
         self._next_repair += 1
+        horizons = self.store.origins.horizons()
+        seen, self._repair_seen = self._repair_seen, horizons
+        stalled = [o for o, seq in horizons.items()
+                   if seen.get(o, seq) == seq and o != self.store.origin_name]
+        if not stalled:
+            return
         for _ in range(REPAIR_ROUNDS):
-            body = encode_repair(self.store.origin_name, self.store.origins.horizons())
+            body = encode_repair(self.store.origin_name, self.store.origins.horizons(),
+                                 want=stalled)
             try:
                 status, raw = yield link.request("POST", "/peer/repair", body)
             except Exception as e:

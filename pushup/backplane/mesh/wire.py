@@ -146,16 +146,24 @@ def decode_batch(body: bytes) -> Batch:
         raise BadJSON(f"malformed peer batch: {e}") from None
 
 
-def encode_repair(asker: str, horizon: dict[str, int]) -> bytes:
-    """A repair request: who asks, and how far it holds each origin."""
-    return json.dumps({"origin": asker, "horizon": horizon}, separators=(",", ":")).encode()
+def encode_repair(asker: str, horizon: dict[str, int],
+                  want: Sequence[str] | None = None) -> bytes:
+    """A repair request: who asks, how far it holds each origin, and (``want``)
+    which of those it asks for (when absent: all); an origin it does not
+    list at all, it asks for too. Never the asker's own, nor the peer's."""
+    raw: dict[str, Any] = {"origin": asker, "horizon": horizon}
+    if want is not None:
+        raw["want"] = list(want)
+    return json.dumps(raw, separators=(",", ":")).encode()
 
 
-def decode_repair(body: bytes) -> tuple[str, dict[str, int]]:
+def decode_repair(body: bytes) -> tuple[str, dict[str, int], frozenset[str] | None]:
     try:
         raw = json.loads(body)
         horizon = {str(o): int(seq) for o, seq in raw["horizon"].items()}
-        return str(raw["origin"]), horizon
+        want = raw.get("want")
+        wanted = None if want is None else frozenset(str(o) for o in want)
+        return str(raw["origin"]), horizon, wanted
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadJSON(f"malformed repair request: {e}") from None
 

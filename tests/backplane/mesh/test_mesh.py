@@ -8,7 +8,7 @@ from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
 from pushup.backplane import Applied, ChannelOp, Hole
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.mesh import REPAIR_EVERY, Cluster
 from pushup.backplane.mesh.peers import CORK
 from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair, unpack_batch
 from pushup.config import Config
@@ -320,6 +320,54 @@ def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
     node.service.publish([Draft(("c",), b"0")])
     assert node.repair(encode_repair("asker.x", {P: 3})) is None
 
+
+def test_a_repair_asked_for_some_origins_answers_only_those_and_the_unknown(node):
+    node.receive(Batch(P, False, (msg(1), msg(2)), ()))
+    assert node.repair(encode_repair("asker.x", {P: 0, "q.y": 0}, want=["q.y"])) is None
+    batch = decode_batch(node.repair(encode_repair("asker.x", {P: 0}, want=[P])))
+    assert [m.seq for m in batch.messages] == [1, 2]
+    batch = decode_batch(node.repair(encode_repair("asker.x", {"q.y": 0}, want=["q.y"])))
+    assert [m.seq for m in batch.messages] == [1, 2]  # P: the asker never heard of it
+
+
+class _RepairingPeer(Wire):
+    """A peer's HTTP side that answers repair requests, and keeps them."""
+
+    def __init__(self, receiver):
+        super().__init__(receiver)
+        self.asked: list[dict] = []
+
+    def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+        if not url.endswith("/peer/repair"):
+            return super().request(method, url, data, headers, timeout, reactor)
+        self.asked.append(json.loads(data))
+        raw = self.receiver.repair(data)
+        return succeed(_Answer(200, raw) if raw is not None else _Answer(204, b""))
+
+
+def test_repair_asks_only_for_origins_that_did_not_move_since_its_last_round():
+    """An origin whose own stream brings its messages is not fetched again
+    from a peer that read them a moment sooner; one that stopped moving is."""
+    node, [wire] = mesh()
+    holder = _RepairingPeer(wire.receiver)
+    node.cluster.links[0].http = holder
+    q = "q.y"
+    for seq in (1, 2):  # both origins reach the holder; this node lags on each
+        holder.receiver.receive(Batch(P, False, (msg(seq),), ()))
+        holder.receiver.receive(Batch(q, False, (Message(q, seq, 1_700_000_000 * S + seq,
+                                                         ("c",), b"1"),), ()))
+    node.cluster.receive(Batch(P, False, (msg(1),), ()))
+    # The first round: nothing seen before, so all it knows is asked for, and
+    # what it never heard of (q) comes too.
+    node.reactor.advance(REPAIR_EVERY)
+    assert holder.asked[0]["want"] == [P] and node.cluster.store.origins.horizon_of(P) == 2
+    assert node.cluster.store.origins.horizon_of(q) == 2
+    node.cluster.receive(Batch(P, False, (msg(2), msg(3)), ()))  # P moves here; q does not
+    holder.receiver.receive(Batch(P, False, (msg(3), msg(4)), ()))
+    node.reactor.advance(REPAIR_EVERY)
+    assert holder.asked[-1]["want"] == [q] and node.cluster.store.origins.horizon_of(P) == 3
+    node.reactor.advance(REPAIR_EVERY)  # P stood still for a round: now it is asked for
+    assert holder.asked[-1]["want"] == [P, q] and node.cluster.store.origins.horizon_of(P) == 4
 
 def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     clock = Clock()
