@@ -261,9 +261,10 @@ class Cluster:
         store = self.store
         for origin, have in store.origins.horizons().items():
             after = theirs.get(origin, 0)
-            if origin in (store.origin_name, asker) or have <= after or (
-                    wanted is not None and origin in theirs and origin not in wanted):
-                continue  # (an origin the asker never heard of, it wants)
+            # It wants what it asks for, and any origin it never heard of.
+            unwanted = wanted is not None and origin in theirs and origin not in wanted
+            if origin in (store.origin_name, asker) or have <= after or unwanted:
+                continue
             lost = store.origins.lost_of(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
             return encode_batch(backlog(store, origin, after, (have, ts)))

@@ -6,11 +6,11 @@ batches in sequence order, up to ``WINDOW`` of them unanswered, each answered
 by the peer with an ack (how far it holds us) or a hole (the sequence it
 expects: the link rewinds and resends from there). With a batch in flight a
 TCP link holds the next back until the turn its answer comes in ends, or
-``CORK`` messages wait; to a sibling worker it sends at once, and a frame wholly in the
-sibling's Unix socket counts as held (``PeerLink.holds``). Its queue is the store
-itself: the link remembers how far the peer has confirmed (``after``) and how
-far it has sent (``_next``), so a peer that is down costs no memory beyond the
-cache. Channel operations wait in a bounded queue beside it. Failures are
+``CORK`` messages wait; to a sibling worker it sends at once, and a frame
+wholly in the sibling's Unix socket counts as held (``PeerLink.holds``). Its
+queue is the store itself: the link remembers how far the peer has confirmed
+(``after``) and how far it has sent (``_next``), so a peer that is down costs
+no memory beyond the cache. Channel operations wait in a bounded queue beside it. Failures are
 link state, shown in ``/stats``; they never reach a client. Snapshots and
 repair, which are rare, stay signed HTTP requests (``request``).
 """
