@@ -1,22 +1,24 @@
-"""`python -m loadtest.bench.replication [PUBLISHES] [--profile]`: what a
-sibling worker costs each side, in process (a ``task.Clock`` with a heap,
+"""`python -m loadtest.bench.replication [PUBLISHES] [--per-turn N] [--profile]`:
+what a sibling worker costs each side, in process (a ``task.Clock`` with a heap,
 string transports, no sockets, no reactor).
 
-Node A takes publishes on 8 keep-alive connections, 3 a reactor turn, and
-answers each 201; with a sibling, its link to node B is a pipe whose socket
-takes every frame whole (tests/backplane/mesh/pipe.py), so a 201 counts the
-sibling's socket as with ``--workers``. Prints the CPU time per publish of
+Node A takes publishes on 8 keep-alive connections, 3 a reactor turn
+(``--per-turn``: as many messages go in each batch), and answers each 201;
+with a sibling, its link to node B is a pipe whose socket takes every frame
+whole (tests/backplane/mesh/pipe.py), so a 201 counts the sibling's socket
+as with ``--workers``. Prints the CPU time per publish of
 node A alone, of node A with the sibling, and of delivering the turn's frames
 to B and B's answers back (B's apply plus A reading the answers), best of 3
 (the compiled core unless ``PUSHUP_PURE=1``). ``--profile`` prints the
 cProfile table of the run with the sibling instead (run with ``PUSHUP_PURE=1``:
 cProfile sees no Python frames inside the compiled core). It measures our
 Python, not the kernel's share of a frame; docs/benchmarks.md (issue 17,
-session 3) quotes it.
+sessions 3 and 4) quotes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import heapq
 import itertools
@@ -72,7 +74,8 @@ def _request(i: int) -> bytes:
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-def run(clock: HeapClock, sibling: bool, publishes: int) -> tuple[float, float]:
+def run(clock: HeapClock, sibling: bool, publishes: int,
+        per_turn: int = PER_TURN) -> tuple[float, float]:
     """(µs of CPU per publish on node A, µs per message delivering to B and back)."""
     node = Node(Config(cluster_secret=SECRET), reactor=clock,
                 siblings=["http+unix://b"] if sibling else [])
@@ -98,8 +101,8 @@ def run(clock: HeapClock, sibling: bool, publishes: int) -> tuple[float, float]:
     delivering = 0.0
     sent = 0
     start = time.process_time()
-    for _ in range(publishes // PER_TURN):
-        for _ in range(PER_TURN):
+    for _ in range(publishes // per_turn):
+        for _ in range(per_turn):
             protocol, _transport = connections[sent % CONNECTIONS]
             protocol.dataReceived(requests[sent % CONNECTIONS])  # type: ignore[attr-defined]
             sent += 1
@@ -116,25 +119,29 @@ def run(clock: HeapClock, sibling: bool, publishes: int) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
-    numbers = [int(a) for a in argv if a.isdigit()]
-    publishes = numbers[0] if numbers else 30_000
+    ap = argparse.ArgumentParser(prog="python -m loadtest.bench.replication")
+    ap.add_argument("publishes", nargs="?", type=int, default=30_000)
+    ap.add_argument("--per-turn", type=int, default=PER_TURN,
+                    help="publishes a reactor turn, so messages a batch (default 3)")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
     clock = HeapClock()
     clock.advance(1_763_800_000.0)
-    if "--profile" in argv:
+    if args.profile:
         profile = cProfile.Profile(time.process_time)
         profile.enable()
-        run(clock, True, publishes)
+        run(clock, True, args.publishes, args.per_turn)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(30)
         return
-    alone = min(run(clock, False, publishes)[0] for _ in range(3))
-    both = [run(clock, True, publishes) for _ in range(3)]
+    alone = min(run(clock, False, args.publishes, args.per_turn)[0] for _ in range(3))
+    both = [run(clock, True, args.publishes, args.per_turn) for _ in range(3)]
     with_sibling = min(b[0] for b in both)
     delivering = min(b[1] for b in both)
     print(f"node A alone: {alone:.1f} µs per publish; with a sibling: {with_sibling:.1f} µs "
           f"(+{with_sibling - alone:.1f}); the sibling's apply and its answers: "
-          f"{delivering:.1f} µs per message (best of 3, {publishes} publishes, "
-          f"{PER_TURN} a turn)")
+          f"{delivering:.1f} µs per message (best of 3, {args.publishes} publishes, "
+          f"{args.per_turn} a turn)")
 
 
 if __name__ == "__main__":

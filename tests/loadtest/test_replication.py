@@ -15,3 +15,5 @@ def test_every_publish_is_answered_with_and_without_a_sibling(capsys) -> None:
         assert per_publish > 0 and (delivering > 0) == sibling
     main(["30"])
     assert "with a sibling" in capsys.readouterr().out
+    main(["30", "--per-turn", "10"])
+    assert "(best of 3, 30 publishes, 10 a turn)" in capsys.readouterr().out
