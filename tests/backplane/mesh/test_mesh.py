@@ -197,6 +197,7 @@ def test_an_answer_uncorks_the_link_at_the_turns_end_with_the_whole_turns_publis
     wire.deliver()
     assert wire.posts - hellos == 2 and wire.receiver.store.message_count == 3
 
+
 def test_a_busy_link_sends_at_once_when_a_full_batch_waits():
     node, [wire] = mesh()
     publish(node, 1)
@@ -368,6 +369,7 @@ def test_repair_asks_only_for_origins_that_did_not_move_since_its_last_round():
     assert holder.asked[-1]["want"] == [q] and node.cluster.store.origins.horizon_of(P) == 3
     node.reactor.advance(REPAIR_EVERY)  # P stood still for a round: now it is asked for
     assert holder.asked[-1]["want"] == [P, q] and node.cluster.store.origins.horizon_of(P) == 4
+
 
 def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     clock = Clock()
