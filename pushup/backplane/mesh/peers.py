@@ -10,9 +10,9 @@ TCP link holds the next back until the turn its answer comes in ends, or
 wholly in the sibling's Unix socket counts as held (``PeerLink.holds``). Its
 queue is the store itself: the link remembers how far the peer has confirmed
 (``after``) and how far it has sent (``_next``), so a peer that is down costs
-no memory beyond the cache. Channel operations wait in a bounded queue beside it. Failures are
-link state, shown in ``/stats``; they never reach a client. Snapshots and
-repair, which are rare, stay signed HTTP requests (``request``).
+no memory beyond the cache. Channel operations wait in a bounded queue beside
+it. Failures are link state, shown in ``/stats``; they never reach a client.
+Snapshots and repair, which are rare, stay signed HTTP requests (``request``).
 """
 
 from __future__ import annotations
@@ -393,10 +393,10 @@ class PeerLink:
             return
         store = self.store
         if self._window and store.own_seq - self._next < self.cork and not hello:
-            return  # the answer in flight sends it (``_answered`` pokes)
+            return  # the answer in flight sends it (``_answered``)
         while len(self._window) < self.window and (self._window_bytes < WINDOW_BYTES
                                                or not self._window):
-            if self._next >= store.own_seq and not self.ops and not hello:
+            if not (self._waiting() or hello):
                 break  # sent all we have (an answer's poke, a turn's second flush)
             batch = backlog(store, store.origin_name, self._next,
                             (store.own_seq, store.last_ts))
