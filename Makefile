@@ -32,26 +32,13 @@ $(BUILT): $(COMPILED_SOURCES) setup.py pushup/_build.py | $(RUN_STAMP)
 	mkdir -p build && touch $(BUILT)
 build: $(BUILT)
 
-# Debian packages the tests and load tests use (HAProxy for the cluster, nftables
-# for wire-byte counters, Node for the browser client's tests, Redis for the Redis
-# client's tests, Prometheus for the dashboard's test, systemd-analyze for the
-# unit's). Installed only when missing; we run as root. No package may start its
-# Debian service (prometheus would listen on :9090): without a policy-rc.d
-# already in place, one that refuses service starts is put there for the
-# install and removed after it. The tests run their own processes by PID.
+# Debian packages the tests and load tests use (HAProxy, nftables, Node, Chromium,
+# Redis, Prometheus, systemd-analyze, ...), each installed only when the command it
+# provides is missing, never one the machine already has (an image's own Node.js
+# brings npm, and Debian's npm conflicts with it): deploy/system_packages.py says
+# which and why. No package may start its Debian service during the install.
 system-packages:
-	@command -v haproxy >/dev/null && command -v nft >/dev/null && command -v node >/dev/null \
-	  && command -v npm >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
-	  && command -v strace >/dev/null && command -v ip >/dev/null && command -v tc >/dev/null \
-	  && command -v redis-server >/dev/null && command -v openssl >/dev/null \
-	  && test -x /usr/bin/prometheus && command -v systemd-analyze >/dev/null || { \
-	  policy=/usr/sbin/policy-rc.d; added=; \
-	  if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy; \
-	    chmod +x $$policy; added=1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    haproxy nftables nodejs npm chromium chromium-driver strace iproute2 redis-server openssl \
-	    prometheus systemd >/dev/null; rc=$$?; \
-	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
+	@$(PYTHON) deploy/system_packages.py install test
 
 setup: $(STAMP) system-packages npm-clients
 
@@ -66,19 +53,10 @@ $(NPM_CLIENTS)/node_modules/.installed: $(NPM_CLIENTS)/package.json $(NPM_CLIENT
 npm-clients: $(NPM_CLIENTS)/node_modules/.installed
 
 # nginx with the nchan module, which `make bench` measures PushUp against (only the
-# benchmark needs it). Installed only when missing. The package must not start
-# Debian's nginx service on port 80: without a policy-rc.d already in place, one
-# that refuses service starts is put there for the install and removed after it.
-# The benchmark never uses or stops a system nginx; it runs its own by PID.
-NCHAN_MODULE := /usr/lib/nginx/modules/ngx_nchan_module.so
+# benchmark needs it), installed only when missing (deploy/system_packages.py). The
+# benchmark never uses or stops a system nginx; it runs its own by PID.
 bench-packages:
-	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null && test -f $(NCHAN_MODULE) || { \
-	  policy=/usr/sbin/policy-rc.d; added=; \
-	  if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy; \
-	    chmod +x $$policy; added=1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq nginx libnginx-mod-nchan >/dev/null; rc=$$?; \
-	  if [ -n "$$added" ]; then rm -f $$policy; fi; exit $$rc; }
+	@$(PYTHON) deploy/system_packages.py install bench
 
 run: $(RUN_STAMP) $(BUILT)
 	$(VENV)/bin/pushup serve
