@@ -51,6 +51,7 @@ log = Logger()
 NONCE = 16
 PROOF = 32
 HANDSHAKE_FRAME = 1 + PROOF  # the longest frame before the handshake is done (``p``)
+ANSWER_LIMIT = 64 * 1024  # the longest frame a dialer reads: answers, reasons, a challenge
 HANDSHAKE_TIMEOUT = 10.0  # seconds for a dialer to prove it holds the secret
 IDLE_TIMEOUT = 30.0  # seconds of silence after which a stream is given up
 UPGRADE = b"pushup-peer"
@@ -233,7 +234,7 @@ class PeerStream(Frames):
     def _close(self, frame: bytes) -> None:
         self.state = "closed"
         self._flush_answers()  # what was answered goes before the reason
-        self.sendString(frame)
+        self.sendString(frame[:1024])  # a reason, not a payload (ANSWER_LIMIT)
         if self.transport is not None:
             self.transport.loseConnection()
 

@@ -105,3 +105,17 @@ def test_an_answer_past_what_was_ever_published_closes_the_link_and_counts_nothi
     pipe.client.dataReceived(frame(answer))  # the peer's answer, not what it holds
     assert link.holds == 0 and link.violations == 1
     assert pipe.ct.disconnecting
+
+
+def test_a_peer_sending_the_dialer_a_frame_longer_than_any_answer_is_dropped_at_its_prefix():
+    """A dialer reads a challenge and short answers, never a batch: whoever
+    answers at the peer's address cannot make it buffer a batch-sized frame."""
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.state == "up"
+    pipe.client.dataReceived(struct.pack("!I", 16 * 1024 * 1024 - 1) + b"x" * 65536)
+    assert pipe.ct.disconnecting
+    assert pipe.client._unprocessed == b""
