@@ -77,11 +77,12 @@ def _request(i: int) -> bytes:
 def run(clock: HeapClock, sibling: bool, publishes: int,
         per_turn: int = PER_TURN) -> tuple[float, float]:
     """(µs of CPU per publish on node A, µs per message delivering to B and back)."""
-    node = Node(Config(cluster_secret=SECRET), reactor=clock,
+    node = Node(Config(node_id="a", cluster_secret=SECRET), reactor=clock,
                 siblings=["http+unix://b"] if sibling else [])
     pipe = None
     if sibling:
-        other = Node(Config(cluster_secret=SECRET), reactor=clock).cluster
+        # another node id, as a sibling worker has: a node refuses batches of its own origin
+        other = Node(Config(node_id="b", cluster_secret=SECRET), reactor=clock).cluster
         assert other is not None and node.cluster is not None
         other.ready = node.cluster.ready = True
         pipe = Pipe(other, unix=True, kernel=True)

@@ -27,7 +27,7 @@ from twisted.internet.endpoints import (
 )
 from twisted.internet.protocol import Protocol
 
-from pushup.backplane.mesh.stream import Frames, nonce, request_head
+from pushup.backplane.mesh.stream import ANSWER_LIMIT, Frames, nonce, request_head
 
 
 class DialingLink(TypingProtocol):
@@ -77,6 +77,11 @@ class Dial(Frames):
     """The dialling end of a stream: asks the peer's front for it (HTTP
     ``Upgrade``), then says hello and hands every frame to its link."""
 
+    # What a peer sends the dialer is its challenge and short answers (an
+    # ack, a hole, a reason), never a batch: a longer frame is refused at
+    # its length prefix instead of buffered up to the batch limit.
+    MAX_LENGTH = ANSWER_LIMIT
+
     def __init__(self, link: DialingLink) -> None:
         self.link = link
         self.nonce_c = nonce()
@@ -115,7 +120,8 @@ class Dial(Frames):
         self.link.stream_lost(self, reason)
 
     def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
-        self.link.stream_frame(self, b"xframe too long")
+        self._unprocessed = b""  # what Twisted kept of it: not held until the close
+        self.link.stream_frame(self, b"xa frame of %d bytes, longer than any answer" % length)
 
 
 def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:

@@ -44,7 +44,11 @@ class MeshEndpoints:
             cluster.refused += 1
             raise unsigned()
         if (request.method, request.path) == ("POST", "/peer/messages"):
-            received = cluster.receive(decode_batch(request.body))
+            try:
+                received = cluster.receive(decode_batch(request.body))
+            except errors.BadRequest:
+                cluster.refused += 1
+                raise
             if isinstance(received, Applied):
                 return PeerAnswer(200, dumps({"horizon": received.horizon}))
             return PeerAnswer(409, dumps({"expected": received.expected}))

@@ -83,7 +83,9 @@ class Cluster:
         # Whose confirmation answers a publish: other machines', when there are any.
         self.confirming = self.others or self.siblings
         self.ready = not self.links
-        self.refused = 0  # peer requests refused for a bad or missing signature
+        # Peer requests and streams refused: a bad or missing signature, or
+        # a protocol violation (the links count the answers they refuse).
+        self.refused = 0
         self.publish_ack = config.publish_ack
         self.acks = Acks(clock, config.publish_ack_timeout)
         for link in self.links:
@@ -185,8 +187,14 @@ class Cluster:
     # -- in ------------------------------------------------------------------
 
     def receive(self, batch: Batch) -> Received:
-        """Apply a peer's batch in order; on a hole, the sequence expected."""
+        """Apply a peer's batch in order; on a hole, the sequence expected.
+
+        A batch of this node's own origin is refused (``BadRequest``): only
+        this process writes it, and a forged one would take the ids of its
+        next publishes."""
         self.check_ready()
+        if batch.origin == self.store.origin_name:
+            raise errors.BadRequest("a batch of the receiver's own origin")
         self._peer_alive()
         now = self.service.now()
         store, origins = self.store, self.store.origins
@@ -294,8 +302,14 @@ class Cluster:
                 return
             if status != 200:
                 return
-            batch = decode_batch(raw)
-            received = self.receive(batch)
+            try:
+                batch = decode_batch(raw)
+                received = self.receive(batch)
+            except errors.PushUpError as e:
+                if isinstance(e, errors.BadRequest):
+                    self.refused += 1
+                log.warn("repair from {url} refused: {e}", url=link.url, e=e)
+                return
             if batch.messages:
                 log.info("repaired {n} messages of {origin} from {url}",
                          n=len(batch.messages), origin=batch.origin, url=link.url)
@@ -382,5 +396,6 @@ class Cluster:
     def stats(self) -> dict[str, Any]:
         peers = [{**link.stats(), "sibling": link in self.siblings} for link in self.links]
         return {"engine": self.engine, "peers": peers,
-                "peer_refused": self.refused, "publish_ack": self.publish_ack,
+                "peer_refused": self.refused + sum(link.violations for link in self.links),
+                "publish_ack": self.publish_ack,
                 "ack_waiting": len(self.acks), "unconfirmed": self.acks.unconfirmed}

@@ -128,6 +128,7 @@ class PeerLink:
         self.window = SIBLING_WINDOW if self.sibling else WINDOW
         self._answering = False  # the peer has acked a batch on this connection
         self.sent = 0  # our messages the peer accepted
+        self.violations = 0  # answers refused as impossible (counted in peer_refused)
         self.unrelayed = 0  # other nodes' batches not relayed to this sibling (repair brings them)
         self.ops: deque[ChannelOp] = deque(maxlen=max_ops)
         self.dropped_ops = 0
@@ -349,6 +350,12 @@ class PeerLink:
         self._flush(hello=True)  # even an empty batch says who we are (our epoch)
 
     def _answered(self, kind: bytes, value: int) -> None:
+        held = value if kind == b"a" else value - 1  # how far it says it holds us
+        if held > self.store.own_seq:
+            # Nobody holds what we have not published: a 201 must not count it.
+            self.violations += 1
+            raise PeerError(f"it claims to hold our messages up to {held}, "
+                            f"past the last we have ({self.store.own_seq})")
         if self._stale:  # an answer to a batch sent before a rewind
             self._stale -= 1
             if kind == b"a" and value > self.after:
@@ -356,18 +363,21 @@ class PeerLink:
             return
         sent = self._window.popleft()
         self._window_bytes -= sent.size
-        if kind == b"n":
+        # A hole, or an ack short of where the batch started: it lacks what
+        # we counted as held (a new process behind the peer's address, empty,
+        # answering the hello of a new connection). Resend from what it holds.
+        if kind == b"n" or held < sent.start:
             self.handed = 0  # it lacks what its socket took: count only its acks now
             ops = [op for s in (sent, *self._window) for op in s.ops]
             self.ops.extendleft(reversed(ops))  # they go again, first and in order
-            if value - 1 == sent.start:  # what we just sent: no progress
+            if held == sent.start:  # a hole at what we just sent: no progress
                 self._window.clear()
                 self._window_bytes = 0
                 raise PeerError(f"asks again for {value}")
             self._stale = len(self._window)
             self._window.clear()
             self._window_bytes = 0
-            self._confirmed(value - 1)
+            self._confirmed(held)
             self._next = self.after
         else:
             self.sent += sum(1 for seq in sent.seqs if self.after < seq <= value)

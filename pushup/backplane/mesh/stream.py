@@ -19,10 +19,14 @@ says what it is:
 - ``e`` reason: the sender refuses or fails; the connection closes after it.
 
 Both sides bring a fresh nonce, so a recorded handshake replayed is refused;
-the secret never travels. A connection that has not proven itself within
-``HANDSHAKE_TIMEOUT``, or says nothing for ``IDLE_TIMEOUT`` (a dialer sends
-a heartbeat every 2 s), is closed; the HTTP front that handed it over after
-``101 Switching Protocols`` still counts it against ``--max-connections``.
+the secret never travels. Until a connection has proven itself, a frame
+longer than the longest handshake frame is refused at its length prefix
+(counted, closed), so a stranger cannot make a node buffer a batch-sized
+frame; the batch limit applies once the handshake is done. A connection
+that has not proven itself within ``HANDSHAKE_TIMEOUT``, or says nothing for
+``IDLE_TIMEOUT`` (a dialer sends a heartbeat every 2 s), is closed; the
+HTTP front that handed it over after ``101 Switching Protocols`` still
+counts it against ``--max-connections``.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 from pushup._twisted import write_now
 from pushup.backplane import PEER_BODY_LIMIT, Applied, Received
 from pushup.backplane.mesh.wire import Batch, unpack_batch
-from pushup.core.errors import PushUpError
+from pushup.core.errors import BadRequest, PushUpError
 
 log = Logger()
 NONCE = 16
 PROOF = 32
+HANDSHAKE_FRAME = 1 + PROOF  # the longest frame before the handshake is done (``p``)
+ANSWER_LIMIT = 64 * 1024  # the longest frame a dialer reads: answers, reasons, a challenge
 HANDSHAKE_TIMEOUT = 10.0  # seconds for a dialer to prove it holds the secret
 IDLE_TIMEOUT = 30.0  # seconds of silence after which a stream is given up
 UPGRADE = b"pushup-peer"
@@ -110,11 +116,15 @@ class PeerStream(Frames):
     """A peer's stream into this node: handshake, then batches in, answers out.
 
     Nothing is applied before the dialer has proven it holds the secret; a
-    bad or replayed proof, or any frame out of turn, is counted in the node's
-    ``refused`` and closes the connection. Each batch is answered once, in
-    order; a batch the node cannot take now (catching up, malformed) is
-    answered ``e`` and the connection closes (the dialer retries).
+    bad or replayed proof, any frame out of turn or too long (before the
+    handshake, longer than ``HANDSHAKE_FRAME``), or a batch the node refuses
+    (malformed, or not the sender's to send: ``Cluster.receive``) is counted
+    in the node's ``refused`` and closes the connection. Each batch is
+    answered once, in order; a batch the node cannot take now (catching up)
+    is answered ``e`` and the connection closes (the dialer retries).
     """
+
+    MAX_LENGTH = HANDSHAKE_FRAME  # PEER_BODY_LIMIT once the dialer has proven itself
 
     def __init__(self, node: Receiver) -> None:
         self.node = node
@@ -157,6 +167,8 @@ class PeerStream(Frames):
         """Frames in, then their answers out in one write: a dialer that sent
         several batches while we were busy reads one answer per read of ours,
         not one per batch."""
+        if self.state == "closed":
+            return  # refused: what still comes is read into nothing
         self._answers = []
         try:
             super().dataReceived(data)  # type: ignore[no-untyped-call]
@@ -180,7 +192,10 @@ class PeerStream(Frames):
         if self.state == "open" and kind == b"b":
             try:
                 received = self.node.receive(unpack_batch(payload))
-            except PushUpError as e:
+            except BadRequest as e:  # malformed, or not the sender's to send
+                self._refuse(f"{e}")
+                return
+            except PushUpError as e:  # catching up: the dialer retries
                 self._close(b"e" + str(e).encode())
                 return
             self._answer(answer_frame(received))
@@ -189,6 +204,9 @@ class PeerStream(Frames):
         elif self.state == "open" and kind == b"r":
             try:  # a hole, or not ready yet: repair brings it later
                 self.node.receive(unpack_batch(payload))
+            except BadRequest as e:
+                self._refuse(f"{e}")
+                return
             except PushUpError as e:
                 log.debug("a relayed batch was not applied: {e}", e=e)
             self._answer(b"r")
@@ -200,18 +218,27 @@ class PeerStream(Frames):
         elif (self.state == "proof" and kind == b"p" and hmac.compare_digest(
                 payload, proof(self.node.secret, b"client", self._nonce_s, self._nonce_c))):
             self.state = "open"
+            self.MAX_LENGTH = PEER_BODY_LIMIT
         elif self.state != "closed":
             self.node.refused += 1
             log.warn("a peer stream was refused: {kind!r} while {state}",
                      kind=kind, state=self.state)
             self._close(b"erefused")
 
+    def _refuse(self, why: str) -> None:
+        """A protocol violation: counted, and the connection closed."""
+        self.node.refused += 1
+        log.warn("a peer stream was refused: {why}", why=why)
+        self._close(b"e" + why.encode())
+
     def _close(self, frame: bytes) -> None:
         self.state = "closed"
         self._flush_answers()  # what was answered goes before the reason
-        self.sendString(frame)
+        self.sendString(frame[:1024])  # a reason, not a payload (ANSWER_LIMIT)
         if self.transport is not None:
             self.transport.loseConnection()
 
     def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
-        self._close(b"eframe too long")
+        self._unprocessed = b""  # what Twisted kept of it: not held until the close
+        if self.state != "closed":  # (refused already: what follows is not read)
+            self._refuse(f"a frame of {length} bytes is too long while {self.state}")

@@ -126,3 +126,24 @@ def test_a_sibling_that_reads_nothing_holds_a_window_of_answered_publishes():
     assert len(answered[-1]) == 1
     pipe.deliver()
     assert c.store.message_count == SIBLING_WINDOW + 1
+
+
+def test_a_sibling_restarted_empty_gets_everything_the_old_process_held_again():
+    """A worker restarted while its sibling could not give it a snapshot (at
+    ``--max-connections``) starts empty: the sibling's link resends what the
+    old process held, though nothing new was published since."""
+    clock = _clock()
+    b, c, pipe = _worker(clock)
+    for i in range(5):
+        _publish(b, b"%d" % i)
+    clock.advance(0)
+    pipe.deliver()
+    [link] = b.links
+    assert link.holds == 5 and c.store.message_count == 5
+    pipe.dead = True
+    pipe.receiver = fresh = _cluster(clock, name="c")
+    pipe.dead = False
+    clock.advance(0)  # reconnect at once
+    pipe.deliver()
+    assert _held(fresh.store) == [b"%d" % i for i in range(5)]
+    assert link.holds == 5 and link.settled and link.state == "up"

@@ -168,7 +168,7 @@ def test_a_stream_silent_for_the_idle_timeout_is_closed_and_one_that_speaks_is_n
     sender = _store("a")
     for _ in range(3):  # a heartbeat (an empty batch) every 20 s keeps it open
         clock.advance(20)
-        http.dataReceived(frame(b"b" + pack_batch(backlog(sender, "a", 0, (0, 0)))))
+        http.dataReceived(frame(b"b" + pack_batch(backlog(sender, sender.origin_name, 0, (0, 0)))))
     assert not transport.disconnecting
     transport.clear()
     clock.advance(IDLE_TIMEOUT)
@@ -318,6 +318,28 @@ def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_or
     assert pipe.posts - posts == 3 + 6  # the three, then 11 messages again, two a batch
     assert link.after == 11 and link.settled and link.state == "up" and link._stale == 0
     assert _held(fresh.store) == [b"%d" % i for i in range(5)] + [b"%d" % i for i in range(6)]
+
+
+def test_a_peer_restarted_empty_gets_everything_again_though_nothing_new_was_published():
+    """The new process behind the peer's address holds none of us: its answer
+    to the new connection's hello (an empty batch) says so, and the link
+    resends from there, not from what the old process had acknowledged."""
+    clock = _clock()
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    _published(sender, clock, 5)
+    link.poke()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.after == 5 and receiver.store.message_count == 5
+    pipe.dead = True
+    pipe.receiver = fresh = _cluster(clock)
+    pipe.dead = False
+    clock.advance(0)  # reconnect at once
+    pipe.deliver()
+    assert _held(fresh.store) == [b"%d" % i for i in range(5)]
+    assert link.after == 5 and link.settled and link.state == "up"
 
 
 # -- --workers: what another node sends one worker reaches its siblings ------------

@@ -67,6 +67,28 @@ def test_a_malformed_packed_batch_is_refused_as_a_bad_batch():
             unpack_batch(bad)
 
 
+def test_a_batch_that_would_poison_what_a_node_serves_is_refused_in_both_encodings():
+    """An origin no cursor can name, a sequence number past a cursor's 18
+    digits (as a message or as a skip), data that is not JSON: refused
+    whether it comes on the stream or as JSON (POST /peer/messages, repair)."""
+    import pytest
+
+    from pushup.core.errors import BadRequest
+
+    def one(origin, seq=1, data=b"1"):
+        return (Message(origin, seq, T0, ("c",), data),)
+
+    for batch in (Batch("bad origin!:x", False, one("bad origin!:x"), ()),
+                  Batch("a.x", True, one("a.x", seq=10**18), ()),
+                  Batch("a.x", False, (), (), skip=(10**18, T0)),
+                  Batch("a.x", False, one("a.x", data=b'{"x":'), ())):
+        for decode, encode in ((unpack_batch, pack_batch), (decode_batch, encode_batch)):
+            with pytest.raises(BadRequest):
+                decode(encode(batch))
+    with pytest.raises(BadRequest):  # not UTF-8 (JSON text cannot even carry it)
+        unpack_batch(pack_batch(Batch("a.x", False, one("a.x", data=b'"\xff"'), ())))
+
+
 def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
     old = store(per_channel=3)
     for i in range(5):
