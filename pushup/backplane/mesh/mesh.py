@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from twisted.internet import defer, task
 from twisted.internet.error import ConnectError
 from twisted.logger import Logger
@@ -56,6 +57,16 @@ from pushup.core.model import Draft, Message
 from pushup.core.service import Service
 
 log = Logger()
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``code`` of a node's JSON error body, if it is one."""
+    try:
+        error = msgspec.json.decode(body).get("error")
+    except (msgspec.DecodeError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 CATCH_UP_TIMEOUT = 15.0  # seconds to keep asking peers that answer badly
 PEER_FLUSH = 2.0  # seconds a stopping node gives its peers to confirm what they lack
 REPAIR_EVERY = 2.0  # seconds between asking a peer for what it holds and we lack
@@ -335,8 +346,11 @@ class Cluster:
         """Load a snapshot from the first peer that serves one.
 
         Only a peer that may yet give one is waited for (at most
-        ``CATCH_UP_TIMEOUT``): one that fails or answers 5xx other than 503.
-        A peer that is not running, is itself catching up or draining (503),
+        ``CATCH_UP_TIMEOUT``): one that fails, answers 5xx other than 503, or
+        503 ``overloaded`` (it runs and holds its cache, but is at
+        ``--max-connections``: a worker restarted beside a full sibling must
+        not serve an empty cache). A peer that is not running, is itself
+        catching up or draining (503 ``catching_up``, ``shutting_down``),
         or refuses us (4xx: another secret, or not a peer URL) is not serving:
         when no peer is serving, the node starts with an empty cache at once
         (a cluster starting together has nothing to catch up on).
@@ -362,7 +376,7 @@ class Cluster:
                     return
                 if 400 <= status < 500:
                     link.set_state("refused", f"it answered {status} to a snapshot request")
-                elif status != 503:
+                elif status != 503 or error_code(raw) == errors.Unavailable.code:
                     serving = True
                     link.set_state("connecting", f"it answered {status} to a snapshot request")
             if not serving:

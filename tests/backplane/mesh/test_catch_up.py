@@ -37,6 +37,7 @@ class FakePeers:
 
     def __init__(self, answers: dict[str, int], snapshot: bytes = b"") -> None:
         self.answers = answers
+        self.errors: dict[str, bytes] = {}  # a base URL -> its error body, if not the default
         self.snapshot = snapshot
         self.asked: list[str] = []
 
@@ -46,7 +47,7 @@ class FakePeers:
         code = self.answers[base]
         if code == REFUSED:
             return defer.fail(ConnectionRefusedError())
-        body = self.snapshot if code == 200 else b'{"error": {}}'
+        body = self.snapshot if code == 200 else self.errors.get(base, b'{"error": {}}')
         return defer.succeed(Response(code, body))
 
 
@@ -100,3 +101,18 @@ def test_a_serving_peer_gives_its_snapshot() -> None:
                               snapshot=export_snapshot(source.store))
     assert start(cluster) == [None]
     assert cluster.store.message_count == 1
+
+
+def test_a_full_peer_is_waited_for_until_it_gives_its_snapshot() -> None:
+    """A worker restarted beside a sibling at --max-connections (503 overloaded)
+    must not start empty: that sibling holds the cache and will answer."""
+    source, _ = make_cluster({})
+    source.service.publish([Draft(("c",), b"1")])
+    cluster, clock = make_cluster({"http://full": 503}, snapshot=export_snapshot(source.store))
+    peers = cluster.links[0].http  # type: ignore[attr-defined]
+    peers.errors["http://full"] = b'{"error":{"code":"overloaded","message":"too many"}}'
+    done = start(cluster)
+    assert not done and not cluster.ready
+    peers.answers["http://full"] = 200  # a connection of its frees up
+    clock.advance(0.5)
+    assert done == [None] and cluster.store.message_count == 1
