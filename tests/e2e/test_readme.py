@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import venv
+from pathlib import Path
 
 import pytest
 from pushup_e2e import ROOT, clean_env
@@ -184,3 +185,42 @@ def test_nothing_in_the_repository_points_outside_it():
             text = path.read_text(errors="replace")
             hits += [f"{path.relative_to(ROOT)}: {m.group()}" for m in OUTSIDE.finditer(text)]
     assert hits == []
+
+
+DOCS = ["README.md", "docs/*.md", "clients/*/README.md"]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def outside_fences(text: str) -> str:
+    return "".join(re.split(r"^```.*?^```$", text, flags=re.S | re.M))
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``path`` (lower case, punctuation
+    dropped, spaces made hyphens, a repeat suffixed -1, -2 ...)."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.*)$", outside_fences(path.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n, candidate = 0, slug
+        while candidate in found:
+            n += 1
+            candidate = f"{slug}-{n}"
+        found.add(candidate)
+    return found
+
+
+def test_every_link_between_the_docs_resolves():
+    """The README and docs/ link each other's sections (moved from the README):
+    each relative link names a file of the repository and, with #, a heading of it."""
+    broken = []
+    for doc in sorted({p for pattern in DOCS for p in ROOT.glob(pattern)}):
+        for target in LINK.findall(outside_fences(doc.read_text())):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            name, _, anchor = target.partition("#")
+            path = (doc.parent / name).resolve() if name else doc
+            if not path.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
