@@ -125,7 +125,7 @@ experiments: setup
 	$(PY) -m loadtest.experiments --profile $(if $(filter quick,$(PROFILE)),smoke,$(PROFILE))$(if $(filter 1 yes true,$(RESULTS)), --out loadtest/results/seeds)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pushup tests loadtest
+	$(VENV)/bin/ruff check pushup tests loadtest clients/python
 	$(VENV)/bin/mypy --strict pushup
 
 clean:

@@ -5,7 +5,7 @@ publishes them on ``chat:<room>`` (the publish token stays on the server)
 and tells the page whether the message is acknowledged. ``GET
 /rooms/<room>/token`` hands a page a subscriber token for that room.
 
-    pip install 'pushup[client]' flask
+    pip install ./clients/python flask    # pushup-client, from the checkout
     PUSHUP_URLS=http://127.0.0.1:8000 PUSHUP_PUBLISH_TOKEN=... flask --app examples/flask_app run
 
 (``PUSHUP_*`` names here are the app's own settings: a node on the same host

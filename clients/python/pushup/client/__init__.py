@@ -1,7 +1,9 @@
 """``pushup.client``: publish to and subscribe from a PushUp cluster in Python.
 
-Install with ``pip install pushup[client]`` (httpx). It imports nothing of the
-server: a web app or worker needs only this package.
+Installed alone as the ``pushup-client`` distribution (``pip install
+./clients/python`` from a PushUp checkout: httpx and PyJWT, no Twisted); the
+server package holds the same files. It imports nothing of the server: a web
+app or worker needs only this package.
 
     from pushup.client import Client
 

@@ -66,9 +66,13 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """Messages after the subscription's position were evicted before it read
-    them (over the per-channel cap, expired, or lost with a restart): some of
-    what was published is not coming. ``cursor`` is where reading resumes."""
+    """The server's ``"gap": true``: messages after the subscription's position
+    may be missing, and those are not coming. After an eviction (over the
+    per-channel cap, expired) some were published and dropped unread. After a
+    restart of a node without ``--data-dir`` (or of a whole cluster) the node
+    lost its cache and cannot tell whether the subscription had read all of
+    it, so it reports a gap once to every cursor from before the restart, even
+    when nothing was lost. ``cursor`` is where reading resumes."""
 
     cursor: str
 

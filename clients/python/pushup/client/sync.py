@@ -205,7 +205,9 @@ class Subscription(Following, Iterator[Event]):
     - Every message published to the channels after ``since`` comes once,
       whichever node answers each poll (the server's cursor guarantees it).
     - A ``Gap`` comes (before that response's messages) when messages after
-      the position were evicted unread: what is missing is not coming.
+      the position may be missing: evicted unread, or the node restarted
+      without ``--data-dir`` (then reported even if nothing was lost; see
+      ``Gap``). What is missing is not coming.
     - A ``Closed`` names deleted channels; they are dropped, and the iteration
       ends when no channel is left. (A long poll learns of a delete while it
       waits on the channel; one made between two polls goes unseen, and the
