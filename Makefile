@@ -10,8 +10,12 @@ RUN_STAMP := $(VENV)/.installed-run
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
+# Each step a fresh checkout takes says so in one line first (the install and
+# compile run quietly for about a minute); once set up, nothing runs.
 $(RUN_STAMP): pyproject.toml setup.py
+	@test -x $(PY) || echo "pushup: creating the virtual environment $(VENV)/ (first run only)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "pushup: installing Python packages into $(VENV)/ and compiling the core with mypyc where a C compiler exists (first run only, about a minute)..."
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	mkdir -p build && touch $(RUN_STAMP) $(BUILT)
 
@@ -28,6 +32,7 @@ BUILT := build/.compiled
 COMPILED_SOURCES := $(shell $(PYTHON) -c "import runpy; print(' '.join(n.replace('.', '/') \
   + '.py' for n in runpy.run_path('pushup/_build.py')['COMPILED']))")
 $(BUILT): $(COMPILED_SOURCES) setup.py pushup/_build.py | $(RUN_STAMP)
+	@echo "pushup: compiling the core with mypyc again (a compiled source changed; about a minute)..."
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	mkdir -p build && touch $(BUILT)
 build: $(BUILT)
