@@ -109,9 +109,12 @@ BUDGET ?=
 bench: setup bench-packages
 	$(PY) -m loadtest.bench$(if $(ONLY), --only $(ONLY))$(if $(BUDGET), --budget $(BUDGET))$(if $(filter 1 yes true,$(RESULTS)), --results)
 
-# The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
+# The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000; each
+# node's URL and PID printed. LEAVE_DEAD=1: a node killed stays dead (the page
+# then shows "2 of 3 nodes up") instead of being restarted.
+LEAVE_DEAD ?=
 demo: cluster-packages
-	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)
+	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)$(if $(filter 1 yes true,$(LEAVE_DEAD)), --leave-dead)
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale|nodes-locust); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or
