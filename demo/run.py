@@ -5,8 +5,9 @@
 Prints the URL to open in two browser windows and each node's URL and PID;
 a node that dies is reported and restarted, as in `make cluster`
 (deploy/launch.py), or with --leave-dead (`make demo LEAVE_DEAD=1`) left
-dead, so the page shows one node fewer up; Ctrl-C stops everything. The publish token and subscribe secret reach the nodes in their
-environment, never on a command line.
+dead, so the page shows one node fewer up; Ctrl-C stops everything. The
+publish token and subscribe secret reach the nodes in their environment,
+never on a command line.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ A real nginx (Debian's, installed by `make bench-packages`) with its own
 prefix in a temporary directory, a self-signed certificate made here by
 `openssl`, and two real nodes upstream: a held poll, an event stream that
 delivers a publish as it happens, a publish, and, when no node is up, the
-same 503 no_node_available with Retry-After as HAProxy's. nginx's default 60 s read timeout is not waited out; the shipped
-file's timeout is read and compared with --max-timeout instead.
+same 503 no_node_available with Retry-After as HAProxy's. nginx's default
+60 s read timeout is not waited out; the shipped file's timeout is read and
+compared with --max-timeout instead.
 """
 from __future__ import annotations
 
