@@ -202,7 +202,8 @@ def serve(config: Config) -> int:
     board = os.environ.get(BOARD_ENV, "")  # "FD:INDEX:COUNT" for one of --workers
     parts = board.split(":")
     slot = (int(parts[1]), int(parts[2])) if board else None
-    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot))
+    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot,
+                         engine=node.backplane.engine))
     tune_gc()
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
     stop_on_signals(reactor)

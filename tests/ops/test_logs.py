@@ -242,3 +242,29 @@ def test_workers_log_a_start_line_each_and_not_their_sibling_links(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+def test_a_lone_nodes_start_line_names_its_engine_as_stats_does_and_its_admin_port(tmp_path):
+    port, admin = free_port(), free_port()
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--port", str(port),
+                                 "--node-id", "lone", "--admin-port", str(admin)],
+                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"listening on")
+        admin_url = f"http://127.0.0.1:{admin}"
+        status, stats = get_json(admin_url + "/stats")
+        assert status == 200 and stats["engine"] == "single"
+        first = log.read_text().splitlines()[0]
+        assert first.split("] ", 1)[1].startswith(
+            f"pushup {version('pushup')} node lone listening on http://127.0.0.1:{port}; "
+            "engine single; workers 1; core "), first
+        assert first.endswith(f"; /metrics and /stats on {admin_url}"), first
+        with urllib.request.urlopen(admin_url + "/metrics", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
