@@ -3,9 +3,10 @@
 Precedence: flags win over ``PUSHUP_*`` environment variables, which win
 over the ``--config`` TOML file, which wins over the defaults below. Any
 invalid value raises ``ConfigError`` with a one-line message naming where it
-was given; the CLI turns that into exit code 2. An unknown ``PUSHUP_*``
-variable is only a warning (``unknown_environment``). Nothing here starts
-the reactor or opens a socket.
+was given (a rule between settings names each setting in all three spellings,
+``spelled``, since they may come from different sources); the CLI turns that
+into exit code 2. An unknown ``PUSHUP_*`` variable is only a warning
+(``unknown_environment``). Nothing here starts the reactor or opens a socket.
 """
 
 from __future__ import annotations
@@ -323,6 +324,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def spelled(name: str) -> str:
+    """A setting as each source spells it, for a rule between settings: those
+    may come from different sources, so the message names all three."""
+    flag, variable = "--" + name.replace("_", "-"), "PUSHUP_" + name.upper()
+    return f"{name} ({flag}, {variable} or {name} in the config file)"
+
+
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,]+")  # what a browser sends in Origin
 
 
@@ -334,7 +342,7 @@ def validate(c: Config) -> Config:
     need(0 <= c.port <= 65535, "--port must be 0-65535")
     need(0 <= c.admin_port <= 65535, "--admin-port must be 0-65535")
     need(not c.admin_port or c.admin_port != c.port or c.port == 0,
-         "--admin-port must differ from --port")
+         f"{spelled('admin_port')} must differ from {spelled('port')}")
     if c.node_id:
         try:
             check_node_id(c.node_id)
@@ -354,7 +362,7 @@ def validate(c: Config) -> Config:
                  "max_response_bytes", "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     need(c.max_message_bytes <= c.max_cached_bytes,
-         "--max-message-bytes must not exceed --max-cached-bytes")
+         f"{spelled('max_message_bytes')} must not exceed {spelled('max_cached_bytes')}")
     for origin in c.cors_origin:
         need(origin == "*" or bool(_ORIGIN.fullmatch(origin)),
              f"--cors-origin {origin!r} is not an origin (scheme://host[:port], no path) or *")
@@ -367,19 +375,22 @@ def validate(c: Config) -> Config:
             parse_url(c.engine)
         except ValueError as e:
             raise ConfigError(f"--engine: {e}") from None
-        need(not c.peer, "--peer is for the mesh; nodes on --engine redis find each other "
-             "through Redis")
+        need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
+             f"{spelled('engine')} find each other through Redis")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(not c.peer or bool(c.cluster_secret),
-         "--peer needs --cluster-secret: peers always authenticate each other")
+         f"{spelled('peer')} needs {spelled('cluster_secret')}: peers always authenticate "
+         "each other")
     need(not c.data_dir or not (c.peer or c.cluster_secret or c.workers > 1),
-         "--data-dir is for a single node: it cannot be combined with --peer, "
-         "--cluster-secret or --workers (see README, Data directory)")
+         f"{spelled('data_dir')} is for a single node: it cannot be combined with "
+         f"{spelled('peer')}, {spelled('cluster_secret')} or {spelled('workers')} above 1 "
+         "(see README, Data directory)")
     need(not c.data_dir or c.engine == "mesh",
-         "--data-dir is for a single node: with --engine redis, Redis keeps the log")
+         f"{spelled('data_dir')} is for a single node: on a Redis {spelled('engine')}, "
+         "Redis keeps the log")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
-         f"refusing to listen on {c.host} with publishing open: "
-         "set --publish-token or --allow-open-publish")
+         f"refusing to listen on {c.host} with publishing open: set "
+         f"{spelled('publish_token')} or {spelled('allow_open_publish')}")
     return c
 
 
