@@ -145,17 +145,47 @@ _OPTIONS = (*_HELP, *_FILE_HELP)
 INTERNAL_ENV_PREFIX = "PUSHUP_WORKER_"  # what a supervisor hands its workers
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with its errors raised as ConfigError, and a mistyped flag
+    named first, with the closest one the command has (argparse says only
+    "unrecognized arguments", or first that a required flag is missing)."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        self._given = list(args or ())
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        known = sorted({flag for parser in self._parsers() for action in parser._actions
+                        for flag in action.option_strings if flag.startswith("--")})
+        for word in self._given:
+            flag = word.split("=", 1)[0]
+            if word == "--":
+                break
+            # an abbreviation argparse accepts is not a mistake
+            if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+                close = difflib.get_close_matches(flag, known, n=1)
+                raise ConfigError(f"unknown flag {flag}"
+                                  + (f"; did you mean {close[0]}?" if close else ""))
         raise ConfigError(message)
+
+    def _parsers(self) -> list[argparse.ArgumentParser]:
+        """This parser and its commands' (the top parser reports their flags)."""
+        found: list[argparse.ArgumentParser] = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += action.choices.values()
+        return found
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pushup", description="PushUp long-polling pub/sub server",
+    parser = CommandParser(prog="pushup", description="PushUp long-polling pub/sub server",
                      epilog="`pushup COMMAND --help` shows a command's options.")
     parser.add_argument("-V", "--version", action="store_true",
                         help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser,
                                      metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
     # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
