@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,7 +141,9 @@ def test_a_start_a_peer_restart_and_a_double_signal_each_log_a_few_lines(nodes):
     outage = new_lines(a, len(start))
     print(f"peer outage: {len(outage)} lines\n" + "\n".join(outage))
     assert len(outage) == 2, outage
-    assert f"peer {b.url} lost" in outage[0] and outage[1].endswith(f"peer {b.url} is up")
+    # why, in our few words: not Twisted's sentence with its full stop
+    assert re.fullmatch(rf".* peer {b.url} lost \([a-z ]+\); reconnecting", outage[0]), outage
+    assert outage[1].endswith(f"peer {b.url} is up")
     assert_quiet(outage)
 
     # Ctrl-C in a terminal, then the launcher's SIGTERM: one drain, no traceback.
@@ -190,8 +193,7 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
         # so the log this node read is gone.
         said = [line.split("] ", 1)[1].split(";")[0] for line in outage]
         assert len(said) == 4 and said[:2] == [
-            f"redis {shown} lost", f"redis {shown} unreachable: Connection was refused by "
-            "other side: 111: Connection refused."], outage
+            f"redis {shown} lost", f"redis {shown} unreachable (connection refused)"], outage
         gone = [s for s in said[2:] if s.startswith("redis: the log ") and s.endswith(" is gone")]
         assert f"redis {shown} is up" in said[2:] and len(gone) == 1, outage
         assert password not in node.log.read_text()
