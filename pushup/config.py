@@ -182,7 +182,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="pushup", description="PushUp long-polling pub/sub server",
-                     epilog="`pushup COMMAND --help` shows a command's options.")
+                           epilog="pushup COMMAND --help shows a command's options.")
     parser.add_argument("-V", "--version", action="store_true",
                         help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser,

@@ -36,6 +36,13 @@ def test_token_help_is_plain_text_and_shows_the_ttl_default():
     assert ttl == "lifetime of the token in seconds (default 3600)", text
 
 
+def test_no_help_shows_raw_markup():
+    for command in (("--help",), ("serve", "--help"), ("token", "--help"), ("help", "token")):
+        done = pushup(*command)
+        assert done.returncode == 0 and done.stdout, command
+        assert "`" not in done.stdout and "%(" not in done.stdout, (command, done.stdout)
+
+
 def test_a_mistyped_flag_is_named_with_the_closest_one():
     done = pushup("serve", "--prot", "1")
     assert (done.returncode, done.stdout, done.stderr) == (
