@@ -16,10 +16,11 @@ import json
 import socket
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
-from pushup_cluster import uniq
+from pushup_cluster import uniq, wait_waiting
 
 from deploy.nginx import SITE_TEMPLATE, PrivateNginx, read_timeout_seconds
 from deploy.redis_server import free_port
@@ -124,6 +125,31 @@ def test_with_no_node_up_nginx_and_haproxy_both_answer_503_no_node_available(
                             headers["content-type"]))
             assert answers == [(503, "no_node_available", "1",
                                 "application/json; charset=utf-8")] * 3, (method, answers)
+    finally:
+        front.stop()
+
+
+def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_cluster,
+                                                                     certificate):
+    """The 503 is only for what no node received: a poll held by the one node,
+    which is then killed, is nginx's 502 bad_gateway, without Retry-After."""
+    c = fresh_cluster(1, haproxy=False)
+    cert, key = certificate
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [c.bases[0].removeprefix("http://")], cert, key)
+    front.start()
+    try:
+        answer: list[tuple[int, dict[str, str], dict]] = []
+        poll = threading.Thread(target=lambda: answer.append(https(
+            port, cert, "GET", f"/subscribe?channels={uniq('held')}&timeout=60")))
+        poll.start()
+        wait_waiting(c.bases, 1, 15)  # the node holds it
+        c.kill(0)
+        poll.join(30)
+        assert answer, "no answer"
+        status, headers, body = answer[0]
+        assert (status, body["error"]["code"], headers.get("retry-after")) == (
+            502, "bad_gateway", None)
     finally:
         front.stop()
 
