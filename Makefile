@@ -10,8 +10,12 @@ RUN_STAMP := $(VENV)/.installed-run
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
+# Each step a fresh checkout takes says so in one line first (the install and
+# compile run quietly for about a minute); once set up, nothing runs.
 $(RUN_STAMP): pyproject.toml setup.py
+	@test -x $(PY) || echo "pushup: creating the virtual environment $(VENV)/ (first run only)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "pushup: installing Python packages into $(VENV)/ and compiling the core with mypyc where a C compiler exists (first run only, about a minute)..."
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	mkdir -p build && touch $(RUN_STAMP) $(BUILT)
 
@@ -28,6 +32,7 @@ BUILT := build/.compiled
 COMPILED_SOURCES := $(shell $(PYTHON) -c "import runpy; print(' '.join(n.replace('.', '/') \
   + '.py' for n in runpy.run_path('pushup/_build.py')['COMPILED']))")
 $(BUILT): $(COMPILED_SOURCES) setup.py pushup/_build.py | $(RUN_STAMP)
+	@echo "pushup: compiling the core with mypyc again (a compiled source changed; about a minute)..."
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	mkdir -p build && touch $(BUILT)
 build: $(BUILT)
@@ -104,9 +109,12 @@ BUDGET ?=
 bench: setup bench-packages
 	$(PY) -m loadtest.bench$(if $(ONLY), --only $(ONLY))$(if $(BUDGET), --budget $(BUDGET))$(if $(filter 1 yes true,$(RESULTS)), --results)
 
-# The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000.
+# The paper's demo: a chat on NODES nodes behind HAProxy, front on :8000; each
+# node's URL and PID printed. LEAVE_DEAD=1: a node killed stays dead (the page
+# then shows "2 of 3 nodes up") instead of being restarted.
+LEAVE_DEAD ?=
 demo: cluster-packages
-	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)
+	$(PY) -m demo.run --nodes $(NODES) --port $(PORT)$(if $(filter 1 yes true,$(LEAVE_DEAD)), --leave-dead)
 
 # The paper's evaluation with real Locust (PROFILE=quick|paper|scale|nodes-locust); results,
 # report.md and figures in loadtest/out/$(PROFILE)/ (scratch, git-ignored), or

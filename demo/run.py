@@ -2,10 +2,12 @@
 
     python -m demo.run [--port 8000] [--nodes 3] [--logs DIR] [--leave-dead]
 
-Prints the URL to open in two browser windows; a node that dies is reported
-and restarted, as in `make cluster` (deploy/launch.py); Ctrl-C stops
-everything. The publish token and subscribe secret reach the nodes in their
-environment, never on a command line.
+Prints the URL to open in two browser windows and each node's URL and PID;
+a node that dies is reported and restarted, as in `make cluster`
+(deploy/launch.py), or with --leave-dead (`make demo LEAVE_DEAD=1`) left
+dead, so the page shows one node fewer up; Ctrl-C stops everything. The
+publish token and subscribe secret reach the nodes in their environment,
+never on a command line.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from demo.chat import Chat, serve
-from deploy.launch import LOGS, LocalCluster, prepare_logs, refuse, run
+from deploy.launch import LOGS, LocalCluster, node_lines, prepare_logs, refuse, run
 
 
 class Demo:
@@ -69,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     demo = Demo(args.nodes, args.port, workdir=str(prepare_logs(Path(args.logs))))
     return run(demo.cluster, not args.leave_dead, lambda: [
-        f"chat on {demo.url} (open it in two windows); Ctrl-C stops"], stop=demo.stop_web)
+        f"chat on {demo.url} (open it in two windows)", *node_lines(demo.cluster),
+        "kill a node's pid to see the chat go on"
+        + (" and the page say 2 of 3 nodes up" if args.leave_dead and args.nodes == 3 else "")
+        + "; Ctrl-C stops everything"], stop=demo.stop_web)
 
 
 if __name__ == "__main__":

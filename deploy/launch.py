@@ -396,6 +396,13 @@ def run(cluster: LocalCluster, restart: bool, banner: Callable[[], list[str]],
     return code
 
 
+def node_lines(cluster: LocalCluster) -> list[str]:
+    """One line per running node, its URL and PID (what to kill to see a
+    failover): the banner of `make cluster` and `make demo`."""
+    return [f"node{i + 1}: {cluster.node_url(i)} (pid {p.pid})"
+            for i, p in enumerate(cluster.nodes) if p is not None]
+
+
 def refuse(port: int, what: str) -> str | None:
     """One line saying why the cluster cannot start, or None: the front's port is
     taken, or HAProxy (or redis-server, for ``ENGINE=redis``) is missing."""
@@ -449,9 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [f"front: {cluster.front_url}"]
         if cluster.engine != "mesh":
             lines.append(f"engine: {cluster.engine_url}")
-        lines += [f"node{i + 1}: {cluster.node_url(i)} (pid {p.pid})"
-                  for i, p in enumerate(cluster.nodes) if p is not None]
-        return [*lines, "Ctrl-C stops everything"]
+        return [*lines, *node_lines(cluster), "Ctrl-C stops everything"]
 
     return run(cluster, not args.leave_dead, banner)
 

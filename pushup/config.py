@@ -3,9 +3,10 @@
 Precedence: flags win over ``PUSHUP_*`` environment variables, which win
 over the ``--config`` TOML file, which wins over the defaults below. Any
 invalid value raises ``ConfigError`` with a one-line message naming where it
-was given; the CLI turns that into exit code 2. An unknown ``PUSHUP_*``
-variable is only a warning (``unknown_environment``). Nothing here starts
-the reactor or opens a socket.
+was given (a rule between settings names each setting in all three spellings,
+``spelled``, since they may come from different sources); the CLI turns that
+into exit code 2. An unknown ``PUSHUP_*`` variable is only a warning
+(``unknown_environment``). Nothing here starts the reactor or opens a socket.
 """
 
 from __future__ import annotations
@@ -144,17 +145,47 @@ _OPTIONS = (*_HELP, *_FILE_HELP)
 INTERNAL_ENV_PREFIX = "PUSHUP_WORKER_"  # what a supervisor hands its workers
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with its errors raised as ConfigError, and a mistyped flag
+    named first, with the closest one the command has (argparse says only
+    "unrecognized arguments", or first that a required flag is missing)."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        self._given = list(args or ())
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        known = sorted({flag for parser in self._parsers() for action in parser._actions
+                        for flag in action.option_strings if flag.startswith("--")})
+        for word in self._given:
+            flag = word.split("=", 1)[0]
+            if word == "--":
+                break
+            # an abbreviation argparse accepts is not a mistake
+            if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+                close = difflib.get_close_matches(flag, known, n=1)
+                raise ConfigError(f"unknown flag {flag}"
+                                  + (f"; did you mean {close[0]}?" if close else ""))
         raise ConfigError(message)
+
+    def _parsers(self) -> list[argparse.ArgumentParser]:
+        """This parser and its commands' (the top parser reports their flags)."""
+        found: list[argparse.ArgumentParser] = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += action.choices.values()
+        return found
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pushup", description="PushUp long-polling pub/sub server",
-                     epilog="`pushup COMMAND --help` shows a command's options.")
+    parser = CommandParser(prog="pushup", description="PushUp long-polling pub/sub server",
+                           epilog="pushup COMMAND --help shows a command's options.")
     parser.add_argument("-V", "--version", action="store_true",
                         help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser,
                                      metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
     # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
@@ -323,6 +354,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def spelled(name: str) -> str:
+    """A setting as each source spells it, for a rule between settings: those
+    may come from different sources, so the message names all three."""
+    flag, variable = "--" + name.replace("_", "-"), "PUSHUP_" + name.upper()
+    return f"{name} ({flag}, {variable} or {name} in the config file)"
+
+
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,]+")  # what a browser sends in Origin
 
 
@@ -334,7 +372,7 @@ def validate(c: Config) -> Config:
     need(0 <= c.port <= 65535, "--port must be 0-65535")
     need(0 <= c.admin_port <= 65535, "--admin-port must be 0-65535")
     need(not c.admin_port or c.admin_port != c.port or c.port == 0,
-         "--admin-port must differ from --port")
+         f"{spelled('admin_port')} must differ from {spelled('port')}")
     if c.node_id:
         try:
             check_node_id(c.node_id)
@@ -354,7 +392,7 @@ def validate(c: Config) -> Config:
                  "max_response_bytes", "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     need(c.max_message_bytes <= c.max_cached_bytes,
-         "--max-message-bytes must not exceed --max-cached-bytes")
+         f"{spelled('max_message_bytes')} must not exceed {spelled('max_cached_bytes')}")
     for origin in c.cors_origin:
         need(origin == "*" or bool(_ORIGIN.fullmatch(origin)),
              f"--cors-origin {origin!r} is not an origin (scheme://host[:port], no path) or *")
@@ -367,19 +405,22 @@ def validate(c: Config) -> Config:
             parse_url(c.engine)
         except ValueError as e:
             raise ConfigError(f"--engine: {e}") from None
-        need(not c.peer, "--peer is for the mesh; nodes on --engine redis find each other "
-             "through Redis")
+        need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
+             f"{spelled('engine')} find each other through Redis")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(not c.peer or bool(c.cluster_secret),
-         "--peer needs --cluster-secret: peers always authenticate each other")
+         f"{spelled('peer')} needs {spelled('cluster_secret')}: peers always authenticate "
+         "each other")
     need(not c.data_dir or not (c.peer or c.cluster_secret or c.workers > 1),
-         "--data-dir is for a single node: it cannot be combined with --peer, "
-         "--cluster-secret or --workers (see README, Data directory)")
+         f"{spelled('data_dir')} is for a single node: it cannot be combined with "
+         f"{spelled('peer')}, {spelled('cluster_secret')} or {spelled('workers')} above 1 "
+         "(see README, Data directory)")
     need(not c.data_dir or c.engine == "mesh",
-         "--data-dir is for a single node: with --engine redis, Redis keeps the log")
+         f"{spelled('data_dir')} is for a single node: on a Redis {spelled('engine')}, "
+         "Redis keeps the log")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
-         f"refusing to listen on {c.host} with publishing open: "
-         "set --publish-token or --allow-open-publish")
+         f"refusing to listen on {c.host} with publishing open: set "
+         f"{spelled('publish_token')} or {spelled('allow_open_publish')}")
     return c
 
 

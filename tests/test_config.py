@@ -156,7 +156,29 @@ def test_peer_flags_replace_peers_from_env_and_file():
 ])
 def test_peer_without_cluster_secret_is_refused(source):
     message = refused(*source.get("flags", ()), env=source.get("env"), toml=source.get("toml"))
-    assert "cluster-secret" in message
+    assert message == (
+        "peer (--peer, PUSHUP_PEER or peer in the config file) needs cluster_secret "
+        "(--cluster-secret, PUSHUP_CLUSTER_SECRET or cluster_secret in the config file): "
+        "peers always authenticate each other")
+
+
+@pytest.mark.parametrize(("given", "settings"), [
+    ({"env": {"PUSHUP_ADMIN_PORT": "8080"}}, ("admin_port", "port")),
+    ({"toml": "max_message_bytes = 100\nmax_cached_bytes = 10"},
+     ("max_message_bytes", "max_cached_bytes")),
+    ({"env": {"PUSHUP_DATA_DIR": "/d"}, "toml": "workers = 2"}, ("data_dir", "workers")),
+    ({"toml": 'data_dir = "/d"\nengine = "redis://127.0.0.1:6379"'}, ("data_dir", "engine")),
+    ({"env": {"PUSHUP_ENGINE": "redis://127.0.0.1:6379", "PUSHUP_PEER": "http://a:1",
+              "PUSHUP_CLUSTER_SECRET": "s"}}, ("peer", "engine")),
+    ({"env": {"PUSHUP_HOST": "0.0.0.0"}}, ("publish_token", "allow_open_publish")),
+])
+def test_a_rule_between_settings_names_each_as_flag_variable_and_file_key(given, settings):
+    """The settings of a rule may come from different sources (here the
+    environment or the file, never a flag): the message spells each all ways."""
+    message = refused(env=given.get("env"), toml=given.get("toml"))
+    for name in settings:
+        assert (f"{name} (--{name.replace('_', '-')}, PUSHUP_{name.upper()} or {name} in the "
+                "config file)") in message, message
 
 
 def test_data_dir_comes_from_flag_env_and_file():
@@ -169,7 +191,9 @@ def test_data_dir_comes_from_flag_env_and_file():
                                    ("--cluster-secret", "s"), ("--workers", "2"),
                                    ("--engine", "redis://127.0.0.1:6379")])
 def test_data_dir_is_refused_beside_a_cluster(flags):
-    assert "--data-dir is for a single node" in refused("--data-dir", "/d", *flags)
+    assert refused("--data-dir", "/d", *flags).startswith(
+        "data_dir (--data-dir, PUSHUP_DATA_DIR or data_dir in the config file) is for a single "
+        "node")
 
 
 def test_peer_that_is_not_an_http_url_is_refused():
@@ -294,7 +318,7 @@ def test_the_engine_is_mesh_or_a_redis_url():
     assert serve("--engine", "redis://10.0.0.5:6380/2").engine == "redis://10.0.0.5:6380/2"
     assert serve(env={"PUSHUP_REDIS_MAXLEN": "500"}).redis_maxlen == 500
     assert "--engine: bad Redis URL" in refused("--engine", "http://127.0.0.1:6379")
-    assert "--peer is for the mesh" in refused(
+    assert "peer (--peer, PUSHUP_PEER or peer in the config file) is for the mesh" in refused(
         "--engine", "redis://127.0.0.1:6379", "--peer", "http://127.0.0.1:8081",
         "--cluster-secret", "s")
 

@@ -1,6 +1,7 @@
 """`make cluster` and `make demo` set up only what running a cluster needs: the run
 install, HAProxy, and redis-server for ENGINE=redis; not the test suite's
-packages or tools (read from `make --dry-run`, which runs nothing)."""
+packages or tools. `make run` says in one line what each setup step does, and
+once set up runs only the node (read from `make --dry-run`, which runs nothing)."""
 from __future__ import annotations
 
 import shutil
@@ -31,3 +32,22 @@ def test_cluster_and_demo_install_only_what_a_cluster_needs(target):
     redis = dry_run(target, "ENGINE=redis")
     assert "redis-server" in redis
     assert not [word for word in TEST_ONLY if word in redis], redis
+
+
+def test_make_run_says_each_setup_step_once_and_nothing_once_set_up():
+    fresh = dry_run("run")  # --always-make: every setup step, each with its line
+    steps = [line for line in fresh.splitlines() if line.startswith("echo \"pushup: ")]
+    assert steps == [
+        'echo "pushup: installing Python packages into .venv/ and compiling the core with '
+        'mypyc where a C compiler exists (first run only, about a minute)..."',
+        'echo "pushup: compiling the core with mypyc again (a compiled source changed; '
+        'about a minute)..."'], fresh
+    assert 'echo "pushup: creating the virtual environment .venv/ (first run only)"' in fresh
+    # Set up (the install and the build both current): only the node starts.
+    make = shutil.which("make")
+    assert make
+    ready = subprocess.run([make, "--dry-run", "-o", ".venv/.installed-run",
+                            "-o", "build/.compiled", "run"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=30)
+    assert ready.returncode == 0, ready.stderr
+    assert ready.stdout.splitlines() == [".venv/bin/pushup serve"], ready.stdout

@@ -19,7 +19,8 @@ gives.
 
 This module holds the interface and the values that cross it (a channel
 operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
-opens no socket.
+opens no socket. ``trouble`` words a lost or refused connection for a log
+line, as every backplane says it.
 """
 
 from __future__ import annotations
@@ -194,3 +195,21 @@ class Alone:
 
     def stats(self) -> dict[str, Any]:
         return {"engine": self.engine, "peers": []}
+
+
+def trouble(reason: object) -> str:
+    """What went wrong with a connection, in a few words for a log line:
+    Twisted's own sentences ("Connection was closed cleanly.") end in a full
+    stop and say more than an operator needs, inside our ``(...)`` or before
+    our ``;``. ``reason`` is a Failure or an exception."""
+    from twisted.internet import error as twisted_errors
+
+    problem = getattr(reason, "value", reason)  # a Failure's exception
+    for kind, words in ((twisted_errors.ConnectionDone, "closed by the other end"),
+                        (twisted_errors.ConnectionLost, "connection cut"),
+                        (twisted_errors.ConnectionRefusedError, "connection refused"),
+                        (twisted_errors.TCPTimedOutError, "connection timed out"),
+                        (twisted_errors.TimeoutError, "connection timed out")):
+        if isinstance(problem, kind):
+            return words
+    return str(problem).strip().rstrip(".") or type(problem).__name__

@@ -21,6 +21,8 @@ from typing import Any
 
 from pushup import BUILD
 from pushup.config import (
+    INTERNAL_ENV_PREFIX,
+    CommandParser,
     Config,
     ConfigError,
     build_parser,
@@ -33,6 +35,8 @@ from pushup.core.model import check_channel_name
 
 MEMORY_CHECK = 1.0  # seconds between looks at how much freed memory malloc keeps
 GC_YOUNG = 50_000  # objects allocated (net) before a young collection (tune_gc)
+TOKEN_TTL = 3600.0  # seconds a token from `pushup token` lasts unless --ttl says
+MIN_SECRET_BYTES = 32  # an HS256 key's length, below which PyJWT warns
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
+    short = short_secret(config.subscribe_secret)
+    worker = any(key.startswith(INTERNAL_ENV_PREFIX) for key in os.environ)
+    if short and not worker:  # a worker's supervisor has said it, once
+        print(f"pushup: warning: {short}", file=sys.stderr)
     if config.workers > 1:
         from pushup.ops.workers import supervise
 
@@ -66,17 +74,28 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """``pushup token --channels a,room:* [--ttl SECONDS]``: print a subscriber token
     signed with the subscribe secret (``--secret-file``, or PUSHUP_SUBSCRIBE_SECRET
     or PUSHUP_SUBSCRIBE_SECRET_FILE in the environment)."""
-    import argparse
     import time
 
     from pushup.http.tokens import issue
 
-    parser = argparse.ArgumentParser(prog="pushup token", description=token.__doc__)
-    parser.add_argument("--channels", required=True,
-                        help="comma-separated channel names, or prefixes ending in *")
-    parser.add_argument("--ttl", type=float, default=3600.0, help="lifetime in seconds")
-    parser.add_argument("--secret-file", help="file holding the subscribe secret")
-    opts = parser.parse_args(argv)
+    parser = CommandParser(
+        prog="pushup token",
+        description="Print a subscriber token (a JWT) for the given channels, signed with "
+                    "the subscribe secret: from --secret-file, or from "
+                    "PUSHUP_SUBSCRIBE_SECRET_FILE or PUSHUP_SUBSCRIBE_SECRET in the "
+                    "environment.")
+    parser.add_argument("--channels", required=True, metavar="NAMES",
+                        help="comma-separated channel names, or prefixes ending in *, "
+                             "e.g. news,room:*")
+    parser.add_argument("--ttl", type=float, default=TOKEN_TTL, metavar="SECONDS",
+                        help=f"lifetime of the token in seconds (default {TOKEN_TTL:g})")
+    parser.add_argument("--secret-file", metavar="FILE",
+                        help="file holding the subscribe secret")
+    try:
+        opts = parser.parse_args(argv)
+    except ConfigError as e:
+        print(f"pushup token: error: {e}", file=sys.stderr)
+        return 2
     secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
     try:
         secret = (read_secret(secret_file, "--secret-file") if secret_file
@@ -88,8 +107,28 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if problem:
         print(f"pushup token: error: {problem}", file=sys.stderr)
         return 2
+    short = short_secret(secret)
+    if short:
+        print(f"pushup token: warning: {short}", file=sys.stderr)
     print(issue(secret, opts.channels.split(","), time.time() + opts.ttl))
     return 0
+
+
+def short_secret(secret: str) -> str | None:
+    """The one line that says a subscribe secret is shorter than HS256 wants,
+    or None. PyJWT's own InsecureKeyLengthWarning (a Python warning with a
+    source line, at the first token) is silenced: this line says it once, at
+    start, naming the setting."""
+    import warnings
+
+    from jwt.warnings import InsecureKeyLengthWarning
+
+    warnings.filterwarnings("ignore", category=InsecureKeyLengthWarning)
+    size = len(secret.encode())
+    if not 0 < size < MIN_SECRET_BYTES:
+        return None
+    return (f"the subscribe secret is {size} bytes long; HS256 wants {MIN_SECRET_BYTES} or "
+            "more (RFC 7518, section 3.2), or its tokens are easier to forge")
 
 
 def token_problem(secret: str, channels: str, ttl: float) -> str | None:
@@ -202,7 +241,8 @@ def serve(config: Config) -> int:
     board = os.environ.get(BOARD_ENV, "")  # "FD:INDEX:COUNT" for one of --workers
     parts = board.split(":")
     slot = (int(parts[1]), int(parts[2])) if board else None
-    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot))
+    log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot,
+                         engine=node.backplane.engine))
     tune_gc()
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
     stop_on_signals(reactor)

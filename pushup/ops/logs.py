@@ -109,19 +109,22 @@ _LEGACY = frozenset({"message", "system", "format", "isError", "time", "failure"
 
 
 def start_line(config: Config, node_id: str, address: str,
-               worker: tuple[int, int] | None = None) -> dict[str, Any]:
+               worker: tuple[int, int] | None = None, engine: str = "mesh") -> dict[str, Any]:
     """The fields of the one line a node logs when it starts (``worker``: its
-    index and the count, for one of ``--workers``)."""
+    index and the count, for one of ``--workers``; ``engine``: its backplane's,
+    as ``/stats`` names it: ``single`` for a lone node, ``mesh`` or ``redis``)."""
     from pushup import BUILD
 
     fields: dict[str, Any] = {"version": version("pushup"), "node_id": node_id,
-                              "address": address, "workers": config.workers, "core": BUILD}
-    if config.engine == "mesh":
-        fields["engine"] = "mesh"
+                              "address": address, "workers": config.workers, "core": BUILD,
+                              "engine": engine}
+    if engine == "mesh":
         fields["peers"] = list(config.peer)
-    else:  # str() of a Redis URL leaves its credentials out
-        fields["engine"] = "redis"
+    elif engine == "redis":  # str() of a Redis URL leaves its credentials out
         fields["redis"] = str(parse_url(config.engine))
+    if config.admin_port:
+        host = f"[{config.admin_host}]" if ":" in config.admin_host else config.admin_host
+        fields["admin"] = f"http://{host}:{config.admin_port}"
     if worker is not None:
         fields["worker"], fields["workers"] = worker
     return fields
@@ -130,10 +133,16 @@ def start_line(config: Config, node_id: str, address: str,
 def log_start(fields: dict[str, Any]) -> None:
     from twisted.logger import Logger
 
-    where = (f"peers {', '.join(fields['peers']) or 'none'}" if fields["engine"] == "mesh"
-             else f"redis {fields['redis']}")
+    def text(said: str) -> str:  # URLs are words of the line, not fields to fill in
+        return said.replace("{", "{{").replace("}", "}}")
+
     worker = " (worker {worker} of {workers})" if "worker" in fields else ""
-    Logger(namespace="pushup").info(
-        "pushup {version} node {node_id}" + worker + " listening on {address}; engine "
-        "{engine}; " + where.replace("{", "{{").replace("}", "}}") + "; workers {workers}; "
-        "core {core}", **fields)
+    line = "pushup {version} node {node_id}" + worker + " listening on {address}; engine {engine}"
+    if fields["engine"] == "mesh":
+        line += "; peers " + text(", ".join(fields["peers"]) or "none")
+    elif fields["engine"] == "redis":
+        line += "; redis " + text(fields["redis"])
+    line += "; workers {workers}; core {core}"
+    if "admin" in fields:
+        line += "; /metrics and /stats on {admin}"
+    Logger(namespace="pushup").info(line, **fields)

@@ -1,6 +1,8 @@
 """deploy/grafana-dashboard.json against a real Prometheus (Debian's package,
 run by PID with a config and storage of its own) scraping two real peered
-nodes on their admin ports under light load: every panel's query returns data.
+nodes on their admin ports under light load: every panel's query returns data,
+and the request duration panel draws no empty series (an endpoint with no timed
+request in the window, as held polls are not timed, gives no line, not a NaN one).
 """
 
 from __future__ import annotations
@@ -153,6 +155,34 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(nodes, promet
         load.stop.set()
         load.join(15)
     assert load.published > 0
+
+
+def test_the_duration_panel_draws_a_line_only_for_endpoints_timed_in_the_window(
+        nodes, prometheus):
+    """Every endpoint has its histogram from the start; under this load nothing
+    asks for /channels (nor /health, nor an unknown path): a line each for what
+    was timed, all finite, none for the rest."""
+    load = Load([url for url, _ in nodes])
+    load.start()
+    try:
+        expr = dict(queries())["Request duration p99 by endpoint"]
+        deadline = time.monotonic() + DEADLINE
+        while not has_data(prometheus, expr):
+            assert time.monotonic() < deadline, f"no data for {expr}"
+            time.sleep(0.5)
+        result = answer(prometheus, expr)
+    finally:
+        load.stop.set()
+        load.join(15)
+    assert result and all(math.isfinite(float(r["value"][1])) for r in result), result
+    assert "channels" not in {r["metric"]["endpoint"] for r in result}, result
+
+
+def answer(prometheus: str, expr: str) -> list[dict]:
+    status, body = get(f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    found = json.loads(body)
+    assert status == 200 and found["status"] == "success", (expr, found)
+    return found["data"]["result"]
 
 
 def has_data(prometheus: str, expr: str) -> bool:

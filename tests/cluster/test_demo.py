@@ -3,17 +3,29 @@ HAProxy: two people chat through a node failure and both pages show every
 message once, in order, with its time, their own lines marked, the view
 scrolled to the newest, how many nodes are up and which one serves the page;
 a send that fails is shown and retried with the same Idempotency-Key; the
-subscribe token is renewed before it expires. ``DEMO_SCREENSHOT=docs/demo.png``
-keeps a screenshot (that is how the one in the README was made)."""
+subscribe token is renewed before it expires. `make demo` (demo/run.py) prints
+each node's URL and PID, and with LEAVE_DEAD=1 leaves a killed node dead, so
+"2 of 3 nodes up" stays to be seen. ``DEMO_SCREENSHOT=docs/demo.png`` keeps a
+screenshot (that is how the one in the README was made)."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 from demo.run import Demo
+from deploy.redis_server import free_port
 from tests.chromium import chrome
+from tests.cluster.test_launcher import Launcher, children
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30  # seconds any one thing the page should do may take
@@ -166,4 +178,56 @@ def test_the_subscribe_token_is_renewed_before_it_expires():
         wait_shown([ann], ["ann: still here"])
     finally:
         ann.quit()
+        demo.stop()
+
+
+class DemoProcess(Launcher):
+    """``python -m demo.run`` as `make demo` runs it, its stdout read line by line."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.port = free_port()
+        self.tmpdir = tmp / "tmp"
+        self.tmpdir.mkdir()
+        env = {**os.environ, "TMPDIR": str(self.tmpdir)}
+        env.pop("PUSHUP_CLUSTER_DIR", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "demo.run", "--nodes", "3", "--port", str(self.port),
+             "--logs", str(tmp / "logs"), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, cwd=ROOT, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+
+def test_make_demo_passes_leave_dead():
+    make = shutil.which("make")
+    assert make, "make is needed"
+    argv = subprocess.run([make, "--dry-run", "demo", "LEAVE_DEAD=1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+    assert argv.splitlines()[-1].endswith(" -m demo.run --nodes 3 --port 8000 --leave-dead")
+
+
+def test_the_demo_prints_each_node_and_leaves_a_killed_one_dead(tmp_path):
+    demo = DemoProcess(tmp_path, "--leave-dead")
+    try:
+        demo.wait_line(r"^chat on http://127\.0\.0\.1:\d+/ ")
+        pids = {}
+        for n in (1, 2, 3):
+            m = demo.wait_line(rf"^node{n}: (http://127\.0\.0\.1:\d+) \(pid (\d+)\)$")
+            pids[f"node{n}"] = int(m.group(2))
+        demo.wait_line(r"^kill a node's pid to see the chat go on and the page say "
+                       r"2 of 3 nodes up; Ctrl-C stops everything$")
+        assert set(pids.values()) <= set(children(demo.proc.pid))
+        os.kill(pids["node1"], signal.SIGKILL)
+        demo.wait_line(rf"node1 \(pid {pids['node1']}, .*\) was killed by SIGKILL; left dead "
+                       r".*2 of 3 nodes serve")
+        # what the page shows, from the demo server's /cluster through the front
+        with urllib.request.urlopen(f"{demo.front}/cluster", timeout=15) as r:
+            nodes = json.loads(r.read())["nodes"]
+        assert [(n["id"], n["up"]) for n in nodes] == [
+            ("node1", False), ("node2", True), ("node3", True)]
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.proc.wait(timeout=60) == 0
+    finally:
         demo.stop()

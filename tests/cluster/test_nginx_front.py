@@ -4,9 +4,10 @@ over HTTPS.
 A real nginx (Debian's, installed by `make bench-packages`) with its own
 prefix in a temporary directory, a self-signed certificate made here by
 `openssl`, and two real nodes upstream: a held poll, an event stream that
-delivers a publish as it happens, a publish, and JSON errors when no node
-answers. nginx's default 60 s read timeout is not waited out; the shipped
-file's timeout is read and compared with --max-timeout instead.
+delivers a publish as it happens, a publish, and, when no node is up, the
+same 503 no_node_available with Retry-After as HAProxy's. nginx's default
+60 s read timeout is not waited out; the shipped file's timeout is read and
+compared with --max-timeout instead.
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import json
 import socket
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
-from pushup_cluster import uniq
+from pushup_cluster import uniq, wait_waiting
 
 from deploy.nginx import SITE_TEMPLATE, PrivateNginx, read_timeout_seconds
 from deploy.redis_server import free_port
@@ -92,12 +94,74 @@ def test_over_https_a_held_poll_an_event_stream_and_a_publish(fresh_cluster, cer
         status, _, body = https(port, cert, "GET", f"/subscribe?channels={uniq('idle')}"
                                 f"&timeout=5")
         assert status == 200 and body["messages"] == [] and body["cursor"]
-        # No node left: nginx's own answer is the JSON error body.
-        for i in range(2):
-            c.kill(i)
-        status, headers, body = https(port, cert, "POST", "/publish",
-                                      {"channels": [ch], "data": 1})
-        assert status == 502 and body["error"]["code"] == "bad_gateway"
-        assert headers["content-type"].startswith("application/json")
     finally:
         front.stop()
+
+
+def test_with_no_node_up_nginx_and_haproxy_both_answer_503_no_node_available(
+        fresh_cluster, certificate):
+    """A request no node received: nginx (which calls a refused connection 502)
+    and HAProxy give the same answer, so a client may resend it without a key."""
+    c = fresh_cluster(2)
+    cert, key = certificate
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
+                         cert, key)
+    front.start()
+    try:
+        for i in range(2):
+            c.kill(i)
+        haproxy_port = int(c.front_url.rsplit(":", 1)[1])
+        for method, path, payload in (("POST", "/publish", {"channels": ["x"], "data": 1}),
+                                      ("GET", "/subscribe?channels=x&timeout=5", None)):
+            answers = []
+            # twice: first every node refuses, then nginx has marked them all down
+            for _ in range(2):
+                status, headers, body = https(port, cert, method, path, payload)
+                answers.append((status, body["error"]["code"], headers.get("retry-after"),
+                                headers["content-type"]))
+            status, headers, body = plain(haproxy_port, method, path, payload)
+            answers.append((status, body["error"]["code"], headers.get("retry-after"),
+                            headers["content-type"]))
+            assert answers == [(503, "no_node_available", "1",
+                                "application/json; charset=utf-8")] * 3, (method, answers)
+    finally:
+        front.stop()
+
+
+def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_cluster,
+                                                                     certificate):
+    """The 503 is only for what no node received: a poll held by the one node,
+    which is then killed, is nginx's 502 bad_gateway, without Retry-After."""
+    c = fresh_cluster(1, haproxy=False)
+    cert, key = certificate
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [c.bases[0].removeprefix("http://")], cert, key)
+    front.start()
+    try:
+        answer: list[tuple[int, dict[str, str], dict]] = []
+        poll = threading.Thread(target=lambda: answer.append(https(
+            port, cert, "GET", f"/subscribe?channels={uniq('held')}&timeout=60")))
+        poll.start()
+        wait_waiting(c.bases, 1, 15)  # the node holds it
+        c.kill(0)
+        poll.join(30)
+        assert answer, "no answer"
+        status, headers, body = answer[0]
+        assert (status, body["error"]["code"], headers.get("retry-after")) == (
+            502, "bad_gateway", None)
+    finally:
+        front.stop()
+
+
+def plain(port: int, method: str, path: str, payload: object = None) -> tuple[
+        int, dict[str, str], dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        body = None if payload is None else json.dumps(payload).encode()
+        conn.request(method, path, body=body,
+                     headers={"Content-Type": "application/json"} if body else {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
+    finally:
+        conn.close()

@@ -227,7 +227,7 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
 @pytest.mark.parametrize(("flags", "said"), [
     (["--engine", "redis://127.0.0.1:1/x"], b"--engine: bad Redis URL"),
     (["--engine", "redis://127.0.0.1:6379", "--peer", "http://127.0.0.1:1"],
-     b"--peer is for the mesh"),
+     b"peer (--peer, PUSHUP_PEER or peer in the config file) is for the mesh"),
 ])
 def test_a_bad_engine_setting_is_refused_at_start(flags, said):
     done = subprocess.run([sys.executable, "-m", "pushup", "serve", "--port", "0",

@@ -101,7 +101,9 @@ def test_a_data_dir_in_use_is_refused_with_exit_2(started, tmp_path):
                                    ("--workers", "2")])
 def test_a_data_dir_is_for_a_single_node(tmp_path, flags):
     r = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path), *flags)
-    assert r.returncode == 2 and b"--data-dir is for a single node" in r.stderr
+    assert r.returncode == 2
+    assert b"data_dir (--data-dir, PUSHUP_DATA_DIR or data_dir in the config file) is for a " \
+        b"single node" in r.stderr
 
 
 # -- a data directory that cannot be used: one line, exit 2, before listening ------

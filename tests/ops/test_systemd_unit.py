@@ -1,6 +1,7 @@
 """deploy/pushup.service: ``systemd-analyze verify`` finds nothing to say about
 it, and its command line, run as the README's install steps set it up, serves
-and drains well within the unit's stop timeout."""
+and drains well within the unit's stop timeout; a configuration error exits 2,
+which the unit does not restart."""
 
 from __future__ import annotations
 
@@ -55,6 +56,18 @@ def test_the_unit_keeps_state_restarts_on_failure_and_outwaits_the_drain():
     unit = settings()
     assert unit["StateDirectory"] == ["pushup"] and unit["Restart"] == ["on-failure"]
     assert float(unit["TimeoutStopSec"][0]) >= DRAIN_LIMIT + 1  # the README's 5 s, and more
+
+
+def test_a_configuration_error_exits_2_which_the_unit_does_not_restart(tmp_path):
+    assert settings()["RestartPreventExitStatus"] == ["2"]
+    config = tmp_path / "node.toml"
+    config.write_text('port = 8080\nmax_timout = 30\n')  # a typo'd setting
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    result = subprocess.run([sys.executable, "-m", "pushup", "serve", "--config", str(config)],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == (f"pushup: error: config file {config}: unknown setting "
+                             "'max_timout' (did you mean 'max_timeout'?)\n")
 
 
 def test_its_command_line_serves_keeps_its_data_dir_and_drains_in_time(tmp_path):

@@ -29,7 +29,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 
-from pushup.backplane import ChannelOp
+from pushup.backplane import ChannelOp, trouble
 from pushup.backplane.mesh.dial import UNIX_SCHEME, Dial, dialer
 from pushup.backplane.mesh.stream import PROOF, proof
 from pushup.backplane.mesh.wire import backlog, pack_batch, sign
@@ -315,8 +315,7 @@ class PeerLink:
             self._flush_call.cancel()
         self._flush_call = None
         if not self.stopped:
-            self._failed(self._why or PeerError(
-                "connection lost: " + getattr(reason, "getErrorMessage", reason.__str__)()))
+            self._failed(self._why or PeerError(trouble(reason)))
 
     def stream_frame(self, stream: Dial, frame: bytes) -> None:
         """A frame from the peer."""
@@ -478,17 +477,17 @@ class PeerLink:
             self._reported = "refused"
             log.warn("peer {peer} refused: {why} (another cluster secret, or not a PushUp "
                      "node?); not waiting for it, retrying quietly", peer=self.url,
-                     state="refused", why=str(why))
+                     state="refused", why=trouble(why))
         elif reported in ("up", "refused"):
             self._reported, self._outage_since = "connecting", now
             if reported == "up":
                 log.info("peer {peer} lost ({why}); reconnecting", peer=self.url,
-                         state="connecting", why=str(why))
+                         state="connecting", why=trouble(why))
         elif reported == "connecting" and now - self._outage_since >= DOWN_LOG_AFTER:
             self._reported = "down"
             log.warn("peer {peer} is down: unreachable for {seconds:.0f} s ({why}); "
                      "retrying every {retry:g} s, quietly", peer=self.url, state="down",
-                     seconds=now - self._outage_since, why=str(why), retry=BACKOFF_MAX)
+                     seconds=now - self._outage_since, why=trouble(why), retry=BACKOFF_MAX)
 
     def _up(self) -> None:
         self.set_state("up")

@@ -36,6 +36,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pushup.backplane import trouble
 from pushup.config import RedisURL, parse_url
 
 log = Logger()
@@ -117,7 +118,7 @@ class RedisProtocol(Protocol):
     def _handshake_failed(self, failure: Failure) -> None:
         if isinstance(failure.value, defer.FirstError):
             failure = failure.value.subFailure
-        self.abort(f"handshake failed: {failure.getErrorMessage()}")
+        self.abort(f"handshake failed: {trouble(failure)}")
         self.ready.errback(failure)
 
     def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
@@ -197,7 +198,7 @@ class RedisProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closed = True
-        why = self._gone or f"connection lost: {reason.getErrorMessage()}"
+        why = self._gone or f"connection lost: {trouble(reason)}"
         self._gone = why
         waiting, self._waiting = self._waiting, deque()
         for command in waiting:
@@ -330,7 +331,7 @@ class RedisConnection:
             # Pipelined ahead of every command issued from now on.
             protocol.execute("SCRIPT", "LOAD", script).addErrback(
                 lambda f: log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
-                                   why=f.getErrorMessage()))
+                                   why=trouble(f)))
         self.connected = True
         self._delay = MIN_DELAY
         self._last_complaint = ""
@@ -342,10 +343,10 @@ class RedisConnection:
         self._attempt = None
         if not self._running:
             return
-        why = failure.getErrorMessage()
+        why = trouble(failure)
         if why != self._last_complaint:
             self._last_complaint = why
-            (self._say or log.warn)("redis {redis} unreachable: {why}; retrying every {retry:g} s,"
+            (self._say or log.warn)("redis {redis} unreachable ({why}); retrying every {retry:g} s,"
                                     " quietly", redis=str(self.url), state="unreachable",
                                     why=why, retry=MAX_DELAY)
         if self._protocol is None:  # no connection was made, so no _lost will follow

@@ -1,0 +1,90 @@
+"""What `pushup` says to the person typing it: `pushup token --help` reads as
+plain text with its defaults; a mistyped flag is named with the closest one
+(exit 2); a subscribe secret shorter than HS256 wants is one line of ours, at
+start, not PyJWT's Python warning with a source line. Real subprocesses."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from deploy.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = "short-secret"  # 12 bytes: under HS256's 32
+SHORT_SAID = ("the subscribe secret is 12 bytes long; HS256 wants 32 or more (RFC 7518, "
+              "section 3.2), or its tokens are easier to forge")
+
+
+def pushup(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    return subprocess.run([sys.executable, "-m", "pushup", *args], capture_output=True,
+                          text=True, env={**clean, **(env or {})}, cwd=ROOT, timeout=60)
+
+
+def test_token_help_is_plain_text_and_shows_the_ttl_default():
+    done = pushup("token", "--help")
+    assert done.returncode == 0 and done.stderr == ""
+    text = done.stdout
+    assert "`" not in text and "%(" not in text, text
+    assert text.startswith("usage: pushup token [-h] --channels NAMES [--ttl SECONDS] "
+                           "[--secret-file FILE]\n"), text
+    ttl = " ".join(text.split("--ttl SECONDS", 2)[2].split("\n  --")[0].split())
+    assert ttl == "lifetime of the token in seconds (default 3600)", text
+
+
+def test_no_help_shows_raw_markup():
+    for command in (("--help",), ("serve", "--help"), ("token", "--help"), ("help", "token")):
+        done = pushup(*command)
+        assert done.returncode == 0 and done.stdout, command
+        assert "`" not in done.stdout and "%(" not in done.stdout, (command, done.stdout)
+
+
+def test_a_mistyped_flag_is_named_with_the_closest_one():
+    done = pushup("serve", "--prot", "1")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", "pushup: error: unknown flag --prot; did you mean --port?\n")
+    done = pushup("serve", "--port", "0", "--max-timout=30")
+    assert (done.returncode, done.stderr) == (
+        2, "pushup: error: unknown flag --max-timout; did you mean --max-timeout?\n")
+    # a mistyped flag is named first, even when it makes a required one missing
+    done = pushup("token", "--chanels", "news", env={"PUSHUP_SUBSCRIBE_SECRET": "s" * 32})
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", "pushup token: error: unknown flag --chanels; did you mean --channels?\n")
+
+
+def test_a_short_secret_is_one_line_of_ours_from_token():
+    done = pushup("token", "--channels", "news", env={"PUSHUP_SUBSCRIBE_SECRET": SHORT})
+    assert done.returncode == 0 and done.stdout.count(".") == 2  # a JWT
+    assert done.stderr == f"pushup token: warning: {SHORT_SAID}\n"
+    done = pushup("token", "--channels", "news", env={"PUSHUP_SUBSCRIBE_SECRET": "s" * 32})
+    assert done.returncode == 0 and done.stderr == ""
+
+
+def test_a_short_secret_is_one_line_of_ours_from_a_node_checking_tokens(tmp_path):
+    port = free_port()
+    token = pushup("token", "--channels", "news",
+                   env={"PUSHUP_SUBSCRIBE_SECRET": SHORT}).stdout.strip()
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    env["PUSHUP_SUBSCRIBE_SECRET"] = SHORT
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--port", str(port)],
+                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"listening on")
+        # a token checked (where PyJWT would warn), twice
+        for _ in range(2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/subscribe?channels=news"
+                                        f"&timeout=1&token={token}", timeout=15) as r:
+                assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    lines = log.read_text().splitlines()
+    assert lines[0] == f"pushup: warning: {SHORT_SAID}", lines
+    assert not [line for line in lines[1:] if "warning" in line.lower() or "jwt" in line], lines
