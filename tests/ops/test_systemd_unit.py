@@ -1,5 +1,5 @@
 """deploy/pushup.service: ``systemd-analyze verify`` finds nothing to say about
-it, and its command line, run as the README's install steps set it up, serves
+it, and its command line, run as docs/operations.md's install steps set it up, serves
 and drains well within the unit's stop timeout; a configuration error exits 2,
 which the unit does not restart."""
 
@@ -33,7 +33,7 @@ def settings() -> dict[str, list[str]]:
 
 def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path):
     """In a root of our own: the system's unit directory (the targets the unit
-    names), the unit where the README installs it, and an executable where
+    names), the unit where docs/operations.md installs it, and an executable where
     ExecStart expects pushup (verify checks that it exists)."""
     root = tmp_path / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
