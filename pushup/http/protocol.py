@@ -191,6 +191,7 @@ class HTTPProtocol(Protocol):
         # a 413 queued before its body came; the body is still read, and dropped
         self._refused_early: Response | None = None
         self._hosts = 0
+        self._repeated_key = False  # two Idempotency-Key lines: refused once read
         self._continue = False
 
     # -- Twisted calls these -------------------------------------------------
@@ -326,6 +327,8 @@ class HTTPProtocol(Protocol):
             self._hosts += 1
         headers = self._headers
         if name in headers:
+            if name == b"idempotency-key":
+                self._repeated_key = True
             value = headers[name] + b", " + value
         elif len(headers) >= MAX_HEADERS:
             raise _Refuse(_HEADERS_TOO_LARGE)
@@ -384,8 +387,14 @@ class HTTPProtocol(Protocol):
             if self._body_bytes <= self._limit:
                 self._body.append(chunk)
                 return
+            # A chunked body has no length to refuse it by before it comes:
+            # it is answered as soon as it passes the limit, then read and
+            # dropped like one announced too large (see on_headers_complete).
             self._too_large = True
             self._body = []
+            self._refused_early = error_response(self.front.app.too_large(self._path),
+                                                 close=True)
+            self._queue.append(self._refused_early)
         if self._body_bytes > DISCARD_CAP:
             if self._refused_early is not None:
                 raise _Refuse(None)  # answered already: stop reading
@@ -396,8 +405,10 @@ class HTTPProtocol(Protocol):
             self._refused_early = None
             self._broken = True
             self._close_if_answered()
-        elif self._too_large:
-            self._queue.append(error_response(self.front.app.too_large(self._path), close=True))
+        elif self._repeated_key:
+            # The field is a single item (the IETF draft): two lines are not one key.
+            self._queue.append(error_response(errors.BadIdempotencyKey(
+                "give one Idempotency-Key header, not several")))
             self._broken = True
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)

@@ -72,6 +72,18 @@ def test_a_bad_key_is_400_and_stores_nothing(node, check_error, key):
     assert stored(node) == []
 
 
+def test_two_key_lines_are_400_not_one_joined_key(node, check_error):
+    body = b'{"channels":["a"],"data":1}'
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+              b"Idempotency-Key: k2\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    check_error(conn.response, 400, "bad_idempotency_key")
+    assert conn.lost  # nothing after it is read
+    assert stored(node) == []
+    # a single line with that joined value is a key like any other
+    assert keyed(node, "k1, k2").status == 201
+
+
 def test_a_key_of_128_printable_characters_is_accepted(node):
     key = "".join(chr(0x21 + i % 94) for i in range(128))
     assert keyed(node, key).status == 201 and keyed(node, key).status == 201
