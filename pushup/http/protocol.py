@@ -143,7 +143,9 @@ class HTTPProtocol(Protocol):
     - An event stream (``open_stream``, then ``send_events``,
       ``when_writable``, ``end_stream``) is the last answer on its
       connection: it ends with it.
-    - ``close`` is one-way: what was written is sent, nothing more is answered.
+    - ``close`` is one-way: what was written is sent, nothing more is
+      answered; a client that takes none of it for ``send_timeout`` is
+      aborted, as it would be before the close.
     - Time: the head comes within ``header_timeout`` (else 408 and close), a
       body stalls no longer than ``keepalive_timeout``, an idle connection
       closes after ``keepalive_timeout``, and one whose client reads nothing
@@ -293,7 +295,8 @@ class HTTPProtocol(Protocol):
             self._arm(self._blocked_since + self.front.send_timeout)
 
     def resumeProducing(self) -> None:
-        self._blocked_since = None
+        # A closing connection's output moved: what is left has send_timeout again.
+        self._blocked_since = self.front.clock.seconds() if self._closing else None
         if self._on_writable is not None:  # an event stream's next page
             callback, self._on_writable = self._on_writable, None
             self.front.clock.callLater(0, self._writable, callback)
@@ -571,9 +574,16 @@ class HTTPProtocol(Protocol):
             self.close()
 
     def close(self) -> None:
-        """Close once the answers written so far are sent."""
+        """Close once the answers written so far are sent; abort if they are
+        not taken within ``send_timeout`` (the transport would wait for good
+        on a client that reads nothing, e.g. an event stream ended by its
+        token's expiry, and hold its unsent output and a connection slot)."""
         self._closing = True
         self.conn.loseConnection()
+        if self._upgraded_to is None:  # an upgraded protocol keeps its own time
+            if self._blocked_since is None:
+                self._blocked_since = self.front.clock.seconds()
+            self._arm(self._blocked_since + self.front.send_timeout)
 
     # -- time ------------------------------------------------------------------
 
@@ -589,16 +599,16 @@ class HTTPProtocol(Protocol):
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._closing:
-            return
         front = self.front
         now = front.clock.seconds()
-        if self._blocked_since is not None:
+        if self._blocked_since is not None:  # or closing: output not taken since
             due = self._blocked_since + front.send_timeout
             if now >= due:
                 log.info("closing a connection whose client reads nothing")
                 self.conn.abortConnection()
                 return
+        elif self._closing:
+            return
         elif self._busy or self._queue:
             return  # being answered: the service's timeout answers a held poll
         elif self._in_message:
