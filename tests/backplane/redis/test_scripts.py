@@ -97,12 +97,15 @@ def test_a_key_of_a_lost_log_is_no_retry(redis_server):
 
 def test_the_record_of_a_20000_message_keyed_batch_is_small_and_replays_exactly(redis_server):
     batch = [msg(i) for i in range(20_000)]
-    first = publish(redis_server, "", 0, *batch, maxlen=100_000, key="big")
+    fingerprint = "0123456789abcdef" * 2  # as long as a real one (idempotency.fingerprint)
+    first = publish(redis_server, "", 0, *batch, maxlen=100_000, key="big",
+                    fingerprint=fingerprint)
     assert len(first) == 1 + 2 * 20_000
     # Its size does not grow with the batch (every (seq, ts) was 520 KB of JSON).
     assert redis_server.cli("STRLEN", KEY + "big") < 200
     assert redis_server.cli("MEMORY", "USAGE", KEY + "big") < 300
-    again = publish(redis_server, "e1", 20_000, *batch, maxlen=100_000, key="big")
+    again = publish(redis_server, "e1", 20_000, *batch, maxlen=100_000, key="big",
+                    fingerprint=fingerprint)
     assert again == [*first, b"again"]  # the first reply, element for element
     assert redis_server.cli("XLEN", LOG) == 20_000
 
