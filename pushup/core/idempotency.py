@@ -5,14 +5,20 @@ A publish that carries an ``Idempotency-Key`` is remembered here as a
 (sequence, timestamp) its messages got, for the window after its first
 message's timestamp. A retry with the same key and body is answered from the
 record (the same ids and times); with another body it is refused. Pure values
-and one bounded map; time is a parameter (µs), nothing here does I/O.
+and one map bounded in records and in bytes; time is a parameter (µs),
+nothing here does I/O.
+
+A record's size does not grow with its publish: a publish's messages get
+consecutive sequence numbers and timestamps from one origin, so the record
+keeps runs of them (first seq, first ts, count), one run for every publish
+this code stamps, however many messages it had.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from pushup.core.errors import BadIdempotencyKey, KeyReused
@@ -20,7 +26,14 @@ from pushup.core.model import Draft, Message
 
 MAX_KEY = 128  # characters
 MAX_KEYS = 100_000  # records a node keeps at most; past it the oldest are forgotten first
+MAX_KEY_BYTES = 64 * 1024 * 1024  # ...and their bytes (Remembered.size) at most
 DEFAULT_WINDOW = 600.0  # seconds a key is remembered (--idempotency-window)
+# What a record costs besides its key's and fingerprint's characters and its
+# runs (the record, its strings' headers, its last id, its two map entries),
+# and what each run costs: a little over CPython 3.11's measure (~500 and
+# ~140; tests/core/test_idempotency.py checks it is not under).
+RECORD_BYTES = 450
+RUN_BYTES = 140
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,25 +44,66 @@ class Idem:
     fingerprint: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Remembered:
     """A keyed publish as it was stored: enough to answer a retry exactly as
-    the first attempt was answered (all its messages are of one origin)."""
+    the first attempt was answered (all its messages are of one origin).
+
+    Built from the (seq, ts) of each message, in order; kept as ``runs``."""
 
     key: str
     fingerprint: str
     origin: str
-    stamps: tuple[tuple[int, int], ...]  # (seq, ts) of each message, in order
+    runs: tuple[tuple[int, int, int], ...]  # (first seq, first ts, count), consecutive
+
+    def __init__(self, key: str, fingerprint: str, origin: str,
+                 stamps: Iterable[tuple[int, int]]) -> None:
+        runs: list[tuple[int, int, int]] = []
+        for seq, ts in stamps:
+            if runs:
+                first_seq, first_ts, count = runs[-1]
+                if seq == first_seq + count and ts == first_ts + count:
+                    runs[-1] = (first_seq, first_ts, count + 1)
+                    continue
+            runs.append((seq, ts, 1))
+        if not runs:
+            raise ValueError("a keyed publish stored at least one message")
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "fingerprint", fingerprint)
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "runs", tuple(runs))
+
+    @property
+    def stamps(self) -> tuple[tuple[int, int], ...]:
+        """(seq, ts) of each message, in order (built on each call: its size is
+        the publish's; what travels to a peer or to disk)."""
+        return tuple(self._stamps())
+
+    def _stamps(self) -> Iterator[tuple[int, int]]:
+        for seq, ts, count in self.runs:
+            for i in range(count):
+                yield seq + i, ts + i
+
+    @property
+    def count(self) -> int:
+        """Messages the publish stored."""
+        return sum(run[2] for run in self.runs)
 
     @property
     def last_id(self) -> str:
         """The id of the publish's last message: the record travels with it."""
-        return f"{self.origin}-{self.stamps[-1][0]}"
+        seq, _, count = self.runs[-1]
+        return f"{self.origin}-{seq + count - 1}"
 
     @property
     def since(self) -> int:
         """When the publish was stored (its first message's timestamp, µs)."""
-        return self.stamps[0][1]
+        return self.runs[0][1]
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds in a node's memory, at most (``Keys.bytes``)."""
+        return RECORD_BYTES + len(self.key) + len(self.fingerprint) + RUN_BYTES * len(self.runs)
 
 
 class Replayed(list[Message]):
@@ -81,22 +135,26 @@ def fingerprint(drafts: Sequence[Draft], batch: bool) -> str:
 def record_of(idem: Idem, messages: Sequence[Message]) -> Remembered:
     """The record of a keyed publish just stored as ``messages``."""
     return Remembered(idem.key, idem.fingerprint, messages[0].origin,
-                      tuple((m.seq, m.ts) for m in messages))
+                      ((m.seq, m.ts) for m in messages))
 
 
 def replay(record: Remembered, drafts: Sequence[Draft]) -> Replayed:
     """The messages the first attempt stored, rebuilt for the answer to a
     retry (its drafts are the first attempt's: the fingerprints matched)."""
     return Replayed(Message(record.origin, seq, ts, draft.channels, draft.data)
-                    for (seq, ts), draft in zip(record.stamps, drafts, strict=True))
+                    for (seq, ts), draft in zip(record._stamps(), drafts, strict=True))
 
 
 class Keys:
-    """The records a node remembers, at most ``most``, each for ``window`` µs."""
+    """The records a node remembers, at most ``most`` of them and ``most_bytes``
+    of their ``size``, each for ``window`` µs."""
 
-    def __init__(self, window: int, most: int = MAX_KEYS) -> None:
+    def __init__(self, window: int, most: int = MAX_KEYS,
+                 most_bytes: int = MAX_KEY_BYTES) -> None:
         self.window = window
         self.most = most
+        self.most_bytes = most_bytes
+        self.bytes = 0  # the records' sizes, summed
         self._by_key: OrderedDict[str, Remembered] = OrderedDict()  # oldest first
         self._by_last_id: dict[str, Remembered] = {}
 
@@ -117,15 +175,17 @@ class Keys:
     def remember(self, record: Remembered, now: int) -> bool:
         """Keep ``record`` (a key already held keeps its first record);
         returns whether it is new. Forgets what expired, and the oldest past
-        ``most``."""
+        ``most`` records or ``most_bytes``."""
         if self.expired(record, now) or record.key in self._by_key:
             return False
         self._by_key[record.key] = record
         self._by_last_id[record.last_id] = record
+        self.bytes += record.size
         by_key = self._by_key
         while by_key:
             oldest = next(iter(by_key.values()))
-            if len(by_key) <= self.most and not self.expired(oldest, now):
+            if (len(by_key) <= self.most and self.bytes <= self.most_bytes
+                    and not self.expired(oldest, now)):
                 break
             self._forget(oldest)
         return True
@@ -144,3 +204,4 @@ class Keys:
     def _forget(self, record: Remembered) -> None:
         del self._by_key[record.key]
         self._by_last_id.pop(record.last_id, None)
+        self.bytes -= record.size

@@ -366,6 +366,8 @@ class Service:
             "channels": self.store.channel_count,
             "messages": self.store.message_count,
             "cached_bytes": self.store.bytes,
+            "idempotency_keys": len(self.store.keys),
+            "idempotency_bytes": self.store.keys.bytes,
             "published": c.published,
             "delivered": c.delivered,
             "bytes_in": c.bytes_in,

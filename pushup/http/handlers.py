@@ -112,6 +112,7 @@ class Handlers:
         }
         if not figures:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
+        self._index = _index(figures)
 
     # -- what the HTTP front calls ------------------------------------------
 
@@ -344,8 +345,9 @@ class Handlers:
         return ok
 
     def index(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
-        """``GET /``: what this is, its version and where its endpoints are."""
-        return _INDEX
+        """``GET /``: what this is, its version and where its endpoints are
+        (those this port serves: not the figures when an admin port has them)."""
+        return self._index
 
     def stats(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         return Response(200, dumps(self._stats()))
@@ -374,11 +376,19 @@ _PREFLIGHT = Response(204, headers=(
     (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, Idempotency-Key"),
     (b"Access-Control-Max-Age", b"86400")))
 _NO_CONTENT = Response(204)
-_INDEX = Response(200, dumps({
-    "service": "pushup", "version": version("pushup"),
-    "links": {"publish": "/publish", "subscribe": "/subscribe", "channels": "/channels",
-              "channel": "/channels/{name}", "health": "/health", "stats": "/stats",
-              "metrics": "/metrics", "client": "/pushup.js"}}))
+
+
+def _index(figures: bool) -> Response:
+    """The answer to ``GET /``; ``figures``: this port answers /stats and /metrics."""
+    links = {"publish": "/publish", "subscribe": "/subscribe", "channels": "/channels",
+             "channel": "/channels/{name}", "health": "/health", "stats": "/stats",
+             "metrics": "/metrics", "client": "/pushup.js"}
+    if not figures:
+        del links["stats"], links["metrics"]
+    return Response(200, dumps({"service": "pushup", "version": version("pushup"),
+                                "links": links}))
+
+
 _CLIENT_JS = Response(200, files("pushup.http").joinpath("static/pushup.js").read_bytes(),
                       b"text/javascript; charset=utf-8")
 

@@ -143,7 +143,9 @@ class HTTPProtocol(Protocol):
     - An event stream (``open_stream``, then ``send_events``,
       ``when_writable``, ``end_stream``) is the last answer on its
       connection: it ends with it.
-    - ``close`` is one-way: what was written is sent, nothing more is answered.
+    - ``close`` is one-way: what was written is sent, nothing more is
+      answered; a client that takes none of it for ``send_timeout`` is
+      aborted, as it would be before the close.
     - Time: the head comes within ``header_timeout`` (else 408 and close), a
       body stalls no longer than ``keepalive_timeout``, an idle connection
       closes after ``keepalive_timeout``, and one whose client reads nothing
@@ -191,6 +193,7 @@ class HTTPProtocol(Protocol):
         # a 413 queued before its body came; the body is still read, and dropped
         self._refused_early: Response | None = None
         self._hosts = 0
+        self._repeated_key = False  # two Idempotency-Key lines: refused once read
         self._continue = False
 
     # -- Twisted calls these -------------------------------------------------
@@ -292,7 +295,8 @@ class HTTPProtocol(Protocol):
             self._arm(self._blocked_since + self.front.send_timeout)
 
     def resumeProducing(self) -> None:
-        self._blocked_since = None
+        # A closing connection's output moved: what is left has send_timeout again.
+        self._blocked_since = self.front.clock.seconds() if self._closing else None
         if self._on_writable is not None:  # an event stream's next page
             callback, self._on_writable = self._on_writable, None
             self.front.clock.callLater(0, self._writable, callback)
@@ -326,6 +330,8 @@ class HTTPProtocol(Protocol):
             self._hosts += 1
         headers = self._headers
         if name in headers:
+            if name == b"idempotency-key":
+                self._repeated_key = True
             value = headers[name] + b", " + value
         elif len(headers) >= MAX_HEADERS:
             raise _Refuse(_HEADERS_TOO_LARGE)
@@ -384,8 +390,14 @@ class HTTPProtocol(Protocol):
             if self._body_bytes <= self._limit:
                 self._body.append(chunk)
                 return
+            # A chunked body has no length to refuse it by before it comes:
+            # it is answered as soon as it passes the limit, then read and
+            # dropped like one announced too large (see on_headers_complete).
             self._too_large = True
             self._body = []
+            self._refused_early = error_response(self.front.app.too_large(self._path),
+                                                 close=True)
+            self._queue.append(self._refused_early)
         if self._body_bytes > DISCARD_CAP:
             if self._refused_early is not None:
                 raise _Refuse(None)  # answered already: stop reading
@@ -396,8 +408,10 @@ class HTTPProtocol(Protocol):
             self._refused_early = None
             self._broken = True
             self._close_if_answered()
-        elif self._too_large:
-            self._queue.append(error_response(self.front.app.too_large(self._path), close=True))
+        elif self._repeated_key:
+            # The field is a single item (the IETF draft): two lines are not one key.
+            self._queue.append(error_response(errors.BadIdempotencyKey(
+                "give one Idempotency-Key header, not several")))
             self._broken = True
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -560,9 +574,16 @@ class HTTPProtocol(Protocol):
             self.close()
 
     def close(self) -> None:
-        """Close once the answers written so far are sent."""
+        """Close once the answers written so far are sent; abort if they are
+        not taken within ``send_timeout`` (the transport would wait for good
+        on a client that reads nothing, e.g. an event stream ended by its
+        token's expiry, and hold its unsent output and a connection slot)."""
         self._closing = True
         self.conn.loseConnection()
+        if self._upgraded_to is None:  # an upgraded protocol keeps its own time
+            if self._blocked_since is None:
+                self._blocked_since = self.front.clock.seconds()
+            self._arm(self._blocked_since + self.front.send_timeout)
 
     # -- time ------------------------------------------------------------------
 
@@ -578,16 +599,16 @@ class HTTPProtocol(Protocol):
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._closing:
-            return
         front = self.front
         now = front.clock.seconds()
-        if self._blocked_since is not None:
+        if self._blocked_since is not None:  # or closing: output not taken since
             due = self._blocked_since + front.send_timeout
             if now >= due:
                 log.info("closing a connection whose client reads nothing")
                 self.conn.abortConnection()
                 return
+        elif self._closing:
+            return
         elif self._busy or self._queue:
             return  # being answered: the service's timeout answers a held poll
         elif self._in_message:

@@ -48,7 +48,7 @@ COUNTERS = ("published", "delivered", "bytes_in", "bytes_out", "refused", "peer_
 # Per live worker, summed for the node.
 SUMMED = ("connections", "waiting", "rss_bytes", "open_fds")
 # Each worker holds a replica of the whole cache: the node shows the largest.
-REPLICATED = ("channels", "messages", "cached_bytes")
+REPLICATED = ("channels", "messages", "cached_bytes", "idempotency_keys", "idempotency_bytes")
 
 
 def create_board(workers: int) -> int:

@@ -742,6 +742,15 @@ def test_get_root_is_a_json_index_of_the_endpoints(node):
     assert (head.status, head.body) == (200, b"")
 
 
+def test_with_an_admin_port_the_index_lists_only_what_the_client_port_serves(make_node):
+    node = make_node(admin_port=9001)  # not bound: the harness drives the client front only
+    links = node.get("/").json["links"]
+    assert "stats" not in links and "metrics" not in links
+    for path in links.values():
+        if "{" not in path:
+            assert node.get(path).status != 404, path
+
+
 def test_head_subscribe_answers_what_a_get_would_now_without_holding(node):
     node.publish("a", 1)
     get = node.get("/subscribe?channels=a&since=0")

@@ -57,6 +57,25 @@ def test_a_batch_retry_gets_every_first_receipt(node):
     assert [m["data"] for m in stored(node)] == [0, 1, 2]
 
 
+def test_a_20000_message_batch_retry_is_byte_identical_and_its_record_is_counted(node):
+    body = {"messages": [{"channels": ["a", "b"] if i % 2 else ["a"], "data": i}
+                         for i in range(20_000)]}
+    assert node.stats()["idempotency_keys"] == 0
+    first = node.post("/publish", body, headers={"Idempotency-Key": "big"})
+    node.clock.advance(5)
+    again = node.post("/publish", body, headers={"Idempotency-Key": "big"})
+    assert first.status == again.status == 201
+    assert again.body == first.body and len(first.json["messages"]) == 20_000
+    stats = node.stats()
+    assert stats["published"] == 20_000
+    assert stats["idempotency_keys"] == 1
+    record = node.service.store.keys.records()[0]
+    assert len(record.runs) == 1 and stats["idempotency_bytes"] == record.size < 1000
+    metrics = node.get("/metrics").body.decode()
+    assert "\npushup_idempotency_keys 1.0\n" in metrics
+    assert f"\npushup_idempotency_bytes {record.size}.0\n" in metrics
+
+
 def test_the_same_key_with_another_body_is_refused_422_and_stores_nothing(node, check_error):
     keyed(node, "k", 1)
     check_error(keyed(node, "k", 2), 422, "idempotency_key_reused")
@@ -70,6 +89,18 @@ def test_a_bad_key_is_400_and_stores_nothing(node, check_error, key):
                          headers={"Idempotency-Key": key})
     check_error(response, 400, "bad_idempotency_key")
     assert stored(node) == []
+
+
+def test_two_key_lines_are_400_not_one_joined_key(node, check_error):
+    body = b'{"channels":["a"],"data":1}'
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+              b"Idempotency-Key: k2\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    check_error(conn.response, 400, "bad_idempotency_key")
+    assert conn.lost  # nothing after it is read
+    assert stored(node) == []
+    # a single line with that joined value is a key like any other
+    assert keyed(node, "k1, k2").status == 201
 
 
 def test_a_key_of_128_printable_characters_is_accepted(node):

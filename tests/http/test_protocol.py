@@ -308,6 +308,25 @@ def test_body_announced_over_the_limit_is_413_before_it_comes(make_node, check_e
     assert node.stats()["published"] == 0
 
 
+def test_a_chunked_body_is_413_as_soon_as_it_passes_the_limit(make_node, check_error):
+    node = make_node(max_body_bytes=100)
+    conn = node.connect()
+    conn.send(b"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"64\r\n" + b" " * 100 + b"\r\n")
+    assert conn.response is None  # at the limit: not past it
+    conn.send(b"1\r\n \r\n")  # its 101st byte, the end not in sight
+    check_error(conn.response, 413, "too_large")
+    assert conn.response.header("connection") == "close"
+    # The rest is read and dropped, so that closing sends no reset over the answer...
+    conn.send(b"1000\r\n" + b" " * 4096 + b"\r\n")
+    assert not conn.transport.disconnecting
+    conn.send(b"0\r\n\r\n" + raw_get("/health"))
+    # ...then the connection closes, and nothing after the body is served.
+    assert conn.lost
+    assert len(conn.responses()) == 1
+    assert node.stats()["published"] == 0
+
+
 def test_body_refused_before_it_comes_closes_if_it_stalls(make_node, check_error):
     node = make_node(max_body_bytes=100, keepalive_timeout=20)
     conn = node.connect()

@@ -288,6 +288,65 @@ def test_a_stream_ends_when_its_token_expires(make_node):
 # -- flow control ------------------------------------------------------------------
 
 
+class _NeverReads(_Transport):
+    """A client that reads nothing: a close waits for output never taken."""
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+        super().abortConnection()
+
+    aborted = False
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "under-the-high-water-mark"])
+def test_a_stream_that_ends_while_its_client_reads_nothing_is_aborted(make_node, paused):
+    """Paused 3 s before the end: cut off send_timeout after the pause; not
+    paused (its output under the transport's high-water mark): after the end."""
+    node = make_node(subscribe_secret="s" * 32, send_timeout=8)
+    token = tokens.issue("s" * 32, ["a"], node.clock.seconds() + 60)
+    conn = Conn.__new__(Conn)
+    conn.harness, conn.lost, conn.sent, conn._heads = node, False, [], []
+    conn.transport = _NeverReads(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    conn.protocol = node.node.front.buildProtocol(conn.transport.getPeer())
+    conn.protocol.makeConnection(conn.transport)
+    node.conns.append(conn)
+    conn.protocol.dataReceived(b"GET /subscribe?channels=a&token=%s HTTP/1.1\r\nHost: x\r\n"
+                               b"Accept: text/event-stream\r\n\r\n" % token.encode())
+    node.turn()
+    node.clock.advance(57)
+    if paused:  # the transport's buffer is full: what TCP says of a client not reading
+        conn.protocol.pauseProducing()
+    node.clock.advance(3)  # the token expires: the stream ends, its close waits on output
+    assert events(conn)[-1]["event"] == "expired"
+    assert conn.transport.disconnecting and not conn.transport.aborted
+    left = 5 if paused else 8  # until send_timeout has passed with nothing taken
+    node.clock.advance(left - 0.1)
+    assert not conn.transport.aborted
+    node.clock.advance(0.1)
+    assert conn.transport.aborted
+    conn.close()  # the abort completes
+    assert node.stats()["connections"] == 1  # the one asking for the figures
+
+
+def test_a_closing_connection_whose_output_moves_gets_the_send_timeout_again(make_node):
+    node = make_node(send_timeout=8)
+    conn = Conn.__new__(Conn)
+    conn.harness, conn.lost, conn.sent, conn._heads = node, False, [], []
+    conn.transport = _NeverReads(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    conn.protocol = node.node.front.buildProtocol(conn.transport.getPeer())
+    conn.protocol.makeConnection(conn.transport)
+    node.conns.append(conn)
+    conn.protocol.dataReceived(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert conn.transport.disconnecting
+    node.clock.advance(5)
+    conn.protocol.pauseProducing()
+    conn.protocol.resumeProducing()  # the client took some: a slow reader, not a dead one
+    node.clock.advance(7.9)
+    assert not conn.transport.aborted
+    node.clock.advance(0.1)
+    assert conn.transport.aborted
+
+
 class _SlowReader(_Transport):
     """A client that reads only when told: the transport pauses its producer
     past 64 KiB unread, as a TCP transport does."""

@@ -19,10 +19,13 @@ Keys, all in one cluster slot (``{p0}``):
 - ``pushup:{p0}:channels``: a hash of explicit channels, name → JSON
   ``{"ttl", "expires_at"}``, so they outlive the log's trimming;
 - ``pushup:{p0}:key:<Idempotency-Key>``: a keyed publish, JSON ``{"e": the
-  log's epoch, "f": the body's fingerprint, "r": [seq, ts, ...]}``, expiring
-  after the idempotency window. The publish script checks it before it
-  appends, in the same atomic call: a retry, on any node, even one sent while
-  the first attempt still waited in Redis's socket, stores nothing new.
+  log's epoch, "f": the body's fingerprint, "s": its first sequence number,
+  "t": its first timestamp, "n": its messages}`` (a batch's messages get
+  consecutive sequence numbers and timestamps: the record's size does not
+  grow with the batch), expiring after the idempotency window. The publish
+  script checks it before it appends, in the same atomic call: a retry, on
+  any node, even one sent while the first attempt still waited in Redis's
+  socket, stores nothing new.
 
 Cursors keep their format: the origin is the log, ``p0.<epoch>``. A new epoch
 means Redis lost what it had acknowledged (restarted empty, or failed over
@@ -117,7 +120,15 @@ if ARGV[5] ~= '' then
         return redis.error_reply('REUSED the key was used for another body')
       end
       local out = {epoch}
-      for _, v in ipairs(first['r']) do out[#out + 1] = v end
+      if first['r'] then  -- written by an earlier version: every (seq, ts)
+        for _, v in ipairs(first['r']) do out[#out + 1] = v end
+      else
+        local s, t = tonumber(first['s']), tonumber(first['t'])
+        for j = 0, tonumber(first['n']) - 1 do
+          out[#out + 1] = s + j
+          out[#out + 1] = string.format('%d', t + j)
+        end
+      end
       out[#out + 1] = 'again'
       return out
     end
@@ -153,9 +164,11 @@ for i = 7, #ARGV, 3 do
 end
 redis.call('HSET', KEYS[2], 's', seq, 't', string.format('%d', last))
 if ARGV[5] ~= '' then
-  local stamps = {}
-  for j = 2, #out do stamps[#stamps + 1] = out[j] end
-  redis.call('SET', KEYS[4], cjson.encode({e = epoch, f = ARGV[5], r = stamps}),
+  -- the batch's seqs and times are consecutive: its first of each and its count
+  -- (as strings: cjson writes numbers with 14 digits, a timestamp has 16)
+  redis.call('SET', KEYS[4], cjson.encode({e = epoch, f = ARGV[5],
+                                           s = string.format('%d', out[2]), t = out[3],
+                                           n = string.format('%d', (#out - 1) / 2)}),
              'PX', ARGV[6])
 end
 return out

@@ -93,3 +93,27 @@ def test_a_key_of_a_lost_log_is_no_retry(redis_server):
     reply = publish(redis_server, "e1", 5, msg(1), msg(2), key="k1", epoch="e2")
     assert reply[0] == b"e2" and reply[1:3:1][0] == 1 and reply[-1] != b"again"
     assert publish(redis_server, "e2", 2, msg(1), msg(2), key="k1")[-1] == b"again"
+
+
+def test_the_record_of_a_20000_message_keyed_batch_is_small_and_replays_exactly(redis_server):
+    batch = [msg(i) for i in range(20_000)]
+    fingerprint = "0123456789abcdef" * 2  # as long as a real one (idempotency.fingerprint)
+    first = publish(redis_server, "", 0, *batch, maxlen=100_000, key="big",
+                    fingerprint=fingerprint)
+    assert len(first) == 1 + 2 * 20_000
+    # Its size does not grow with the batch (every (seq, ts) was 520 KB of JSON).
+    assert redis_server.cli("STRLEN", KEY + "big") < 200
+    assert redis_server.cli("MEMORY", "USAGE", KEY + "big") < 300
+    again = publish(redis_server, "e1", 20_000, *batch, maxlen=100_000, key="big",
+                    fingerprint=fingerprint)
+    assert again == [*first, b"again"]  # the first reply, element for element
+    assert redis_server.cli("XLEN", LOG) == 20_000
+
+
+def test_a_record_an_earlier_version_wrote_still_answers_its_retry(redis_server):
+    first = publish(redis_server, "", 0, msg(1), msg(2))
+    redis_server.cli("SET", KEY + "old", json.dumps(
+        {"e": "e1", "f": "f1", "r": [first[1], first[2].decode(), first[3], first[4].decode()]}))
+    again = publish(redis_server, "e1", 2, msg(1), msg(2), key="old")
+    assert again == [*first, b"again"]
+    assert redis_server.cli("XLEN", LOG) == 2
