@@ -90,10 +90,15 @@ class Remembered:
         return sum(run[2] for run in self.runs)
 
     @property
+    def last_seq(self) -> int:
+        """The sequence number of the publish's last message."""
+        seq, _, count = self.runs[-1]
+        return seq + count - 1
+
+    @property
     def last_id(self) -> str:
         """The id of the publish's last message: the record travels with it."""
-        seq, _, count = self.runs[-1]
-        return f"{self.origin}-{seq + count - 1}"
+        return f"{self.origin}-{self.last_seq}"
 
     @property
     def since(self) -> int:

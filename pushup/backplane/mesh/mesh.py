@@ -233,7 +233,7 @@ class Cluster:
                 break
         horizon = origins.horizon_of(batch.origin)
         for record in batch.keys:  # a keyed publish we hold all of: its key is known here
-            if record.stamps[-1][0] <= horizon:
+            if record.last_seq <= horizon:
                 store.remember(record, now)
         while ops and ops[0].at_seq <= horizon:
             self.service.apply_op(ops.pop(0), now)
