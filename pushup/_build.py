@@ -18,7 +18,7 @@ those extension modules may be used:
 
 How a build is verified: ``setup.py`` records the SHA-256 of each source it
 compiles in ``pushup/compiled.sha256`` (``RECORD``; ``sha256sum -c`` reads it), in
-place and in the wheel alike; at import the sources are hashed again (~0.3 ms) and
+place and in the wheel alike; at import the sources are hashed again (~0.6 ms) and
 must match. File times are never compared: a wheel install writes each ``.so``
 just before its ``.py``. A build without a record runs interpreted, with a warning.
 
