@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml setup.py
 
 # The core compiled with mypyc (setup.py; pushup/_build.py names the modules), in
 # place next to its sources, where a C compiler exists. Compiled again whenever a
-# compiled source changed: a build older than its source is never used (the
-# sources run instead, with a warning), so `make run` and `make test` rebuild first.
+# compiled source changed: a build whose sources changed since is never used
+# (pushup/_build.py compares their SHA-256 with the build's record; the sources
+# run instead, with a warning), so `make run` and `make test` rebuild first.
 BUILT := build/.compiled
 COMPILED_SOURCES := $(shell $(PYTHON) -c "import runpy; print(' '.join(n.replace('.', '/') \
   + '.py' for n in runpy.run_path('pushup/_build.py')['COMPILED']))")

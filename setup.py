@@ -6,6 +6,10 @@ then runs the sources (pushup/_build.py).
 
 ``make build`` (run by ``make run`` and ``make test``) compiles in place again
 when a compiled source changed: ``python setup.py build_ext --inplace``.
+
+Beside each build (in place, and in the wheel) goes ``pushup/compiled.sha256``,
+the SHA-256 of each source compiled, hashed before mypyc reads it: ``import pushup``
+uses the build only while every source still matches it (pushup/_build.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 BUILD = runpy.run_path(str(HERE / "pushup" / "_build.py"))
+# The sources as mypyc reads them (it translates them when ``extensions()`` runs):
+# what a build records, so that a source edited during the build is not taken as built.
+SOURCES = BUILD["record_text"](BUILD["COMPILED"], HERE)
 
 
 def say(line: str) -> None:
@@ -69,14 +76,23 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         if not self.extensions:
             return
+        # Where builds go: the build folder (a wheel's contents), and the sources'
+        # folder too when in place (`pip install -e`, `make build`).
+        roots = [Path(self.build_lib), *([HERE] if self.inplace else [])]
         try:
             super().run()
         except Exception as e:  # a compiler or linker error
             for ext in self.extensions:
                 built = Path(self.get_ext_fullpath(ext.name))
                 built.unlink(missing_ok=True)
+            for root in roots:
+                BUILD["record_of"](BUILD["COMPILED"], root).unlink(missing_ok=True)
             say(f"interpreted: compiling failed ({e})")
             return
+        for root in roots:
+            path = BUILD["record_of"](BUILD["COMPILED"], root)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(SOURCES)
         say(f"compiled: {len(BUILD['COMPILED'])} modules with mypyc")
 
 

@@ -62,28 +62,16 @@ SBIN = ("/usr/sbin", "/sbin")
 POLICY = Path("/usr/sbin/policy-rc.d")
 
 
-def present(what: str, path: str | None = None) -> bool:
+def present(what: str, path: str | None = None, sbin: Sequence[str] = SBIN,
+            root: str = "/") -> bool:
+    """Whether the command ``what`` is on ``path`` (PATH by default) or in ``sbin``,
+    or the absolute file ``what`` exists under ``root`` (a test's empty folder
+    shows a machine without it)."""
     if what.startswith("/"):
-        return os.access(what, os.X_OK) or Path(what).is_file()
+        file = Path(root, what.lstrip("/"))
+        return os.access(file, os.X_OK) or file.is_file()
     search = path if path is not None else os.environ.get("PATH", "")
-    return shutil.which(what, path=os.pathsep.join([search, *SBIN])) is not None
-
-
-def missing(group: str, path: str | None = None,
-            has: Callable[[str, str | None], bool] = present) -> list[str]:
-    """The packages of ``group`` whose command or file is absent, each once, in order.
-
-    ``npm`` is never asked for beside a ``node`` that is present: a Node.js that
-    is not Debian's brings its own npm, and Debian's npm conflicts with it. Where
-    node is present and npm is not, Debian's node is the one that lacks npm."""
-    wanted: list[str] = []
-    for what, package in NEEDS[group]:
-        if has(what, path) or package in wanted:
-            continue
-        if package == "npm" and has("node", path) and not debian_owns("nodejs"):
-            continue  # a foreign Node.js without npm: Debian's npm would conflict
-        wanted.append(package)
-    return wanted
+    return shutil.which(what, path=os.pathsep.join([search, *sbin])) is not None
 
 
 def debian_owns(package: str) -> bool:
@@ -94,6 +82,25 @@ def debian_owns(package: str) -> bool:
     r = subprocess.run([dpkg, "-W", "-f", "${Status} ${Version}", package],
                        capture_output=True, text=True)
     return r.returncode == 0 and "install ok installed" in r.stdout and "nodesource" not in r.stdout
+
+
+def missing(group: str, path: str | None = None,
+            has: Callable[[str, str | None], bool] = present,
+            owns: Callable[[str], bool] = debian_owns) -> list[str]:
+    """The packages of ``group`` whose command or file is absent, each once, in order.
+
+    ``npm`` is never asked for beside a ``node`` that is present: a Node.js that
+    is not Debian's brings its own npm, and Debian's npm conflicts with it. Where
+    node is present and npm is not, Debian's node is the one that lacks npm.
+    ``owns`` says whether Debian's archive installed a package."""
+    wanted: list[str] = []
+    for what, package in NEEDS[group]:
+        if has(what, path) or package in wanted:
+            continue
+        if package == "npm" and has("node", path) and not owns("nodejs"):
+            continue  # a foreign Node.js without npm: Debian's npm would conflict
+        wanted.append(package)
+    return wanted
 
 
 def apt_get(args: Sequence[str]) -> int:

@@ -12,9 +12,15 @@ those extension modules may be used:
 - some module has no compiled build: the whole set runs interpreted (a
   compiled module calls the others' compiled code directly, so the set is
   used whole or not at all);
-- some source is newer than its compiled build (edited, or checked out,
-  since the last ``make build``): interpreted, with a warning, so an edit is
-  never shadowed by a stale build.
+- some source is not the one its build was compiled from (edited, or checked
+  out, since the last ``make build``): interpreted, with a warning, so an edit
+  is never shadowed by a stale build.
+
+How a build is verified: ``setup.py`` records the SHA-256 of each source it
+compiles in ``pushup/compiled.sha256`` (``RECORD``; ``sha256sum -c`` reads it), in
+place and in the wheel alike; at import the sources are hashed again (~0.6 ms) and
+must match. File times are never compared: a wheel install writes each ``.so``
+just before its ``.py``. A build without a record runs interpreted, with a warning.
 
 When they may not be used, a finder placed first on ``sys.meta_path`` loads
 the ``.py`` source of each module of ``COMPILED``. ``BUILD`` says which runs
@@ -23,6 +29,7 @@ and why; ``pushup --version``, ``/stats`` and a log line once listening show it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -54,10 +61,38 @@ COMPILED = (
 )
 PURE_ENV = "PUSHUP_PURE"
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds ``pushup/``
+# In the top package's folder: the SHA-256 of each source the build beside it was
+# compiled from, one ``<hex>  <path from ROOT>`` line each (``sha256sum -c`` reads it).
+RECORD = "compiled.sha256"
 
 
 def source_of(name: str, root: Path = ROOT) -> Path:
     return root.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def record_of(names: Sequence[str] = COMPILED, root: Path = ROOT) -> Path:
+    return root / names[0].split(".")[0] / RECORD
+
+
+def digests(names: Sequence[str] = COMPILED, root: Path = ROOT) -> dict[str, str]:
+    """{source path from ``root``: its SHA-256}, of the sources as they are now."""
+    return {source_of(name, root).relative_to(root).as_posix():
+            hashlib.sha256(source_of(name, root).read_bytes()).hexdigest() for name in names}
+
+
+def record_text(names: Sequence[str] = COMPILED, root: Path = ROOT) -> str:
+    """What setup.py writes to ``RECORD`` beside a build of these sources."""
+    return "".join(f"{digest}  {path}\n" for path, digest in digests(names, root).items())
+
+
+def recorded(names: Sequence[str] = COMPILED, root: Path = ROOT) -> dict[str, str] | None:
+    """{source path from ``root``: its SHA-256} as the build recorded them, if it did."""
+    try:
+        text = record_of(names, root).read_text()
+    except OSError:
+        return None
+    return {path: digest for digest, _, path in
+            (line.partition("  ") for line in text.splitlines())}
 
 
 def compiled_of(name: str, root: Path = ROOT) -> Path | None:
@@ -81,9 +116,14 @@ def decide(names: Sequence[str] = COMPILED, root: Path = ROOT,
         return False, "interpreted (no compiled build: no C compiler, or not built)"
     if missing:
         return False, f"interpreted (incomplete compiled build: {missing[0]} is not built)"
-    for name, path in built.items():
-        assert path is not None
-        if source_of(name, root).stat().st_mtime > path.stat().st_mtime:
+    record = recorded(names, root)
+    if record is None:
+        return False, (f"interpreted (unverified compiled build: no {RECORD} of the sources "
+                       f"it was compiled from; `make build` compiles it again)")
+    now = digests(names, root)
+    for name in names:
+        path = source_of(name, root).relative_to(root).as_posix()
+        if record.get(path) != now[path]:
             return False, (f"interpreted (stale compiled build: {name} was edited since; "
                            f"`make build` compiles it again)")
     return True, f"compiled (mypyc, {len(names)} modules)"
@@ -109,7 +149,7 @@ def choose(names: Sequence[str] = COMPILED, root: Path = ROOT) -> str:
     if not use:
         if not any(isinstance(f, SourceFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, SourceFinder(names, root))
-        if "stale" in build or "incomplete" in build:
+        if any(flaw in build for flaw in ("stale", "incomplete", "unverified")):
             warnings.warn(f"pushup: running the {build}", RuntimeWarning, stacklevel=2)
     return build
 

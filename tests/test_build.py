@@ -1,5 +1,6 @@
 """pushup/_build.py: the compiled core runs only when every module of it is built and
-none is older than its source; else the sources run, and ``BUILD`` says why."""
+every source is the one its build recorded (by SHA-256, not by file time); else the
+sources run, and ``BUILD`` says why."""
 
 from __future__ import annotations
 
@@ -10,23 +11,27 @@ import sys
 from pathlib import Path
 
 import pushup
-from pushup._build import COMPILED, compiled_of, decide
+from pushup._build import COMPILED, compiled_of, decide, record_of, record_text
 
 ROOT = Path(pushup.__file__).resolve().parent.parent
 SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
 NAMES = ("pkg.a", "pkg.b")
 
 
-def tree(tmp_path: Path, built: tuple[str, ...] = NAMES) -> Path:
+def tree(tmp_path: Path, built: tuple[str, ...] = NAMES, recorded: bool = True) -> Path:
+    """Sources, the builds named in ``built`` (newer than their sources), and the
+    record of the sources that setup.py writes beside a build."""
     (tmp_path / "pkg").mkdir(parents=True)
     for name in NAMES:
         source = tmp_path / (name.replace(".", "/") + ".py")
-        source.write_text("")
+        source.write_text(f"NAME = {name!r}\n")
         os.utime(source, (1000, 1000))
         if name in built:
             so = source.with_suffix(SUFFIX)
             so.write_bytes(b"")
             os.utime(so, (2000, 2000))
+    if recorded:
+        record_of(NAMES, tmp_path).write_text(record_text(NAMES, tmp_path))
     return tmp_path
 
 
@@ -39,10 +44,28 @@ def test_this_checkout_runs_the_compiled_core() -> None:
     assert str(store.__file__).endswith(".so") and str(params.__file__).endswith(".so")
     # stays interpreted: compiled, its exception classes would lose their `status`
     assert str(errors.__file__).endswith(".py")
+    # the record beside the build is sha256sum's format, and matches the sources
+    subprocess.run(["sha256sum", "--check", "--quiet", str(record_of())], cwd=ROOT,
+                   check=True, timeout=60)
 
 
-def test_every_module_built_and_newer_than_its_source_is_used(tmp_path: Path) -> None:
+def test_every_module_built_from_its_present_source_is_used(tmp_path: Path) -> None:
     assert decide(NAMES, tree(tmp_path), {}) == (True, "compiled (mypyc, 2 modules)")
+
+
+def test_a_source_newer_than_its_build_but_unchanged_still_uses_the_build(
+        tmp_path: Path) -> None:
+    """As a wheel install leaves it: each ``.so`` written just before its ``.py``."""
+    root = tree(tmp_path)
+    for name in NAMES:
+        os.utime(root / (name.replace(".", "/") + ".py"), (3000, 3000))
+    assert decide(NAMES, root, {}) == (True, "compiled (mypyc, 2 modules)")
+
+
+def test_a_build_without_a_record_of_its_sources_runs_the_sources(tmp_path: Path) -> None:
+    use, why = decide(NAMES, tree(tmp_path, recorded=False), {})
+    assert not use and why == ("interpreted (unverified compiled build: no compiled.sha256 of "
+                               "the sources it was compiled from; `make build` compiles it again)")
 
 
 def test_pure_in_the_environment_runs_the_sources(tmp_path: Path) -> None:
@@ -59,7 +82,9 @@ def test_no_build_or_part_of_one_runs_the_sources(tmp_path: Path) -> None:
 
 def test_a_source_edited_after_its_build_runs_the_sources(tmp_path: Path) -> None:
     root = tree(tmp_path)
-    os.utime(root / "pkg" / "b.py", (3000, 3000))
+    source = root / "pkg" / "b.py"
+    source.write_text(source.read_text() + "EDITED = True\n")
+    os.utime(source, (1000, 1000))  # its file time alone would not tell
     use, why = decide(NAMES, root, {})
     assert not use and why.startswith("interpreted (stale compiled build: pkg.b was edited")
 
@@ -82,13 +107,13 @@ def _imported(root: Path) -> list[str]:
 
 
 def test_a_stale_build_is_never_imported(tmp_path: Path) -> None:
-    """A real compiled build, one source touched after it: the sources run."""
+    """A real compiled build, one source edited after it: the sources run."""
     _copy_package(tmp_path)
     fresh, path, _ = _imported(tmp_path)
     assert fresh.startswith("compiled") and path == str(compiled_of("pushup.core.store",
                                                                     tmp_path))
     source = tmp_path / "pushup" / "core" / "hub.py"
-    os.utime(source, (compiled_of("pushup.core.hub", tmp_path).stat().st_mtime + 10,) * 2)
+    source.write_text(source.read_text() + "# edited\n")
     stale, path, stderr = _imported(tmp_path)
     assert stale.startswith("interpreted (stale compiled build: pushup.core.hub was edited")
     assert path == str(tmp_path / "pushup" / "core" / "store.py")

@@ -1,0 +1,105 @@
+"""PushUp installed from a wheel runs its compiled core: a wheel install writes each
+``.so`` a moment before its ``.py``, and that must not make the build look stale.
+
+The test does what ``pip install .`` does, in two steps: ``pip wheel --no-deps`` of
+a copy of this checkout (its sources, setup.py, pyproject.toml; no builds) in pip's
+usual isolated build environment, whose requirements come from pip's index or
+cache; then ``pip install --no-index --no-deps`` of that wheel into a fresh venv.
+The venv reaches the runtime dependencies through a ``.pth`` naming this venv's
+site-packages, so the install needs no index. Then ``<venv>/bin/pushup serve``
+starts and answers /health, and its stderr holds only its log lines.
+
+Wall time: the wheel's build is nearly all of it (mypyc compiles the core, pip sets
+up its isolated build environment): 58 s on this 2-core machine idle, 140 s beside
+other work; the venv, the install and the node take a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import pushup
+from pushup._build import COMPILED
+
+ROOT = Path(pushup.__file__).resolve().parent.parent
+# The files a wheel is built from (pyproject.toml names README.md as the readme).
+BUILT_FROM = ("pushup", "setup.py", "pyproject.toml", "README.md", "LICENSE")
+# A line of the node's own text log: "<time> [<namespace>#<level>] <message>".
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \[[\w.]+#\w+\] ")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """A wheel of this checkout's sources, built as `pip install .` builds it."""
+    source = tmp_path / "source"
+    for name in BUILT_FROM:
+        if (ROOT / name).is_dir():
+            # no builds, nor their record (pushup/compiled.sha256): the wheel makes its own
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.so", "*.sha256"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
+                    str(source)], check=True, timeout=600, cwd=tmp_path)
+    (wheel,) = dist.glob("pushup-*.whl")
+    return wheel
+
+
+def _venv_with(wheel: Path, at: Path) -> Path:
+    """A fresh venv with ``wheel`` installed, no index used."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True,
+                   timeout=120)
+    python = at / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-index", "--no-deps", str(wheel)], check=True, timeout=120)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, timeout=60, capture_output=True,
+                          text=True).stdout.strip()
+    # Appended after the venv's own site-packages: pushup comes from the wheel; this
+    # venv's .pth files (its editable pushup) are not read from there.
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    Path(site, "dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
+    return at
+
+
+@pytest.mark.timeout(900)
+def test_a_wheel_install_runs_the_compiled_core_without_a_warning(tmp_path: Path) -> None:
+    venv = _venv_with(_wheel(tmp_path), tmp_path / "venv")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PUSHUP_PURE", "PYTHONPATH")}
+    node = subprocess.Popen([str(venv / "bin" / "pushup"), "serve", "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert node.stderr is not None
+        stderr: list[str] = []
+        while not any(" listening on " in line for line in stderr):
+            line = node.stderr.readline()  # the start line is logged once listening
+            assert line, f"the node exited before listening: {stderr}"
+            stderr.append(line.rstrip("\n"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as health:
+            assert health.status == 200
+    finally:
+        node.send_signal(signal.SIGTERM)
+        _, rest = node.communicate(timeout=60)
+    stderr += rest.splitlines()
+    (start,) = [line for line in stderr if " listening on " in line]
+    assert start.endswith(f"; core compiled (mypyc, {len(COMPILED)} modules)")
+    assert [line for line in stderr if not LOG_LINE.match(line)] == []
