@@ -103,9 +103,12 @@ def missing(group: str, path: str | None = None,
     return wanted
 
 
-def apt_get(args: Sequence[str]) -> int:
+def apt_get(args: Sequence[str], quiet: bool = False) -> int:
+    """apt-get with ``args``; ``quiet``: dpkg's progress lines (hundreds, on a fresh
+    machine) go nowhere, apt's errors still reach stderr."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(["apt-get", *args], env=env).returncode
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.run(["apt-get", *args], env=env, stdout=out).returncode
 
 
 def install(packages: Sequence[str]) -> int:
@@ -119,7 +122,7 @@ def install(packages: Sequence[str]) -> int:
     try:
         rc = apt_get(["update", "-qq"])
         if rc == 0:
-            rc = apt_get(["install", "-y", "-qq", *packages])
+            rc = apt_get(["install", "-y", "-qq", *packages], quiet=True)
         return rc
     finally:
         if added:
