@@ -29,7 +29,7 @@ ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.backplane": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.ops": ("pushup",),
     "pushup.__main__": ("pushup.ops",),
-    "pushup.client": ("pushup.client",),  # installed apart (clients/python, pushup-client): no server layer
+    "pushup.client": ("pushup.client",),  # pushup-client, installed apart: no server layer
 }
 NO_REACTOR = ("pushup.core", "pushup.http")
 
