@@ -19,7 +19,8 @@ never touches the machine's own firewall or qdiscs:
 ``skip_reason()`` says why this machine cannot run them (not root, a tool
 missing, namespaces refused), or None. ``NetCluster`` is ``LocalCluster``
 with each node started by ``ip netns exec`` in its namespace, listening on its
-address; it stops them by PID like ``LocalCluster`` does.
+address; it stops them by PID like ``LocalCluster`` does. ``mesh(n)`` and
+``on_redis(n)`` make the lab and such a cluster in one ``with``.
 """
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ import random
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from deploy.launch import LocalCluster
+from deploy.launch import LocalCluster, get_json
+from deploy.redis_server import RedisServer
 
 TOOLS = ("ip", "nft", "tc")
 TABLE = "pushup_fault"  # the nft table a fault makes in a node's namespace
@@ -237,3 +240,38 @@ class NetCluster(LocalCluster):
         # not loopback: without a token, publishing there needs saying so
         return ["ip", "netns", "exec", self.hosts[i].ns, *argv,
                 "--host", self.hosts[i].addr, "--allow-open-publish"]
+
+
+def links_up(c: NetCluster) -> bool:
+    return all(p["state"] == "up" and p["queued"] == 0
+               for b in c.bases for p in get_json(b + "/stats")[1]["peers"])
+
+
+@contextlib.contextmanager
+def mesh(nodes: int = 3) -> Iterator[tuple[Lab, list[Host], NetCluster]]:
+    """A lab and ``nodes`` peered nodes in it, every link up."""
+    with Lab() as lab:
+        hosts = [lab.add_host(f"n{i}") for i in range(nodes)]
+        # a publish cut off from every peer is answered 202 after this, not 2 s
+        with NetCluster(hosts, node_args=["--publish-ack-timeout", "0.5"]) as c:
+            deadline = time.monotonic() + 30
+            while not links_up(c):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the peer links did not come up in 30 s")
+                time.sleep(0.05)
+            yield lab, hosts, c
+
+
+@contextlib.contextmanager
+def on_redis(nodes: int) -> Iterator[tuple[Lab, list[Host], NetCluster, RedisServer]]:
+    """A lab, a redis-server of our own on the root namespace's lab address
+    (and loopback), and ``nodes`` nodes on it."""
+    with Lab() as lab:
+        redis = RedisServer("--bind", "127.0.0.1", lab.root_addr, "--protected-mode", "no")
+        redis.start()
+        try:
+            hosts = [lab.add_host(f"n{i}") for i in range(nodes)]
+            with NetCluster(hosts, engine=f"redis://{lab.root_addr}:{redis.port}") as c:
+                yield lab, hosts, c, redis
+        finally:
+            redis.stop()

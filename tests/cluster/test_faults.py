@@ -9,15 +9,12 @@ faults longer and reports what each costs (docs/faults.md).
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
-from deploy.redis_server import RedisServer
-from tests.cluster.history import Load, under_fault, wait_for
-from tests.cluster.netfault import Host, Lab, NetCluster, cut, cut_port, skip_reason, slow
+from tests.cluster.history import Costs, Load, under_fault
+from tests.cluster.netfault import cut, cut_port, mesh, on_redis, skip_reason, slow
 
 REASON = skip_reason()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""),
@@ -27,37 +24,7 @@ LOAD = Load(publishers=2, channels_per_publisher=2, count=120, pace=0.01, subscr
             before=40, during=100)
 
 
-def links_up(c: NetCluster) -> bool:
-    from deploy.launch import get_json
-    return all(p["state"] == "up" and p["queued"] == 0
-               for b in c.bases for p in get_json(b + "/stats")[1]["peers"])
-
-
-@contextlib.contextmanager
-def mesh(nodes: int = 3) -> Iterator[tuple[Lab, list[Host], NetCluster]]:
-    with Lab() as lab:
-        hosts = [lab.add_host(f"n{i}") for i in range(nodes)]
-        # a publish cut off from every peer is answered 202 after this, not 2 s
-        with NetCluster(hosts, node_args=["--publish-ack-timeout", "0.5"]) as c:
-            wait_for(lambda: links_up(c), 30, "every peer link up")
-            yield lab, hosts, c
-
-
-@contextlib.contextmanager
-def on_redis(nodes: int) -> Iterator[tuple[Lab, list[Host], NetCluster, RedisServer]]:
-    with Lab() as lab:
-        redis = RedisServer("--bind", "127.0.0.1", lab.root_addr, "--protected-mode", "no")
-        redis.start()
-        try:
-            hosts = [lab.add_host(f"n{i}") for i in range(nodes)]
-            engine = f"redis://{lab.root_addr}:{redis.port}"
-            with NetCluster(hosts, engine=engine) as c:
-                yield lab, hosts, c, redis
-        finally:
-            redis.stop()
-
-
-def assert_kept(costs) -> None:
+def assert_kept(costs: Costs) -> None:
     assert not costs.problems, "\n".join(costs.problems[:30])
     assert costs.acked > 0 and costs.deliveries > 0, costs.figures()
 
