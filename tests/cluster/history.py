@@ -33,6 +33,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 NETWORK_ERRORS = (OSError, http.client.HTTPException)
 DELAYED_S = 1.0  # a message delivered this long after its 201 counts as delayed
@@ -264,7 +265,16 @@ class Costs:
         return d
 
 
-def check(history: History, subscribers: Sequence[Subscriber], allow_gaps: bool,
+class Seen(Protocol):
+    """What ``check`` reads of a subscriber."""
+    name: str
+    channels: list[str]
+    log: list[Event]
+    failures: list[str]
+    errors: list[str]
+
+
+def check(history: History, subscribers: Sequence[Seen], allow_gaps: bool,
           cut_at: float = 0.0, healed_at: float = 0.0) -> Costs:
     """Hold every subscriber to the contract; the problems found, and the costs."""
     acked = history.acked()
