@@ -72,7 +72,8 @@ FAULTS: dict[str, tuple[str, Callable[[Load], Costs]]] = {
 }
 COLUMNS = [("acked", "acked"), ("unacked", "no 201"), ("deliveries", "delivered"),
            ("delayed", ">1 s late"), ("max_lag_during_cut_s", "max lag s"), ("gaps", "gaps"),
-           ("cut_s", "fault s"), ("heal_s", "heal s"), ("problems", "broken")]
+           ("cut_s", "fault s"), ("heal_s", "heal s"), ("dropped", "pkts lost"),
+           ("problems", "broken")]
 
 
 def bench_faults(ctx: Context, quick: bool) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def table(result: dict[str, Any]) -> str:
     head = ["fault".ljust(38), *(h.rjust(9) for _, h in COLUMNS)]
     lines = [" ".join(head)]
     for f in result["faults"].values():
-        cells = [str(f["problem_count"] if k == "problems" else f[k]).rjust(9)
+        cells = [str(f["problem_count"] if k == "problems" else f.get(k, "-")).rjust(9)
                  for k, _ in COLUMNS]
         lines.append(" ".join([f["what"].ljust(38), *cells]))
     return "\n".join(lines)

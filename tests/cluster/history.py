@@ -255,11 +255,13 @@ class Costs:
     cut_s: float = 0.0  # how long the fault lasted
     heal_s: float = 0.0  # heal until every subscriber held all acknowledged before it
     poll_failures: int = 0
+    fault: dict[str, int] = field(default_factory=dict)  # what the fault says it did
     problems: list[str] = field(default_factory=list)
 
     def figures(self) -> dict[str, object]:
         d = dict(self.__dict__)
         d.pop("problems")
+        d.update(d.pop("fault"))
         for k in ("max_lag_s", "max_lag_during_cut_s", "cut_s", "heal_s"):
             d[k] = round(float(d[k]), 3)
         return d
@@ -374,6 +376,7 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
     pubs = [Publisher(f"pub{p}", history, [*pub_urls[p:], *pub_urls[:p]], channels[p],
                       load.count, load.pace, load.pad) for p in range(load.publishers)]
     cut_at = healed_at = 0.0
+    held: object = None
     try:
         for s in subs:
             s.start()
@@ -381,7 +384,7 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
             p.start()
         total = load.publishers * load.count
         wait_for(lambda: history.count() >= min(load.before, total), 120, "load before the fault")
-        with fault():
+        with fault() as held:
             cut_at = time.monotonic()
             wait_for(lambda: history.count() >= min(load.before + load.during, total)
                      and time.monotonic() - cut_at >= load.min_fault_s,
@@ -399,6 +402,7 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
     for s in subs:
         s.finish()
     costs = check(history, subs, allow_gaps, cut_at, healed_at)
+    costs.fault = dict(held) if isinstance(held, dict) else {}
     for p in pubs:
         costs.problems += p.errors
     return costs

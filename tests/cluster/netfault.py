@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import random
 import secrets
@@ -42,15 +43,16 @@ TOOLS = ("ip", "nft", "tc")
 TABLE = "pushup_fault"  # the nft table a fault makes in a node's namespace
 
 
-def run(*argv: str, stdin: str | None = None) -> None:
-    """One command; its stderr is the error when it fails."""
+def run(*argv: str, stdin: str | None = None) -> str:
+    """One command's output; its stderr is the error when it fails."""
     done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
 
 
-def in_ns(ns: str, *argv: str, stdin: str | None = None) -> None:
-    run("ip", "netns", "exec", ns, *argv, stdin=stdin)
+def in_ns(ns: str, *argv: str, stdin: str | None = None) -> str:
+    return run("ip", "netns", "exec", ns, *argv, stdin=stdin)
 
 
 def skip_reason() -> str | None:
@@ -168,22 +170,32 @@ class Lab:
 def _table(chains: dict[str, Sequence[str]]) -> str:
     body = "".join(
         f"  chain {hook} {{ type filter hook {hook} priority 0; policy accept;\n"
-        + "".join(f"    {rule} drop\n" for rule in rules) + "  }\n"
+        + "".join(f"    {rule} counter drop\n" for rule in rules) + "  }\n"
         for hook, rules in chains.items())
     return f"table inet {TABLE} {{\n{body}}}\n"
 
 
 @contextlib.contextmanager
-def _nft(host: Host, chains: dict[str, Sequence[str]]) -> Iterator[None]:
+def _nft(host: Host, chains: dict[str, Sequence[str]]) -> Iterator[dict[str, int]]:
+    """The rules for as long as the ``with`` lasts; what it yields is filled
+    on the way out with ``dropped``, the packets they dropped (proof that the
+    fault held)."""
+    held: dict[str, int] = {}
     in_ns(host.ns, "nft", "-f", "-", stdin=_table(chains))
     try:
-        yield
+        yield held
     finally:
-        in_ns(host.ns, "nft", "delete", "table", "inet", TABLE)
+        try:
+            table = json.loads(in_ns(host.ns, "nft", "-j", "list", "table", "inet", TABLE))
+            held["dropped"] = sum(e["counter"]["packets"] for item in table["nftables"]
+                                  for e in item.get("rule", {}).get("expr", [])
+                                  if "counter" in e)
+        finally:
+            in_ns(host.ns, "nft", "delete", "table", "inet", TABLE)
 
 
 def cut(host: Host, peers: Sequence[str],
-        direction: str = "both") -> contextlib.AbstractContextManager[None]:
+        direction: str = "both") -> contextlib.AbstractContextManager[dict[str, int]]:
     """Drop packets between ``host`` and the addresses ``peers``: ``both`` ways,
     or only ``out`` (what ``host`` sends them; what they send arrives)."""
     assert direction in ("both", "out"), direction
@@ -194,7 +206,8 @@ def cut(host: Host, peers: Sequence[str],
     return _nft(host, chains)
 
 
-def cut_port(host: Host, addr: str, port: int) -> contextlib.AbstractContextManager[None]:
+def cut_port(host: Host, addr: str,
+             port: int) -> contextlib.AbstractContextManager[dict[str, int]]:
     """Drop ``host``'s traffic with one service (``addr:port``) both ways; its
     clients, on the same address, still reach it."""
     return _nft(host, {"output": [f"ip daddr {addr} tcp dport {port}"],
@@ -202,20 +215,29 @@ def cut_port(host: Host, addr: str, port: int) -> contextlib.AbstractContextMana
 
 
 @contextlib.contextmanager
-def slow(lab: Lab, host: Host, rate: str = "1mbit") -> Iterator[None]:
+def slow(lab: Lab, host: Host, rate: str = "1mbit") -> Iterator[dict[str, int]]:
     """``host``'s link limited to ``rate`` each way (a token bucket on both veth
-    ends; past 200 ms of queue, packets are dropped and TCP resends them)."""
+    ends; past 200 ms of queue, packets are dropped and TCP resends them). What
+    it yields is filled on the way out: ``overlimits`` (packets the bucket held
+    back: proof that the link was slowed) and ``dropped``."""
     ends = [(host.ns, "eth0"), (lab.hub, host.hub_end)]
     made = []
+    held: dict[str, int] = {}
     try:
         for ns, dev in ends:
             in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                   "burst", "16kb", "latency", "200ms")
             made.append((ns, dev))
-        yield
+        yield held
     finally:
         for ns, dev in made:
-            in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root")
+            try:
+                for q in json.loads(in_ns(ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev)):
+                    if q.get("kind") == "tbf":
+                        held["overlimits"] = held.get("overlimits", 0) + q["overlimits"]
+                        held["dropped"] = held.get("dropped", 0) + q["drops"]
+            finally:
+                in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root")
 
 
 class NetCluster(LocalCluster):
