@@ -246,6 +246,7 @@ class Costs:
     published: int = 0
     acked: int = 0
     unacked: int = 0  # attempts without a 201
+    answers: dict[str, int] = field(default_factory=dict)  # their answers ("none": no answer)
     unacked_delivered: int = 0  # deliveries of such messages (allowed, once)
     deliveries: int = 0  # acknowledged messages received, over all subscribers
     delayed: int = 0  # of those, received more than DELAYED_S after their 201
@@ -282,6 +283,11 @@ def check(history: History, subscribers: Sequence[Seen], allow_gaps: bool,
     acked = history.acked()
     costs = Costs(published=history.count(), acked=len(acked), cut_s=healed_at - cut_at)
     costs.unacked = costs.published - costs.acked
+    with history.lock:
+        for a in history.attempts.values():
+            if a.status != 201:
+                answer = str(a.status or "none")
+                costs.answers[answer] = costs.answers.get(answer, 0) + 1
     problems = costs.problems
     for s in subscribers:
         costs.poll_failures += len(s.failures)
