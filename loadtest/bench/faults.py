@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from tests.cluster.history import Costs, Load, under_fault
-from tests.cluster.netfault import cut, cut_port, mesh, on_redis, skip_reason, slow
+from tests.cluster.netfault import NetCluster, cut, cut_port, mesh, on_redis, skip_reason, slow
 
 from .scenarios import Context
 
@@ -38,33 +38,42 @@ FULL = Load(publishers=3, channels_per_publisher=3, count=1000, pace=0.02, subsc
             before=300, during=600, min_fault_s=35.0, settle_s=120.0)
 
 
-def member_cut(load: Load) -> Costs:
+def pids(c: NetCluster, *more: int) -> list[int]:
+    """The processes a fault's run started (the record lists them)."""
+    return [p.pid for p in c.nodes if p is not None] + list(more)
+
+
+def member_cut(load: Load, started: list[int]) -> Costs:
     with mesh(3) as (_, hosts, c):
+        started += pids(c)
         return under_fault(lambda: cut(hosts[0], [h.addr for h in hosts[1:]]), c.bases,
                            c.bases, load, tag="cut")
 
 
-def redis_cut(load: Load) -> Costs:
+def redis_cut(load: Load, started: list[int]) -> Costs:
     with on_redis(3) as (lab, hosts, c, redis):
+        started += pids(c, redis.pid)
         return under_fault(lambda: cut_port(hosts[0], lab.root_addr, redis.port), c.bases,
                            c.bases, load, tag="rcut")
 
 
-def one_way(load: Load) -> Costs:
+def one_way(load: Load, started: list[int]) -> Costs:
     with mesh(3) as (_, hosts, c):
+        started += pids(c)
         return under_fault(lambda: cut(hosts[0], [hosts[1].addr], "out"), c.bases, c.bases,
                            replace(load, min_fault_s=max(load.min_fault_s, 3.0)), tag="oneway")
 
 
-def slow_link(load: Load) -> Costs:
+def slow_link(load: Load, started: list[int]) -> Costs:
     heavy = replace(load, pace=0.0, pad=1000, before=load.before // 2,
                     during=load.during * 4, min_fault_s=max(3.0, load.min_fault_s / 2))
     with mesh(3) as (lab, hosts, c):
+        started += pids(c)
         return under_fault(lambda: slow(lab, hosts[2]), c.bases[:2], c.bases, heavy,
                            tag="slow")
 
 
-FAULTS: dict[str, tuple[str, Callable[[Load], Costs]]] = {
+FAULTS: dict[str, tuple[str, Callable[[Load, list[int]], Costs]]] = {
     "member_cut": ("mesh: 1 of 3 cut off from its peers", member_cut),
     "redis_cut": ("redis: 1 of 3 nodes cut from Redis", redis_cut),
     "one_way": ("mesh: node 1 -> node 2 dropped", one_way),
@@ -85,8 +94,10 @@ def bench_faults(ctx: Context, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"load": load.__dict__, "faults": {}}
     for key, (what, play) in FAULTS.items():
         t0 = time.monotonic()
-        costs = play(load)
+        started: list[int] = []
+        costs = play(load, started)
         out["faults"][key] = {"what": what, **costs.figures(), "kept": not costs.problems,
+                              "pids": started,
                               "problems": costs.problems[:20],
                               "problem_count": len(costs.problems),
                               "took_s": round(time.monotonic() - t0, 1)}
