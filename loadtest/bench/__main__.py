@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,workers] [--quick] [--budget CORES] [--worker-budget CORES]`.
+engines,scale,workers,faults] [--quick] [--budget CORES] [--worker-budget CORES]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,

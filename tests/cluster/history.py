@@ -33,17 +33,17 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 NETWORK_ERRORS = (OSError, http.client.HTTPException)
 DELAYED_S = 1.0  # a message delivered this long after its 201 counts as delayed
 
 
 def call(method: str, url: str, body: object = None,
-         timeout: float = 10.0) -> tuple[int, dict]:
+         timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
     """One request on a fresh connection: (status, JSON body)."""
     u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
         path = u.path + ("?" + u.query if u.query else "")
@@ -304,10 +304,10 @@ def check(history: History, subscribers: Sequence[Seen], allow_gaps: bool,
                 problems.append(f"{s.name}: {key} ({e.id}) received twice (from {e.url})")
                 continue
             seen[key] = pos
-            a = acked.get(key)
-            if a is None:
+            if key not in acked:
                 costs.unacked_delivered += 1
                 continue
+            a = acked[key]
             if a.id != e.id:
                 problems.append(f"{s.name}: {key} arrived as {e.id}, acknowledged as {a.id}")
             if last_acked.get(e.channel, -1) > e.seq:

@@ -83,7 +83,7 @@ def free_subnet() -> ipaddress.IPv4Network:
             taken.append(ipaddress.ip_network(dest, strict=False))
     rng = random.Random()
     for _ in range(100):
-        net = ipaddress.ip_network(f"10.{rng.randrange(200, 208)}.{rng.randrange(256)}.0/24")
+        net = ipaddress.IPv4Network(f"10.{rng.randrange(200, 208)}.{rng.randrange(256)}.0/24")
         if not any(net.overlaps(t) for t in taken if t.prefixlen > 0):
             return net
     raise RuntimeError("no free /24 in 10.200.0.0/13")
@@ -252,6 +252,10 @@ class NetCluster(LocalCluster):
         super().__init__(nodes=len(hosts), haproxy=False, engine=engine, node_args=node_args)
         self.hosts = list(hosts)
         self.bases = [self.node_url(i) for i in range(len(hosts))]
+
+    def __enter__(self) -> NetCluster:
+        self.start()
+        return self
 
     def node_url(self, i: int) -> str:
         return f"http://{self.hosts[i].addr}:{self.PORT}"

@@ -29,7 +29,7 @@ def history(*acked: tuple[str, int], unacked: tuple[tuple[str, int], ...] = ()) 
 def subscriber(channels: list[str], *log: tuple[str, int] | str) -> Seen:
     """What a subscriber saw, in order: (channel, seq) or "gap"."""
     return Seen("sub", channels, [
-        Event(2.0, "http://n2", "gap") if e == "gap" else
+        Event(2.0, "http://n2", "gap") if isinstance(e, str) else
         Event(2.0, "http://n2", "msg", e[0], e[1], f"id-{e[0]}-{e[1]}") for e in log])
 
 
