@@ -160,9 +160,13 @@ class Lab:
             except RuntimeError as e:
                 errors.append(str(e))
         self.namespaces.clear()
-        # the root end goes with its peer in the hub; this is for a hub never made
-        with contextlib.suppress(RuntimeError):
-            run("ip", "link", "del", self.root_if)
+        # a veth's ends go together when its namespace does; these are ends left
+        # in the root namespace by a setup that failed half-way
+        for line in run("ip", "-o", "link").splitlines():
+            name = line.split(": ")[1].split("@")[0]
+            if name.startswith(f"pf{self.tag}"):
+                with contextlib.suppress(RuntimeError):
+                    run("ip", "link", "del", name)
         if errors:
             raise RuntimeError("; ".join(errors))
 
