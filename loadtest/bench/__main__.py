@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,workers] [--quick] [--budget CORES] [--worker-budget CORES]`.
+engines,scale,workers,faults] [--quick] [--budget CORES] [--worker-budget CORES]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -33,14 +33,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, engines, nodescale, report, scenarios, workerscale
+from . import cluster, compare, engines, faults, nodescale, report, scenarios, workerscale
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale", "workers"]
+           "engines", "scale", "workers", "faults"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("scale", lambda: nodescale.bench_node_scaling(
                 ctx, cfg["scale_nodes"], cfg["scale_n"], cfg["scale_publishes"],
                 cfg["scale_interval"], args.budget, cfg["round_timeout"], args.front_shares)))
+        if "faults" in args.only:
+            plan.append(("faults", lambda: faults.bench_faults(ctx, args.quick)))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
