@@ -74,3 +74,22 @@ def test_a_message_stored_twice_under_another_id_is_caught() -> None:
     s = subscriber(["a"], ("a", 0))
     s.log[0].id = "id-other"
     assert "acknowledged as id-a-0" in problems(h, s)[0]
+
+
+
+def test_messages_of_two_origins_may_interleave_but_each_origin_keeps_its_order() -> None:
+    """The mesh orders a channel per origin: a later publish accepted by another
+    node may arrive first (docs/faults.md, "Order"); one accepted by the same
+    node may not."""
+    def run(origin_of: dict[int, str], arrival: list[int]) -> list[str]:
+        h = History()
+        ids = {seq: f"{origin_of[seq]}-{seq + 1}" for seq in origin_of}
+        for seq, ident in ids.items():
+            h.record(Attempt("a", seq, "http://n1", 0.0, 1.0, 201, ident))
+        log = [Event(2.0, "http://n2", "msg", "a", seq, ids[seq]) for seq in arrival]
+        return problems(h, Seen("sub", ["a"], log))
+
+    two_nodes = {0: "n1.e", 1: "n2.e", 2: "n1.e"}
+    assert run(two_nodes, [1, 0, 2]) == []  # node 2's seq 1 overtook node 1's seq 0
+    [p] = run(two_nodes, [2, 1, 0])  # node 1's seq 2 before its own seq 0
+    assert "('a', 0)" in p and "after seq 2" in p and "same origin" in p
