@@ -18,6 +18,7 @@ from typing import Protocol
 from pushup.core.channels import ChannelOp
 from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
+from pushup.core.follow import Applied, Entry, Followed, Hole, LoggedOp, Place, Skip, place
 from pushup.core.hub import Hub, Waiter
 from pushup.core.idempotency import Idem, replay
 from pushup.core.model import Draft, Message, Now, Query
@@ -102,11 +103,12 @@ class Service:
     """This node's behaviour: the one way into its store, and its held subscribers.
 
     Every backplane enters the core here: this node's own publishes through
-    :meth:`publish` (whoever stamps them), another node's messages through
-    the store and :meth:`arrived`, another node's channel operations through
-    :meth:`apply_op`. Whoever changes what the store holds calls
-    :meth:`arrived` (``publish`` does), so held subscribers are answered on
-    the reactor's next turn, a slice of ``SLICE`` at a time.
+    :meth:`publish` (or :meth:`publish_logged`, when the cluster's log
+    stamped them), everything another origin ordered — its messages, its
+    channel operations, what of it is gone — through :meth:`follow`. Whoever
+    changes what the store holds calls :meth:`arrived` (both do), so held
+    subscribers are answered on the reactor's next turn, a slice of
+    ``SLICE`` at a time.
 
     A draining node (:meth:`drain`) answers every held subscriber at once
     and refuses new publishes: :meth:`check_open` is that rule, checked once
@@ -138,34 +140,17 @@ class Service:
 
     # -- publishing --------------------------------------------------------
 
-    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None, *,
-                logged: Sequence[Message] | None = None, current: bool = True,
-                ) -> list[Message]:
-        """This node's own publish, all drafts validated: the one door every
-        backplane takes for it. Counts it, stores it and answers its
-        subscribers. (The backplane decides when the publisher hears back
-        and tells the cluster; the caller checked :meth:`check_open`.)
+    def publish(self, drafts: Sequence[Draft], idem: Idem | None = None) -> list[Message]:
+        """This node's own publish, all drafts validated and stamped by this
+        node's origin: counts it, stores it and answers its subscribers. (The
+        backplane decides when the publisher hears back and tells the
+        cluster; the caller checked :meth:`check_open`.)
 
-        This node's origin stamps the drafts, unless ``logged``: the
-        cluster's log stamped them already (the Redis engine), and they are
-        stored now if they come next in their origin and the log is still
-        the ``current`` one (else the log's tail brings them, in order).
-
-        With ``idem`` (this node stamps), a key this node remembers (from
-        any node of the cluster) stores nothing: the answer is the first
-        attempt's messages, as ``Replayed``; the key with another body
-        raises ``KeyReused``.
+        With ``idem``, a key this node remembers (from any node of the
+        cluster) stores nothing: the answer is the first attempt's messages,
+        as ``Replayed``; the key with another body raises ``KeyReused``.
         """
         now = self.now()
-        if logged is not None:
-            messages = list(logged)
-            self.counters.published += len(messages)
-            if current and messages and \
-                    messages[0].seq == self.store.origins.horizon_of(messages[0].origin) + 1:
-                for m in messages:
-                    self.store.apply(m, now)
-                self.arrived(messages, now)
-            return messages
         if idem is not None:
             record = self.store.keys.recall(idem, now)
             if record is not None:
@@ -174,6 +159,68 @@ class Service:
         self.counters.published += len(messages)
         self.arrived(messages, now)
         return messages
+
+    def publish_logged(self, messages: Sequence[Message], current: bool) -> list[Message]:
+        """This node's own publish as the cluster's log stamped it (the Redis
+        engine): counted, and followed now if the log is still the ``current``
+        one and they come next in its origin (else the log's tail brings them,
+        in order)."""
+        self.counters.published += len(messages)
+        if current and messages:
+            self.follow(messages[0].origin, messages)
+        return list(messages)
+
+    def follow(self, origin: str, entries: Iterable[Entry], *, trimmed: bool = False,
+               ) -> Followed:
+        """Another origin's entries, in its order: the one way into the store
+        for what this node did not stamp itself (:mod:`pushup.core.follow`).
+
+        Each numbered entry (a message, a logged operation) is applied only
+        when it is the next of its origin; one held already is passed over;
+        one further on is a hole: nothing after it is applied and the answer
+        is ``Hole`` (send again from there), unless ``trimmed`` (the entries
+        are read from the origin's whole log: what lies between was trimmed
+        from it, a gap readers are told of). A ``ChannelOp`` applies once the
+        origin is held up to its ``at_seq`` (else a hole too); a ``Skip``
+        moves the horizon past history gone everywhere; a ``Remembered`` is
+        kept once its last message is held. Held subscribers are answered
+        on the reactor's next turn, as after a publish.
+        """
+        store = self.store
+        now = self.now()
+        store.know(origin)
+        arrived: list[Message] = []
+        hole = False
+        for entry in entries:
+            horizon = store.horizon_of(origin)
+            if isinstance(entry, Message | LoggedOp):
+                where = place(entry.seq, horizon)
+                if where is Place.HELD:
+                    continue
+                if where is Place.AHEAD:
+                    if not trimmed:
+                        hole = True
+                        break
+                    store.skip_to(origin, entry.seq - 1, entry.ts - 1)
+                if isinstance(entry, Message):
+                    store.apply(entry, now)
+                    arrived.append(entry)
+                else:
+                    store.pass_over(origin, entry.seq)
+                    self.apply_op(entry.op, now)
+            elif isinstance(entry, ChannelOp):
+                if entry.at_seq > horizon:
+                    hole = True
+                    break
+                self.apply_op(entry, now)
+            elif isinstance(entry, Skip):
+                store.skip_to(origin, entry.seq, entry.ts)
+            elif entry.last_seq <= horizon:  # a keyed publish we hold all of
+                store.remember(entry, now)
+        if arrived:
+            self.arrived(arrived, now)
+        horizon = store.horizon_of(origin)
+        return Hole(horizon + 1) if hole else Applied(horizon)
 
     def check_open(self) -> None:
         """``ShuttingDown`` (503) once the node drains: no new publish."""
