@@ -84,23 +84,6 @@ def unsigned() -> errors.PushUpError:
     return errors.Unauthorized("peer requests must be signed with the cluster secret")
 
 
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """A peer's batch is in: we hold its origin up to ``horizon``."""
-
-    horizon: int
-
-
-@dataclass(frozen=True, slots=True)
-class Hole:
-    """A peer's batch would leave a hole: send again from ``expected``."""
-
-    expected: int
-
-
-Received = Applied | Hole
-
-
 class Unconfirmed(list[Message]):
     """A publish's messages, stored by this node but held by no other yet.
 

@@ -183,8 +183,8 @@ class DataDir:
                 kept.append((name, c.ttl, c.expires_at, json.dumps(c.evicted), c.evicted_ts))
         origins = []
         for origin in changes.origins:
-            lost = store.origins.lost_of(origin)
-            origins.append((origin, store.origins.horizon_of(origin),
+            lost = store.lost_of(origin)
+            origins.append((origin, store.horizon_of(origin),
                             lost[0] if lost else None, lost[1] if lost else None))
         keys = [(r.key, r.fingerprint, r.origin, json.dumps(r.stamps), r.since)
                 for r in changes.keys]

@@ -9,16 +9,11 @@ only: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pushup.core.channels import Channel
 from pushup.core.idempotency import Remembered
 from pushup.core.model import Message
-
-if TYPE_CHECKING:
-    from pushup.core.store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +45,6 @@ class StoreImage:
     messages: tuple[tuple[Message, tuple[str, ...]], ...]
     keys: tuple[Remembered, ...] = ()
     last_ts: int = 0
-
-
-def image_of(store: Store, channels: Iterable[Channel]) -> StoreImage:
-    """``store``'s image, with ``channels`` (all of its channels)."""
-    return StoreImage(
-        horizon=tuple(store.origins.horizon.items()),
-        lost=tuple((o, seq, ts) for o, (seq, ts) in store.origins.lost.items()),
-        channels=tuple(ChannelImage(c.name, c.ttl, c.expires_at, tuple(c.evicted.items()),
-                                    c.evicted_ts) for c in channels),
-        messages=tuple((m, tuple(store.holders_of(m))) for m in store.all_messages()),
-        keys=tuple(store.keys.records()),
-        last_ts=store.last_ts)
 
 
 def channel_of(image: ChannelImage, now: int) -> Channel:

@@ -30,7 +30,7 @@ from pushup.core.channels import Channel as Channel  # re-exported: the store's 
 from pushup.core.channels import ChannelOp, Channels
 from pushup.core.cursor import Cursor
 from pushup.core.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, record_of
-from pushup.core.image import StoreImage, channel_of, image_of
+from pushup.core.image import ChannelImage, StoreImage, channel_of
 from pushup.core.model import Draft, Message, Now, Origin, Query
 from pushup.core.origins import Origins, Position
 from pushup.core.runs import Run, merge
@@ -64,12 +64,14 @@ class Store:
     Local publishes get their ids from this node's origin; messages of other
     origins are applied with :meth:`apply`, strictly in sequence order per
     origin, so the horizon (the highest contiguous sequence per origin) is
-    what a cursor may safely claim.
+    what a cursor may safely claim. ``Service.follow`` is the one caller
+    that moves another origin's horizon (:meth:`apply`, :meth:`know`,
+    :meth:`skip_to`, :meth:`pass_over`).
 
     The store owns its state: other modules read it through the named reads
-    below (and ``origins`` for horizons) and change it only through its
-    methods. Every change is noted in its journal (``Changes``;
-    ``NO_CHANGES`` until :meth:`journal_to` installs one).
+    below and change it only through its methods. Every change is noted in
+    its journal (``Changes``; ``NO_CHANGES`` until :meth:`journal_to`
+    installs one).
     """
 
     def __init__(self, retention: Retention, origin: Origin) -> None:
@@ -83,14 +85,15 @@ class Store:
         # Keyed publishes of every origin, for their window (pushup.core.idempotency).
         self.keys = Keys(retention.key_window)
         # How far it holds each origin, which a cursor may name, and what was
-        # lost: everywhere, or with a restart.
-        self.origins = Origins(lambda o: bool(self._by_origin.get(o)))
-        self.origins.raise_horizon(origin.name, 0)
-        self._horizon = self.origins.horizon
+        # lost: everywhere, or with a restart. Read through the named reads
+        # below; moved only by this module (Service.follow asks it to).
+        self._origins = Origins(lambda o: bool(self._by_origin.get(o)))
+        self._origins.raise_horizon(origin.name, 0)
+        self._horizon = self._origins.horizon
 
     def journal_to(self, changes: Changes) -> None:
         """Note every change from now on in ``changes`` (``NO_CHANGES``: none)."""
-        self._changes = self._channels.changes = self.origins.changes = changes
+        self._changes = self._channels.changes = self._origins.changes = changes
 
     # -- reading -----------------------------------------------------------
 
@@ -125,6 +128,22 @@ class Store:
     @property
     def channel_count(self) -> int:
         return len(self._channels)
+
+    def horizon_of(self, origin: str) -> int:
+        """How far (seq) this store holds ``origin`` without a hole; 0 if unknown."""
+        return self._origins.horizon_of(origin)
+
+    def horizons(self) -> dict[str, int]:
+        """Every origin's horizon: a copy, in the order the store met them."""
+        return self._origins.horizons()
+
+    def lost_of(self, origin: str) -> tuple[int, int] | None:
+        """The last (seq, ts) of ``origin``'s history lost everywhere, if any."""
+        return self._origins.lost_of(origin)
+
+    def losses(self) -> dict[str, tuple[int, int]]:
+        """Every origin's history lost everywhere: a copy."""
+        return dict(self._origins.lost)
 
     def channel(self, name: str) -> Channel | None:
         return self._channels.find(name)
@@ -163,7 +182,7 @@ class Store:
         lost behind it: then a query from it has no message and no gap, and its
         cursor is ``since`` itself (a re-poll that will be held; issue 18)."""
         horizon = self._horizon
-        origins = self.origins
+        origins = self._origins
         if origins.retired or len(since.positions) > len(horizon):
             return False
         for origin, seq in since.positions:
@@ -184,11 +203,11 @@ class Store:
             raise TypeError("resolve since=now with Store.end() first")
         at: Position | None = None
         if isinstance(since, Cursor):
-            at = self.origins.reader(since)
-            gap = self.origins.behind_lost(since, at) or any(
-                self.origins.forgotten(o) for o, _ in since.positions)
+            at = self._origins.reader(since)
+            gap = self._origins.behind_lost(since, at) or any(
+                self._origins.forgotten(o) for o, _ in since.positions)
         else:
-            gap = self.origins.behind_lost(since, at)
+            gap = self._origins.behind_lost(since, at)
         streams: list[Iterator[Message]] = []
         for name in q.channels:
             channel = self._channels.find(name)
@@ -212,11 +231,11 @@ class Store:
                 pending[m.origin] = m.seq
         updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self._horizon.items()]
         base = since if isinstance(since, Cursor) else Cursor(())
-        return Result(tuple(out), self.origins.tidy(base.advanced(updates)), gap)
+        return Result(tuple(out), self._origins.tidy(base.advanced(updates)), gap)
 
     def end(self) -> Cursor:
         """A cursor past everything this node holds or has skipped, every origin."""
-        return self.origins.tidy(Cursor.of(self._horizon))
+        return self._origins.tidy(Cursor.of(self._horizon))
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""
@@ -248,6 +267,22 @@ class Store:
         if self.keys.remember(record, now):
             self._changes.key(record)
 
+    def know(self, origin: str) -> None:
+        """``origin`` is heard of (even with nothing of it held yet): its node's
+        older origins are superseded, and a cursor naming one we do not hold
+        is told of the gap at once (:mod:`pushup.core.origins`)."""
+        if origin not in self._horizon:
+            self._origins.raise_horizon(origin, 0)
+
+    def skip_to(self, origin: str, seq: int, ts: int) -> None:
+        """``origin``'s history up to ``seq`` (last stamped ``ts``) is gone
+        everywhere: the horizon moves past it, readers behind it get a gap."""
+        self._origins.skip_to(origin, seq, ts)
+
+    def pass_over(self, origin: str, seq: int) -> None:
+        """Entry ``seq`` of ``origin`` carries no message (ValueError if not the next)."""
+        self._origins.pass_over(origin, seq)
+
     def apply(self, m: Message, now: int) -> bool:
         """Apply another origin's message; False if already applied.
 
@@ -274,7 +309,14 @@ class Store:
 
     def image(self) -> StoreImage:
         """Everything this store holds, as one value (for a peer's snapshot)."""
-        return image_of(self, self._channels.values())
+        return StoreImage(
+            horizon=tuple(self._horizon.items()),
+            lost=tuple((o, seq, ts) for o, (seq, ts) in self._origins.lost.items()),
+            channels=tuple(ChannelImage(c.name, c.ttl, c.expires_at, tuple(c.evicted.items()),
+                                        c.evicted_ts) for c in self._channels.values()),
+            messages=tuple((m, tuple(self.holders_of(m))) for m in self.all_messages()),
+            keys=tuple(self.keys.records()),
+            last_ts=self.last_ts)
 
     def load(self, image: StoreImage, now: int) -> int:
         """Fill this empty store from ``image`` (channel times kept, a channel
@@ -287,7 +329,7 @@ class Store:
             names = tuple(n for n in held if n in m.channels)
             if names and m.id not in self._holders:
                 self._insert(m, now, renew=False, into=names)
-        self.origins.restore(image.horizon, image.lost, keep=self._origin.name)
+        self._origins.restore(image.horizon, image.lost, keep=self._origin.name)
         for record in image.keys:
             self.remember(record, now)
         self._origin.resume(image.last_ts)
@@ -357,9 +399,9 @@ class Store:
         names = m.channels if into is None else into
         self._changes.message(m, names)
         if m.seq > self._horizon.get(m.origin, 0):
-            self.origins.raise_horizon(m.origin, m.seq)
-        if self.origins.retired:
-            self.origins.retired.discard(m.origin)  # e.g. an old message from a snapshot
+            self._origins.raise_horizon(m.origin, m.seq)
+        if self._origins.retired:
+            self._origins.retired.discard(m.origin)  # e.g. an old message from a snapshot
         channels = self._channels
         for name in names:
             channel = channels.ensure(name, now)
@@ -418,6 +460,6 @@ class Store:
             self._changes.message(m)
             if not mine:
                 del self._by_origin[m.origin]
-                if self.origins.superseded(m.origin):
-                    self.origins.retired.add(m.origin)
+                if self._origins.superseded(m.origin):
+                    self._origins.retired.add(m.origin)
 

@@ -70,7 +70,7 @@ class FastPathMachine(RuleBasedStateMachine):
         origin = self.peers[peer]
         for _ in range(ahead):
             seq, ts = origin.next(self.now)
-        self.store.origins.skip_to(origin.name, seq, ts)
+        self.store.skip_to(origin.name, seq, ts)
 
     @rule(seconds=st.integers(1, 25))
     def time_passes(self, seconds: int) -> None:
@@ -93,7 +93,7 @@ class FastPathMachine(RuleBasedStateMachine):
             since = Cursor.of(positions)
         else:  # the end, plus a retired origin the store no longer names
             positions = end.as_dict()
-            for o in sorted(self.store.origins.retired):
+            for o in sorted(self.store._origins.retired):
                 positions[o] = 1
             since = Cursor.of(positions)
         query = Query(tuple(sorted(channels)), since, None, limit)
@@ -110,8 +110,8 @@ class FastPathMachine(RuleBasedStateMachine):
             return
         end = self.store.end()
         held = end.as_dict()
-        lost = self.store.origins.behind_lost(end, lambda o: held.get(o, 0))
-        assert self.store.at_end(end) == (not self.store.origins.retired and not lost)
+        lost = self.store._origins.behind_lost(end, lambda o: held.get(o, 0))
+        assert self.store.at_end(end) == (not self.store._origins.retired and not lost)
 
 
 FastPathMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40,

@@ -522,10 +522,10 @@ def test_a_publish_the_log_stamped_is_stored_when_next_and_answers_subscribers(n
     service = node.service
     held = node.subscribe("a", timeout=30)
     first = [Message("p0.e", 1, 1_763_800_000 * 10**6, ("a",), b"1")]
-    assert service.publish([Draft(("a",), b"1")], logged=first) == first
+    assert service.publish_logged(first, current=True) == first
     node.clock.advance(0)
     assert ids(held.response) == [1] and service.counters.published == 1
     later = [Message("p0.e", 3, 1_763_800_001 * 10**6, ("a",), b"3")]  # 2 is not here yet
-    service.publish([Draft(("a",), b"3")], logged=later)
+    service.publish_logged(later, current=True)
     assert service.store.message_count == 1  # the log's tail brings it, in order
     assert service.counters.published == 2

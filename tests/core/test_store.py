@@ -349,13 +349,13 @@ def test_an_image_loads_into_an_empty_store_as_the_store_it_was_made_of():
     pub(old, "a", at=T0 + 1)
     pub(old, "a", "b", at=T0 + 2)  # pushes the first out of "a": a gap there
     old.apply_op(ChannelOp("create", "room", 0, 60 * S, T0 + 60 * S), T0 + 3)
-    old.origins.skip_to("elsewhere.1", 7, T0)
+    old.skip_to("elsewhere.1", 7, T0)
     new = Store(old.retention, Origin("you", T0 + S))
     assert new.load(old.image(), T0 + 10) == old.message_count
     assert new.image().messages == old.image().messages
     assert new.image().channels == old.image().channels
-    assert new.origins.lost_of("elsewhere.1") == (7, T0)
-    assert new.origins.horizon_of(old.origin_name) == 2
+    assert new.lost_of("elsewhere.1") == (7, T0)
+    assert new.horizon_of(old.origin_name) == 2
     for since in (0, Cursor(())):
         assert read(new, ["a", "b"], since) == read(old, ["a", "b"], since)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from twisted.internet.interfaces import IProtocol
 
-from pushup.backplane import Applied, PeerAnswer, PeerRequest, unsigned
+from pushup.backplane import PeerAnswer, PeerRequest, unsigned
 from pushup.backplane.mesh.mesh import Cluster
 from pushup.backplane.mesh.stream import PeerStream
 from pushup.backplane.mesh.wire import decode_batch, verify
 from pushup.core import errors
+from pushup.core.follow import Applied
 from pushup.core.model import dumps
 
 

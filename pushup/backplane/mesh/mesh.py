@@ -36,7 +36,7 @@ from twisted.internet import defer, task
 from twisted.internet.error import ConnectError
 from twisted.logger import Logger
 
-from pushup.backplane import Applied, ChannelOp, Hole, OpKind, Received, Unconfirmed, op_of
+from pushup.backplane import ChannelOp, OpKind, Unconfirmed, op_of
 from pushup.backplane.mesh.acks import Acks
 from pushup.backplane.mesh.peers import PeerLink
 from pushup.backplane.mesh.wire import (
@@ -52,6 +52,7 @@ from pushup.backplane.mesh.wire import (
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.channels import Channel
+from pushup.core.follow import Applied, Followed
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
@@ -197,7 +198,7 @@ class Cluster:
 
     # -- in ------------------------------------------------------------------
 
-    def receive(self, batch: Batch) -> Received:
+    def receive(self, batch: Batch) -> Followed:
         """Apply a peer's batch in order; on a hole, the sequence expected.
 
         A batch of this node's own origin is refused (``BadRequest``): only
@@ -207,40 +208,7 @@ class Cluster:
         if batch.origin == self.store.origin_name:
             raise errors.BadRequest("a batch of the receiver's own origin")
         self._peer_alive()
-        now = self.service.now()
-        store, origins = self.store, self.store.origins
-        if batch.origin not in origins.horizon:
-            # Even an empty batch (a link's hello) says which epoch its node
-            # runs: its older origins are superseded, and a cursor naming one
-            # we do not hold is told of the gap now (pushup.core.origins).
-            origins.raise_horizon(batch.origin, 0)
-        ops = sorted(batch.ops, key=lambda op: op.at_seq)
-        if batch.skip is not None:
-            origins.skip_to(batch.origin, *batch.skip)
-        applied = []
-        hole = False
-        for i, m in enumerate(batch.messages):
-            if i == 0 and batch.first:
-                origins.skip_to(batch.origin, m.seq - 1, m.ts - 1)
-            while ops and ops[0].at_seq < m.seq \
-                    and ops[0].at_seq <= origins.horizon_of(batch.origin):
-                self.service.apply_op(ops.pop(0), now)
-            try:
-                if store.apply(m, now):
-                    applied.append(m)
-            except ValueError:
-                hole = True
-                break
-        horizon = origins.horizon_of(batch.origin)
-        for record in batch.keys:  # a keyed publish we hold all of: its key is known here
-            if record.last_seq <= horizon:
-                store.remember(record, now)
-        while ops and ops[0].at_seq <= horizon:
-            self.service.apply_op(ops.pop(0), now)
-        self.service.arrived(applied, now)
-        if hole or ops:
-            return Hole(horizon + 1)
-        return Applied(horizon)
+        return self.service.follow(batch.origin, batch.entries())
 
     def relay(self, payload: bytes) -> None:
         """Hand our siblings a batch another node sent us (its encoded form)."""
@@ -278,13 +246,13 @@ class Cluster:
         self.check_ready()
         asker, theirs, wanted = decode_repair(body)
         store = self.store
-        for origin, have in store.origins.horizons().items():
+        for origin, have in store.horizons().items():
             after = theirs.get(origin, 0)
             # It wants what it asks for, and any origin it never heard of.
             unwanted = wanted is not None and origin in theirs and origin not in wanted
             if origin in (store.origin_name, asker) or have <= after or unwanted:
                 continue
-            lost = store.origins.lost_of(origin)  # if all of it was evicted here too: skip it
+            lost = store.lost_of(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
             return encode_batch(backlog(store, origin, after, (have, ts)))
         return None
@@ -297,14 +265,14 @@ class Cluster:
             return
         link = live[self._next_repair % len(live)]
         self._next_repair += 1
-        horizons = self.store.origins.horizons()
+        horizons = self.store.horizons()
         seen, self._repair_seen = self._repair_seen, horizons
         stalled = [o for o, seq in horizons.items()
                    if seen.get(o, seq) == seq and o != self.store.origin_name]
         if not stalled:
             return
         for _ in range(REPAIR_ROUNDS):
-            body = encode_repair(self.store.origin_name, self.store.origins.horizons(),
+            body = encode_repair(self.store.origin_name, self.store.horizons(),
                                  want=stalled)
             try:
                 status, raw = yield link.request("POST", "/peer/repair", body)

@@ -43,9 +43,10 @@ from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 
 from pushup._twisted import write_now
-from pushup.backplane import PEER_BODY_LIMIT, Applied, Received
+from pushup.backplane import PEER_BODY_LIMIT
 from pushup.backplane.mesh.wire import Batch, unpack_batch
 from pushup.core.errors import BadRequest, PushUpError
+from pushup.core.follow import Applied, Followed
 
 log = Logger()
 NONCE = 16
@@ -67,7 +68,7 @@ def proof(secret: str, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret.encode(), role + b"|" + first + b"|" + second, hashlib.sha256).digest()
 
 
-def answer_frame(received: Received) -> bytes:
+def answer_frame(received: Followed) -> bytes:
     if isinstance(received, Applied):
         return b"a%d" % received.horizon
     return b"n%d" % received.expected
@@ -107,7 +108,7 @@ class Receiver(Protocol):
     refused: int
     clock: IReactorTime
 
-    def receive(self, batch: Batch) -> Received: ...
+    def receive(self, batch: Batch) -> Followed: ...
 
     def relay(self, payload: bytes) -> None: ...
 

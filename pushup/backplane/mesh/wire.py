@@ -26,12 +26,14 @@ import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
 
 from pushup.backplane import ChannelOp
 from pushup.core.errors import BadJSON, BadRequest
+from pushup.core.follow import Entry, Skip
 from pushup.core.idempotency import Remembered, check_key
 from pushup.core.image import ChannelImage, StoreImage
 from pushup.core.model import Message, check_channel_name, parse_origin
@@ -55,6 +57,31 @@ class Batch:
     skip: tuple[int, int] | None = None
     # The records of the keyed publishes whose last message is in ``messages``.
     keys: tuple[Remembered, ...] = ()
+
+
+    def entries(self) -> list[Entry]:
+        """The batch as the core follows it (``Service.follow``): what the
+        origin no longer holds, then its messages in order, each channel
+        operation before the first message past its ``at_seq`` and each
+        keyed publish's record right after its last message."""
+        out: list[Entry] = []
+        if self.skip is not None:
+            out.append(Skip(*self.skip))
+        ops = sorted(self.ops, key=attrgetter("at_seq"))
+        records = {record.last_seq: record for record in self.keys}
+        i = 0
+        for n, m in enumerate(self.messages):
+            if n == 0 and self.first:
+                out.append(Skip(m.seq - 1, m.ts - 1))
+            while i < len(ops) and ops[i].at_seq < m.seq:
+                out.append(ops[i])
+                i += 1
+            out.append(m)
+            if m.seq in records:
+                out.append(records.pop(m.seq))
+        out += ops[i:]
+        out += records.values()
+        return out
 
 
 BATCH = 1000  # messages per batch at most

@@ -59,6 +59,7 @@ from pushup.backplane.redis.client import (
 from pushup.config import Config, parse_url
 from pushup.core import errors
 from pushup.core.channels import Channel, check_ttl
+from pushup.core.follow import Entry, LoggedOp, Skip
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message, base36, check_channel_name, dumps
 from pushup.core.service import Service
@@ -265,7 +266,7 @@ class RedisEngine:
             return Replayed(messages)
         # Our publish, if next in the log, is stored now (the publisher's next
         # poll here sees it); otherwise the tail brings it in order.
-        messages = self.service.publish(drafts, logged=messages, current=epoch == self.epoch)
+        messages = self.service.publish_logged(messages, current=epoch == self.epoch)
         if epoch != self.epoch:
             self._resync(f"a publish found the log at epoch {epoch}")
         return messages
@@ -290,9 +291,9 @@ class RedisEngine:
 
         def done(reply: list[Any]) -> Channel:
             epoch, seq = self._epoch_of(reply), int(reply[1])
-            if epoch == self.epoch and seq == self.store.origins.horizon_of(self.origin) + 1:
-                self._apply_op(seq, name, op)
-            elif epoch != self.epoch:
+            if epoch == self.epoch:  # applied now if next, else the tail brings it
+                self.service.follow(self.origin, [self._logged_op(seq, 0, name, op)])
+            else:
                 self._resync(f"an operation found the log at epoch {epoch}")
             channel = self.store.channel(name)
             if channel is None:  # deleted, or not applied here yet: as the log has it
@@ -321,7 +322,7 @@ class RedisEngine:
 
     def _held(self) -> tuple[str, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
-        held = self.store.origins.horizon_of(self.origin) if self.epoch else 0
+        held = self.store.horizon_of(self.origin) if self.epoch else 0
         return self._spare_epoch, self.maxlen, self.epoch, held
 
     def _epoch_of(self, reply: list[Any]) -> str:
@@ -335,7 +336,7 @@ class RedisEngine:
         return {"engine": self.engine, "peers": [], "redis": {
             "url": str(self.url), "up": self.commands.connected and self.tail.connected,
             "origin": self.origin if self.epoch else None,
-            "horizon": self.store.origins.horizon_of(self.origin),
+            "horizon": self.store.horizon_of(self.origin),
             "lost_epochs": self.lost_epochs}}
 
     # -- the tail ------------------------------------------------------------
@@ -374,10 +375,10 @@ class RedisEngine:
         if not self.ready:
             self.ready = True
             log.info("redis: loaded the log ({origin} up to {seq}); serving",
-                     origin=self.origin, seq=self.store.origins.horizon_of(self.origin))
+                     origin=self.origin, seq=self.store.horizon_of(self.origin))
             self._loaded.callback(None)
         while not self.stopped:
-            after = self.store.origins.horizon_of(self.origin)
+            after = self.store.horizon_of(self.origin)
             reply = yield self.tail.execute(
                 "XREAD", "COUNT", PAGE, "BLOCK", BLOCK_MS, "STREAMS", LOG, f"{after}-0",
                 timeout=BLOCK_MS / 1000 + self.timeout)
@@ -391,14 +392,14 @@ class RedisEngine:
         """The log we held is gone: everyone behind its end is told of a gap."""
         self.lost_epochs += 1
         old = self.origin
-        held = self.store.origins.horizon_of(old)
+        held = self.store.horizon_of(old)
         if held == 0:
             # We read nothing of it: a cursor naming it is told of the gap as
             # one naming any origin lost with a restart (pushup.core.origins).
             log.warn("redis: the log {old} is gone; now reading {new}", old=old,
                      new=f"{PARTITION}.{epoch}")
             return
-        self.store.origins.skip_to(old, held + 1, self.service.now())
+        self.service.follow(old, [Skip(held + 1, self.service.now())])
         log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
                  "failed over); now reading {new}; readers behind {old}:{seq} get a gap",
                  old=old, new=f"{PARTITION}.{epoch}", seq=held)
@@ -417,7 +418,7 @@ class RedisEngine:
     def _catch_up(self) -> Any:
         """Read what the log holds past our horizon, a page at a time."""
         while True:
-            after = self.store.origins.horizon_of(self.origin)
+            after = self.store.horizon_of(self.origin)
             page = yield self.tail.execute("XRANGE", LOG, f"({after}-0", "+", "COUNT", PAGE,
                                            timeout=self.timeout)
             if page:
@@ -426,35 +427,24 @@ class RedisEngine:
                 return
 
     def _apply_entries(self, entries: list[Any]) -> None:
-        """Log entries, in order, into the store; a jump in sequence is a gap."""
-        store, origin = self.store, self.origin
-        now = self.service.now()
-        arrived = []
+        """Log entries, in order, into the store: the log is whole, so a jump
+        in sequence is history trimmed before we read it (a gap)."""
+        run: list[Entry] = []
         for ident, fields in entries:
             seq = int(ident[:-2])  # "<seq>-0"
-            have = store.origins.horizon_of(origin)
-            if seq <= have:  # e.g. our own publish, applied when Redis answered
-                continue
             f = dict(zip(fields[::2], fields[1::2], strict=True))
             ts = int(f[b"t"])
-            if seq > have + 1:  # trimmed before we read it
-                store.origins.skip_to(origin, seq - 1, ts - 1)
             if f[b"k"] == b"m":
-                channels = tuple(json.loads(f[b"c"]))
-                m = Message(origin, seq, ts, channels, f[b"d"])
-                store.apply(m, now)
-                arrived.append(m)
+                run.append(Message(self.origin, seq, ts, tuple(json.loads(f[b"c"])), f[b"d"]))
             else:
-                self._apply_op(seq, f[b"c"].decode(), f[b"d"])
-        if arrived:
-            self.service.arrived(arrived, now)
+                run.append(self._logged_op(seq, ts, f[b"c"].decode(), f[b"d"]))
+        self.service.follow(self.origin, run, trimmed=True)
 
-    def _apply_op(self, seq: int, name: str, raw: bytes) -> None:
+    @staticmethod
+    def _logged_op(seq: int, ts: int, name: str, raw: bytes) -> LoggedOp:
         """The log's entry ``seq`` is a channel operation: it carries no message."""
         op = json.loads(raw)
-        self.store.origins.pass_over(self.origin, seq)
-        self.service.apply_op(ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]),
-                              self.service.now())
+        return LoggedOp(seq, ts, ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]))
 
 
 def _unavailable(failure: Failure) -> Any:

@@ -7,12 +7,13 @@ import pytest
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
-from pushup.backplane import Applied, ChannelOp, Hole
+from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import REPAIR_EVERY, Cluster
 from pushup.backplane.mesh.peers import CORK
 from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair, unpack_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
+from pushup.core.follow import Applied, Hole
 from pushup.core.hub import Waiter
 from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.service import Service
@@ -61,7 +62,7 @@ def test_a_batch_in_order_is_applied_and_answers_waiters(node):
 def test_a_hole_is_refused_with_the_sequence_expected(node):
     node.receive(Batch(P, False, (msg(1),), ()))
     assert node.receive(Batch(P, False, (msg(3), msg(4)), ())) == Hole(2)
-    assert node.store.origins.horizon_of(P) == 1 and node.store.message_count == 1
+    assert node.store.horizon_of(P) == 1 and node.store.message_count == 1
 
 
 def test_a_repeated_batch_changes_nothing(node):
@@ -155,7 +156,7 @@ def test_a_publish_is_answered_201_only_once_a_peer_holds_it():
     assert len(wire.held) == 1 and answered(pending) is None  # sent, not confirmed yet
     wire.deliver()
     assert answered(pending).status == 201
-    assert wire.receiver.store.origins.horizon_of(node.service.store.origin_name) == 2
+    assert wire.receiver.store.horizon_of(node.service.store.origin_name) == 2
 
 
 def test_an_idle_link_sends_a_publish_before_this_node_answers_its_own_subscribers():
@@ -361,14 +362,14 @@ def test_repair_asks_only_for_origins_that_did_not_move_since_its_last_round():
     # The first round: nothing seen before, so all it knows is asked for, and
     # what it never heard of (q) comes too.
     node.reactor.advance(REPAIR_EVERY)
-    assert holder.asked[0]["want"] == [P] and node.cluster.store.origins.horizon_of(P) == 2
-    assert node.cluster.store.origins.horizon_of(q) == 2
+    assert holder.asked[0]["want"] == [P] and node.cluster.store.horizon_of(P) == 2
+    assert node.cluster.store.horizon_of(q) == 2
     node.cluster.receive(Batch(P, False, (msg(2), msg(3)), ()))  # P moves here; q does not
     holder.receiver.receive(Batch(P, False, (msg(3), msg(4)), ()))
     node.reactor.advance(REPAIR_EVERY)
-    assert holder.asked[-1]["want"] == [q] and node.cluster.store.origins.horizon_of(P) == 3
+    assert holder.asked[-1]["want"] == [q] and node.cluster.store.horizon_of(P) == 3
     node.reactor.advance(REPAIR_EVERY)  # P stood still for a round: now it is asked for
-    assert holder.asked[-1]["want"] == [P, q] and node.cluster.store.origins.horizon_of(P) == 4
+    assert holder.asked[-1]["want"] == [P, q] and node.cluster.store.horizon_of(P) == 4
 
 
 def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
@@ -377,11 +378,11 @@ def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     holder, asker = _peer("b", clock), _peer("c", clock)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
     asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
-    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.origins.horizons())))
+    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizons())))
     assert asker.receive(repaired) == Applied(5)
     assert asker.receive(repaired) == Applied(5)
     assert asker.store.message_count == 5
-    assert holder.repair(encode_repair("c.0", asker.store.origins.horizons())) is None
+    assert holder.repair(encode_repair("c.0", asker.store.horizons())) is None
 
 
 def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():

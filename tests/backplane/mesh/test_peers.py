@@ -62,7 +62,7 @@ def test_a_peer_behind_history_we_no_longer_hold_is_told_to_skip_and_sees_a_gap(
     assert sender.message_count == 0 and sender.own_seq == 5
 
     receiver_store, wire, peer = _linked(sender, clock)
-    assert receiver_store.origins.horizon_of(sender.origin_name) == 5 and peer.after == 5
+    assert receiver_store.horizon_of(sender.origin_name) == 5 and peer.after == 5
     assert peer.queued == 0 and wire.posts == 1  # one batch, no loop
     behind = receiver_store.query(Query(("x",), Cursor(()), None, 10))
     assert behind.gap and behind.messages == ()
@@ -81,7 +81,7 @@ def test_an_idle_link_sends_new_messages_on_this_reactor_turn_in_one_batch():
     peer.poke()
     clock.advance(0)  # no linger: the end of this turn, long before HEARTBEAT
     wire.deliver()
-    assert receiver_store.origins.horizon_of(sender.origin_name) == 2 and HEARTBEAT > 0
+    assert receiver_store.horizon_of(sender.origin_name) == 2 and HEARTBEAT > 0
     assert wire.posts == posts + 1  # one batch carrying both
 
 

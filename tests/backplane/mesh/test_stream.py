@@ -259,7 +259,7 @@ def test_a_reconnect_in_the_middle_of_a_window_loses_nothing_and_repeats_nothing
     sent = pipe.ct.value()
     two = sum(4 + len(f) for f in frames(sent)[:2])
     pipe.server.dataReceived(sent[:two])
-    assert receiver.store.origins.horizon_of(sender.origin_name) == 6
+    assert receiver.store.horizon_of(sender.origin_name) == 6
     pipe.ct.clear()
     pipe.dead = True
     assert link.after == 0 and link.state == "connecting" and not link._window

@@ -103,7 +103,7 @@ def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
         assert [m.id for m in a.messages] == [m.id for m in b.messages]
         assert a.gap == b.gap and a.cursor == b.cursor
     assert new.get("empty").expires_at == old.get("empty").expires_at
-    assert new.origins.horizon_of(old.origin_name) == 5
+    assert new.horizon_of(old.origin_name) == 5
 
 
 def test_signatures_need_the_secret_and_a_fresh_time():
