@@ -25,7 +25,7 @@ from pushup.core.store import Retention, Store
 
 S = 1_000_000
 T0 = 1_763_800_000 * S
-O = "peer.1"  # the origin followed
+PEER = "peer.1"  # the origin followed
 
 
 def service() -> Service:
@@ -36,13 +36,13 @@ def service() -> Service:
 
 
 def message(seq: int) -> Message:
-    return Message(O, seq, T0 + seq, ("c",), b"%d" % seq)
+    return Message(PEER, seq, T0 + seq, ("c",), b"%d" % seq)
 
 
 def held(s: Service) -> list[int]:
     """The sequence numbers of the followed origin's messages the node holds, in order."""
     answer = s.store.query(Query(("c", "ops"), 0, None, 100_000))
-    return [m.seq for m in answer.messages if m.origin == O]
+    return [m.seq for m in answer.messages if m.origin == PEER]
 
 
 def test_place_is_the_gap_free_rule() -> None:
@@ -85,15 +85,15 @@ def test_the_mesh_shape_is_applied_once_in_order_never_past_a_hole(
     expected = 1
     for start, length in sends:  # any part of the log, at any time
         batch = from_seq(log, start)[:length]
-        answer = s.follow(O, batch)
-        horizon = s.store.horizon_of(O)
+        answer = s.follow(PEER, batch)
+        horizon = s.store.horizon_of(PEER)
         assert held(s) == list(range(1, horizon + 1))  # every one once, in order, no hole
         if isinstance(answer, Hole):
             assert answer.expected == horizon + 1
             expected = answer.expected
         else:
             assert answer == Applied(horizon)
-    while (answer := s.follow(O, from_seq(log, expected))) != Applied(n):  # the link resends
+    while (answer := s.follow(PEER, from_seq(log, expected))) != Applied(n):  # the link resends
         assert isinstance(answer, Hole)
         expected = answer.expected
     assert held(s) == list(range(1, n + 1))
@@ -107,22 +107,22 @@ def test_the_mesh_shape_is_applied_once_in_order_never_past_a_hole(
 def test_an_operation_past_the_horizon_is_a_hole_and_applies_nothing_after_it() -> None:
     s = service()
     op = ChannelOp("create", "ops", 2, 60 * S, T0 + 60 * S)
-    assert s.follow(O, [message(1), op, message(3)]) == Hole(2)
+    assert s.follow(PEER, [message(1), op, message(3)]) == Hole(2)
     assert held(s) == [1] and s.store.channel("ops") is None
 
 
 def test_a_keyed_publish_is_remembered_once_its_last_message_is_held() -> None:
     s = service()
-    record = Remembered("k", "f" * 64, O, [(1, T0 + 1), (2, T0 + 2)])
-    assert s.follow(O, [message(1), message(3), record]) == Hole(2)
+    record = Remembered("k", "f" * 64, PEER, [(1, T0 + 1), (2, T0 + 2)])
+    assert s.follow(PEER, [message(1), message(3), record]) == Hole(2)
     assert s.store.keys.records() == []
-    assert s.follow(O, [message(2), record]) == Applied(2)
+    assert s.follow(PEER, [message(2), record]) == Applied(2)
     assert [r.key for r in s.store.keys.records()] == ["k"]
 
 
 def test_a_skip_moves_past_history_gone_everywhere_and_readers_behind_it_get_a_gap() -> None:
     s = service()
-    assert s.follow(O, [Skip(4, T0 + 4), message(5)]) == Applied(5)
+    assert s.follow(PEER, [Skip(4, T0 + 4), message(5)]) == Applied(5)
     assert held(s) == [5]
     assert s.store.query(Query(("c",), 0, None, 10)).gap
 
@@ -145,11 +145,11 @@ def test_the_redis_shape_reads_pages_in_order_and_a_trimmed_head_is_one_gap(
     left = log[min(trimmed, n - 1):]  # the log's head trimmed before the node read it
     s = service()
     for i in range(0, len(left), page):
-        assert s.follow(O, left[i:i + page], trimmed=True) == Applied(left[i:i + page][-1].seq)
-        s.follow(O, left[:i + page], trimmed=True)  # a page read again changes nothing
+        assert s.follow(PEER, left[i:i + page], trimmed=True) == Applied(left[i:i + page][-1].seq)
+        s.follow(PEER, left[:i + page], trimmed=True)  # a page read again changes nothing
     first = left[0].seq
     messages = [e.seq for e in left if isinstance(e, Message)]
-    assert held(s) == messages and s.store.horizon_of(O) == n
+    assert held(s) == messages and s.store.horizon_of(PEER) == n
     assert s.store.query(Query(("c",), 0, None, 100)).gap == (first > 1)
     op_seqs = [e.seq for e in left if isinstance(e, LoggedOp)]
     channel = s.store.channel("ops")
@@ -162,5 +162,5 @@ def test_a_page_past_the_next_without_trimmed_is_a_hole() -> None:
     """This node's own publish, as Redis stamped it, is applied only when next:
     otherwise the tail brings it, in order."""
     s = service()
-    assert s.follow(O, [message(2)]) == Hole(1)
+    assert s.follow(PEER, [message(2)]) == Hole(1)
     assert held(s) == []
