@@ -40,10 +40,12 @@ from pathlib import Path
 from types import ModuleType
 
 # The modules mypyc compiles: the pure core's values, cursor, store and hub,
-# and the HTTP front's protocol, query parsing and response framing. Not ``errors``
-# (compiled exception subclasses lose their class-level ``status``), not
-# ``idempotency`` (``Replayed`` subclasses ``list``), not ``service`` or
-# ``handlers`` (tests count calls by replacing a method on them).
+# and the HTTP front's protocol, factory, request being read, phases, query
+# parsing and response framing. Not ``errors`` (compiled exception subclasses
+# lose their class-level ``status``), not ``idempotency`` (``Replayed``
+# subclasses ``list``), not ``service`` or ``handlers`` (tests count calls by
+# replacing a method on them), not ``http.upgrade`` (once per peer link) or
+# ``http.seams`` (declarations only).
 COMPILED = (
     "pushup.core.changes",
     "pushup.core.channels",
@@ -56,7 +58,11 @@ COMPILED = (
     "pushup.core.runs",
     "pushup.core.store",
     "pushup.http.exchange",
+    "pushup.http.framing",
+    "pushup.http.front",
+    "pushup.http.incoming",
     "pushup.http.params",
+    "pushup.http.phase",
     "pushup.http.protocol",
 )
 PURE_ENV = "PUSHUP_PURE"

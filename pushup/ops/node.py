@@ -35,9 +35,9 @@ from pushup.core.model import Origin, default_node_id
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
 from pushup.http.exchange import Writer
+from pushup.http.front import Front
 from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
-from pushup.http.protocol import Front
 from pushup.http.sse import max_event_id
 from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet

@@ -19,7 +19,9 @@ from twisted.internet.testing import StringTransport
 from pushup.core.counters import Counters
 from pushup.core.model import MAX_CHANNEL_NAME
 from pushup.http.exchange import Held, Pending, Request, Response, Writer
-from pushup.http.protocol import DISCARD_CAP, MAX_HEADER_BYTES, Front
+from pushup.http.front import Front
+from pushup.http.incoming import MAX_HEADER_BYTES
+from pushup.http.protocol import DISCARD_CAP
 
 
 def raw_get(path: str, extra: str = "") -> bytes:

@@ -1,0 +1,66 @@
+"""What the HTTP front is written against, as typing Protocols: the handlers
+(``App``), and the parts of Twisted's transport and delayed call a
+connection uses.
+
+Twisted spells its interfaces with zope; mypyc, which compiles the front,
+reads them without mypy-zope, so the front names what it uses here and
+mypyc types it the same. Declarations only: nothing here runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Protocol as TypingProtocol
+
+from twisted.internet.interfaces import IProtocol
+
+from pushup.core.errors import PushUpError
+from pushup.http.exchange import Held, Pending, Request, Response
+
+
+class App(TypingProtocol):
+    """What the front needs of the handlers (:class:`pushup.http.handlers.Handlers`)."""
+
+    def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
+        ...
+
+    def too_large(self, path: bytes) -> PushUpError: ...
+
+    def handle(self, request: Request, client: Any) -> Response | Held | Pending: ...
+
+    def upgrade(self, request: Request) -> IProtocol | None:
+        """The protocol that takes over the connection for this request to
+        upgrade it, or None (the request is answered, then the connection closes)."""
+
+
+class Timer(TypingProtocol):
+    """What ``clock.callLater`` returns, as far as a connection uses it (Twisted's
+    ``IDelayedCall``, spelled as a typing Protocol so that mypyc, which reads zope
+    interfaces without mypy-zope, types it the same)."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+    def getTime(self) -> float: ...  # noqa: N802 (Twisted's)
+
+
+class Connection(TypingProtocol):
+    """What the front uses of its TCP transport: Twisted's ``ITCPTransport``,
+    as a consumer of our pauses and a push producer we pause."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...  # noqa: N802 (Twisted's names)
+
+    def loseWriteConnection(self) -> None: ...  # noqa: N802
+
+    def abortConnection(self) -> None: ...  # noqa: N802
+
+    def registerProducer(self, producer: object, streaming: bool) -> None: ...  # noqa: N802
+
+    def unregisterProducer(self) -> None: ...  # noqa: N802
+
+    def pauseProducing(self) -> None: ...  # noqa: N802
+
+    def resumeProducing(self) -> None: ...  # noqa: N802
