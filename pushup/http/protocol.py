@@ -32,7 +32,7 @@ from pushup.http import framing, phase
 from pushup.http.exchange import Held, Pending, Request, Response, error_response
 from pushup.http.framing import CLOSE, CLOSE_DELIMITED, REFUSAL, Queued, StreamFraming
 from pushup.http.incoming import HEADERS_TOO_LARGE, Incoming, Refuse
-from pushup.http.phase import ANSWERING_ONE, FINISHED, Answer, Answering, Read, Reading
+from pushup.http.phase import Answer, Answering, Read, answering_one, finished
 from pushup.http.seams import Connection, Timer
 from pushup.http.upgrade import Upgraded, hand_over, switching_protocols
 
@@ -44,11 +44,12 @@ PIPELINE_BYTES = 64 * 1024  # requests read ahead of the one being answered
 DISCARD_CAP = 16 * 1024 * 1024  # past this much of an oversized body, hang up
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # the phases tested on every request, as globals (compiled: read without a lookup)
-READY: Final = Answering.READY
-HELD: Final = Answering.HELD
-PAUSED: Final = Answering.PAUSED
-HEAD: Final = Reading.HEAD
-STOPPED: Final = Reading.STOPPED
+READY: Final = phase.READY
+HELD: Final = phase.HELD
+PAUSED: Final = phase.PAUSED
+HEAD: Final = phase.HEAD
+BODY: Final = phase.BODY
+STOPPED: Final = phase.STOPPED
 
 
 class HTTPProtocol(Protocol):
@@ -83,7 +84,7 @@ class HTTPProtocol(Protocol):
     def __init__(self, front: Front) -> None:
         self.front = front
         self._parser = HttpRequestParser(self)
-        self._reading = Reading.IDLE
+        self._reading = phase.IDLE
         self._answering = READY
         self._incoming = Incoming()
         # requests parsed, not yet answered; a Response is a refusal in order
@@ -114,10 +115,10 @@ class HTTPProtocol(Protocol):
         if self._upgraded_to is not None:
             self._upgraded_to.dataReceived(data)
             return
-        if self._reading is STOPPED:
+        if self._reading == STOPPED:
             return
         self._stamp = self.front.clock.seconds()
-        if self._reading is HEAD:
+        if self._reading == HEAD:
             self._incoming.head_bytes += len(data)
         try:
             self._parser.feed_data(data)
@@ -139,7 +140,7 @@ class HTTPProtocol(Protocol):
         except HttpParserError:
             self._refuse(error_response(
                 errors.BadRequest("malformed HTTP request", code="bad_request"), close=True))
-        if self._reading is HEAD:
+        if self._reading == HEAD:
             if self._incoming.head_too_large(self.front.max_event_id):
                 self._refuse(HEADERS_TOO_LARGE)
             else:
@@ -154,7 +155,8 @@ class HTTPProtocol(Protocol):
         just read (it alone, nothing before it unanswered); ``rest`` is what
         was read past its head. False if the app has none."""
         last = self._queue[-1] if len(self._queue) == 1 else None
-        if not isinstance(last, Queued) or self._answering not in (READY, PAUSED):
+        if not isinstance(last, Queued) or answering_one(self._answering) or finished(
+                self._answering):
             return False
         protocol = self.front.app.upgrade(last.request)
         if protocol is None:
@@ -197,7 +199,7 @@ class HTTPProtocol(Protocol):
 
     def resumeProducing(self) -> None:
         # A closing connection's output moved: what is left has send_timeout again.
-        self._blocked_since = self.front.clock.seconds() if self._answering in FINISHED else None
+        self._blocked_since = self.front.clock.seconds() if finished(self._answering) else None
         if self._on_writable is not None:  # an event stream's next page
             callback, self._on_writable = self._on_writable, None
             self.front.clock.callLater(0, self._writable, callback)
@@ -243,7 +245,7 @@ class HTTPProtocol(Protocol):
             incoming.refused_early = refusal
             self._queue.append(refusal)
         elif expects:
-            if not self._queue and self._answering in (READY, PAUSED):
+            if not self._queue and (self._answering == READY or self._answering == PAUSED):
                 self._write(_CONTINUE)
             else:
                 incoming.expects_continue = True  # after the answers before it
@@ -290,7 +292,7 @@ class HTTPProtocol(Protocol):
     def _dispatch(self) -> None:
         """Answer queued requests in order, until one is held."""
         queue = self._queue
-        while queue and self._answering is READY and self._blocked_since is None:
+        while queue and self._answering == READY and self._blocked_since is None:
             entry = queue.popleft()
             if isinstance(entry, Response):
                 self._terms = REFUSAL
@@ -315,7 +317,7 @@ class HTTPProtocol(Protocol):
                 result.answer.addBoth(self._answer_later)
                 return
             self._send(result)
-        if not queue and self._answering in (READY, PAUSED):  # answering none, not closing
+        if not queue and (self._answering == READY or self._answering == PAUSED):
             if self._incoming.expects_continue:
                 self._incoming.expects_continue = False
                 self._write(_CONTINUE)
@@ -338,7 +340,7 @@ class HTTPProtocol(Protocol):
             log.failure("unexpected error answering a request", failure=outcome)
             outcome = error_response(PushUpError("the server failed; it keeps serving"))
         self._answering = phase.answer_after(self._answering, Answer.ANSWER)
-        if self._answering in FINISHED:
+        if finished(self._answering):
             return
         self._stamp = now = self.front.clock.seconds()
         self._send(outcome)
@@ -348,7 +350,7 @@ class HTTPProtocol(Protocol):
 
     def respond(self, delivery: Delivery, hold: bool = False) -> bool:
         """Answer the held subscribe with ``delivery`` (see ``service.Subscriber``)."""
-        if self._answering is not HELD:
+        if self._answering != HELD:
             return False
         self._waiting = None
         self._answering = phase.answer_after(self._answering, Answer.ANSWER)
@@ -381,13 +383,13 @@ class HTTPProtocol(Protocol):
                                       connection=CLOSE, cors=self._cors))
 
     def send_events(self, data: bytes) -> bool:
-        if self._answering in FINISHED:
+        if finished(self._answering):
             return False
         self._write(self._stream.frame(data))
         return True
 
     def end_stream(self) -> None:
-        if self._answering not in FINISHED:
+        if not finished(self._answering):
             tail = self._stream.end()
             if tail:
                 self._write(tail)
@@ -402,7 +404,7 @@ class HTTPProtocol(Protocol):
             self._on_writable = callback
 
     def _writable(self, callback: Callable[[], None]) -> None:
-        if self._answering not in FINISHED:
+        if not finished(self._answering):
             callback()
 
     def release(self) -> None:
@@ -425,7 +427,7 @@ class HTTPProtocol(Protocol):
 
     def _close_if_answered(self) -> None:
         """A body refused before it came is read: close once its 413 is sent."""
-        if not self._queue and self._answering not in ANSWERING_ONE:
+        if not self._queue and not answering_one(self._answering):
             self.close()
 
     def close(self) -> None:
@@ -463,14 +465,14 @@ class HTTPProtocol(Protocol):
                 log.info("closing a connection whose client reads nothing")
                 self.conn.abortConnection()
                 return
-        elif self._answering in FINISHED:
+        elif finished(self._answering):
             return
-        elif self._answering in ANSWERING_ONE or self._queue:
+        elif answering_one(self._answering) or self._queue:
             return  # being answered: the service's timeout answers a held poll
-        elif reading is HEAD or reading is Reading.BODY:
+        elif reading == HEAD or reading == BODY:
             # the head within header_timeout; a body stalls no longer than a keep-alive
             incoming = self._incoming
-            due = (incoming.head_began + front.header_timeout if reading is HEAD
+            due = (incoming.head_began + front.header_timeout if reading == HEAD
                    else self._stamp + front.keepalive_timeout)
             if now >= due and incoming.refused_early is not None:  # its 413 is sent already
                 self.close()
@@ -491,4 +493,4 @@ class HTTPProtocol(Protocol):
     @property
     def answering(self) -> Answering:
         """Where the connection is in answering its requests (see ``phase``)."""
-        return self._answering
+        return Answering(self._answering)

@@ -18,6 +18,8 @@ from pushup.http.phase import (
     Read,
     Reading,
     answer_after,
+    answering_one,
+    finished,
     read_after,
 )
 
@@ -37,13 +39,18 @@ def test_every_phase_has_its_row_and_every_move_lands_on_a_phase():
         assert all(isinstance(to, Reading) for to in read_row.values())
 
 
+def test_the_numbers_say_which_phases_answer_one_request_and_which_answer_nothing_more():
+    assert {p for p in Answering if answering_one(p)} == {A.HELD, A.PENDING, A.STREAMING}
+    assert {p for p in Answering if finished(p)} == {A.CLOSING, A.UPGRADED, A.CLOSED}
+
+
 def test_closing_is_one_way_nothing_leads_back_to_answering():
     assert set(moves_from(A.CLOSING).values()) == {A.CLOSING, A.CLOSED}
-    assert moves_from(A.CLOSING)[Answer.ANSWER] is A.CLOSING  # a late answer is not sent
+    assert moves_from(A.CLOSING)[Answer.ANSWER] == A.CLOSING  # a late answer is not sent
     assert set(moves_from(A.UPGRADED).values()) == {A.UPGRADED, A.CLOSED}
     # from any phase that answers, closing lands on CLOSING
     for phase in (A.READY, A.HELD, A.PENDING, A.STREAMING, A.PAUSED):
-        assert answer_after(phase, Answer.CLOSE) is A.CLOSING
+        assert answer_after(phase, Answer.CLOSE) == A.CLOSING
 
 
 def test_a_lost_connection_is_closed_from_every_phase_and_stays_closed():
@@ -52,10 +59,10 @@ def test_a_lost_connection_is_closed_from_every_phase_and_stays_closed():
 
 
 def test_one_request_is_answered_at_a_time():
-    assert answer_after(A.READY, Answer.HOLD) is A.HELD
-    assert answer_after(A.READY, Answer.PEND) is A.PENDING
+    assert answer_after(A.READY, Answer.HOLD) == A.HELD
+    assert answer_after(A.READY, Answer.PEND) == A.PENDING
     for busy in (A.HELD, A.PENDING):
-        assert answer_after(busy, Answer.ANSWER) is A.READY
+        assert answer_after(busy, Answer.ANSWER) == A.READY
         for another in (Answer.HOLD, Answer.PEND, Answer.STREAM, Answer.UPGRADE):
             with pytest.raises(ValueError, match=f"no move from {busy.name} on {another.name}"):
                 answer_after(busy, another)
@@ -63,16 +70,16 @@ def test_one_request_is_answered_at_a_time():
 
 def test_a_fan_out_pauses_the_connection_until_it_ends():
     paused = answer_after(answer_after(A.HELD, Answer.ANSWER), Answer.PAUSE)
-    assert paused is A.PAUSED
+    assert paused == A.PAUSED
     for event in (Answer.HOLD, Answer.PEND, Answer.STREAM, Answer.ANSWER):
         with pytest.raises(ValueError):
             answer_after(paused, event)
-    assert answer_after(paused, Answer.RELEASE) is A.READY
+    assert answer_after(paused, Answer.RELEASE) == A.READY
 
 
 def test_an_event_stream_is_the_last_answer_on_its_connection():
     streaming = answer_after(A.READY, Answer.STREAM)
-    assert answer_after(streaming, Answer.HOLD) is A.STREAMING  # its own hold
+    assert answer_after(streaming, Answer.HOLD) == A.STREAMING  # its own hold
     assert set(moves_from(streaming).values()) == {A.STREAMING, A.CLOSING, A.CLOSED}
     with pytest.raises(ValueError):
         answer_after(streaming, Answer.ANSWER)  # nothing answers it as a poll
@@ -83,7 +90,7 @@ def test_a_request_is_read_head_then_body_and_a_stopped_reader_reads_nothing_mor
     for event, expected in ((Read.BEGIN, Reading.HEAD), (Read.HEAD_DONE, Reading.BODY),
                             (Read.DONE, Reading.IDLE)):
         phase = read_after(phase, event)
-        assert phase is expected
+        assert phase == expected
     with pytest.raises(ValueError, match="no move from BODY on BEGIN"):
         read_after(Reading.BODY, Read.BEGIN)
     assert {read_after(phase, Read.STOP) for phase in Reading} == {Reading.STOPPED}
