@@ -107,7 +107,8 @@ class Incoming:
 
     def _split_target(self) -> bool:
         """Set ``path`` and ``query`` from the target: origin form, or absolute
-        form (RFC 9112 §3.2.2). False if it names no path (``*``, or unparsable)."""
+        form (RFC 9112 §3.2.2); ``*`` is a path (no handler's). False if it
+        names no path, or does not parse."""
         url = self.url
         if url[:1] == b"/":
             self.path, _, self.query = url.partition(b"?")

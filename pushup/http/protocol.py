@@ -87,8 +87,8 @@ class HTTPProtocol(Protocol):
     def __init__(self, front: Front) -> None:
         self.front = front
         self._parser = HttpRequestParser(self)
-        self._reading = phase.IDLE
-        self._answering = READY
+        self._reading = phase.IDLE  # a phase.Reading, by its number
+        self._answering = READY  # a phase.Answering, by its number
         self._incoming = Incoming()
         # requests parsed, not yet answered; a Response is a refusal in order
         self._queue: deque[Queued | Response] = deque()
