@@ -117,12 +117,14 @@ class Incoming:
             parsed = parse_url(url)
         except HttpParserError:
             return False
-        if not parsed.path:
-            return False
-        # httptools' stub says `query: bytes`, but it is None when absent: read
-        # untyped, or the compiled build checks for bytes and fails
+        # httptools' stub says `path: bytes` and `query: bytes`, but each is None
+        # when absent: read untyped, or the compiled build checks for bytes and
+        # fails (a target with no path was a 500 there, and 404 interpreted)
+        path: bytes | None = cast(Any, parsed).path
         given: bytes | None = cast(Any, parsed).query
-        self.path, self.query = parsed.path, (b"" if given is None else given)
+        if not path:
+            return False
+        self.path, self.query = path, (b"" if given is None else given)
         return True
 
     def take(self, chunk: bytes) -> bool:

@@ -116,6 +116,12 @@ def test_absolute_form_target_is_served(node):
     assert [m["data"] for m in response.json["messages"]] == [1]
 
 
+def test_an_absolute_form_target_without_a_path_is_404_in_either_build(node, check_error):
+    conn = node.connect()
+    conn.send(b"GET http://pushup.test HTTP/1.1\r\nHost: pushup.test\r\n\r\n")
+    check_error(conn.response, 404, "not_found")
+
+
 def test_date_header_follows_the_clock(node):
     first = node.get("/health").header("date")
     node.clock.advance(2)
