@@ -36,11 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.redis_server import (  # noqa: E402  (run as a script too)
-    RedisServer,
-    RedisServerError,
-    free_port,
-)
+from deploy.processes import free_port  # noqa: E402  (run as a script too)
+from deploy.redis_server import RedisServer, RedisServerError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LOGS = HERE.parent / ".cluster"  # `make cluster`'s logs (git-ignored), replaced by each run

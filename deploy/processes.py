@@ -1,0 +1,82 @@
+"""The process plumbing shared by everything here that starts real processes: the
+launchers in ``deploy/``, the load tests in ``loadtest/`` and the test suite (through
+``tests/toolkit.py``).
+
+A loopback port nothing listens on, a bounded wait for a condition, the children of
+a process, and the environment a node is started in. Standard library only, and
+nothing here imports ``tests`` or ``loadtest``: ``deploy/launch.py`` runs as a
+script, and the load tests run without the test suite.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# What a condition on a process that is starting or stopping may raise meanwhile:
+# it is not listening yet, or it closed the connection mid-answer.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now; whoever binds it a moment later may
+    lose a race, which shows as that process failing to start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
+               msg: str = "condition",
+               retry_on: tuple[type[BaseException], ...] = NETWORK_ERRORS) -> T:
+    """Poll ``condition`` until it returns something true, and return that.
+
+    A ``retry_on`` error counts as "not yet" (a node not listening yet). After
+    ``timeout`` seconds, an AssertionError names ``msg``, the last value and the
+    last error: the wait is a hang guard, never a timing assertion.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    error: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+            last = value
+        except retry_on as e:
+            error = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{msg} not reached within {timeout}s (last={last!r}"
+                                 + (f", last error: {error!r})" if error else ")"))
+        time.sleep(interval)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # it exited while we looked
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any ``PUSHUP_*`` setting (a node started
+    from it reads only what the caller gives it), unbuffered, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
