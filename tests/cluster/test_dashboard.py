@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.redis_server import free_port
+from tests.toolkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana-dashboard.json"

@@ -23,9 +23,9 @@ import urllib.request
 from pathlib import Path
 
 from demo.run import Demo
-from deploy.redis_server import free_port
 from tests.chromium import chrome
-from tests.cluster.test_launcher import Launcher, children
+from tests.cluster.test_launcher import Launcher
+from tests.toolkit import children, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30  # seconds any one thing the page should do may take

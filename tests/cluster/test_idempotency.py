@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from pushup_cluster import jrequest, request, retained, subscribe, uniq, wait_until
-
 from pushup.backplane.redis.engine import LOG
+from tests.cluster.clients import jrequest, request, retained, subscribe, uniq, wait_until
 
 
 def keyed_publish(base: str, channel: str, data: object, key: str,

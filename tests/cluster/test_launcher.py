@@ -20,9 +20,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pushup_cluster import jrequest, subscribe, wait_until
 
-from deploy.redis_server import free_port
+from tests.cluster.clients import jrequest, subscribe, wait_until
+from tests.toolkit import children, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,20 +87,6 @@ class Launcher:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def environ(pid: int) -> dict[str, str]:

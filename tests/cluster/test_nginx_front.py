@@ -20,11 +20,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from pushup_cluster import uniq, wait_waiting
 
 from deploy.nginx import SITE_TEMPLATE, PrivateNginx, read_timeout_seconds
-from deploy.redis_server import free_port
 from pushup.config import Config
+from tests.cluster.clients import uniq, wait_waiting
+from tests.toolkit import free_port
 
 
 def test_the_shipped_site_outlasts_the_longest_poll_and_streams_unbuffered():

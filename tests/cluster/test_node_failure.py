@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from pushup_cluster import (
+from tests.cluster.clients import (
     NETWORK_ERRORS,
     Poller,
     Publisher,

@@ -7,10 +7,9 @@ import subprocess
 import sys
 import time
 
-from pushup_cluster import jrequest, stats
-
-from deploy.launch import free_port
 from pushup.backplane.mesh.wire import sign
+from tests.cluster.clients import jrequest, stats
+from tests.toolkit import free_port
 
 PATH = "/peer/messages"
 

@@ -15,7 +15,9 @@ import sys
 import threading
 
 import pytest
-from pushup_cluster import (
+
+from deploy.redis_server import RedisServer
+from tests.cluster.clients import (
     Poller,
     Publisher,
     check_exactly_once,
@@ -31,8 +33,6 @@ from pushup_cluster import (
     wait_clients_have,
     wait_until,
 )
-
-from deploy.redis_server import RedisServer
 
 
 def publish_once_redis_answers(base: str, channel: str, data: object = 9) -> dict:
