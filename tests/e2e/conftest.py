@@ -57,7 +57,7 @@ class Response:
         return f"<Response {self.status} {self.body[:300]!r}>"
 
 
-def assert_error(resp: Response, status: int, code: str | tuple | None = None) -> dict:
+def assert_error(resp: Response, status: int, code: str | None = None) -> dict:
     """An error response with the contract's single JSON body shape."""
     assert resp.status == status, resp
     ct = (resp.header("Content-Type") or "").lower().replace(" ", "")
@@ -69,8 +69,7 @@ def assert_error(resp: Response, status: int, code: str | tuple | None = None) -
     assert isinstance(err["code"], str) and re.fullmatch(r"[a-z][a-z0-9_]*", err["code"]), body
     assert isinstance(err["message"], str) and err["message"].strip(), body
     if code is not None:
-        codes = (code,) if isinstance(code, str) else code
-        assert err["code"] in codes, (codes, body)
+        assert err["code"] == code, (code, body)
     return err
 
 
