@@ -3,9 +3,9 @@ launchers in ``deploy/``, the load tests in ``loadtest/`` and the test suite (th
 ``tests/toolkit.py``).
 
 A loopback port nothing listens on, a bounded wait for a condition, the children of
-a process, and the environment a node is started in. Standard library only, and
-nothing here imports ``tests`` or ``loadtest``: ``deploy/launch.py`` runs as a
-script, and the load tests run without the test suite.
+a process and whether one is alive, and the environment a node is started in.
+Standard library only, and nothing here imports ``tests`` or ``loadtest``:
+``deploy/launch.py`` runs as a script, and ``loadtest`` takes these from here, not from ``tests``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,15 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry))
     return found
+
+
+def alive(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

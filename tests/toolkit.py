@@ -23,9 +23,16 @@ from pathlib import Path
 import pytest
 
 import pushup
-from deploy.processes import NETWORK_ERRORS, children, clean_env, free_port, wait_until
+from deploy.processes import (
+    NETWORK_ERRORS,
+    alive,
+    children,
+    clean_env,
+    free_port,
+    wait_until,
+)
 
-__all__ = ["NETWORK_ERRORS", "ROOT", "ServedNode", "children", "clean_env", "compiled",
+__all__ = ["NETWORK_ERRORS", "ROOT", "ServedNode", "alive", "children", "clean_env", "compiled",
            "free_port", "needs_compiled", "serve", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-NETWORK_ERRORS = (OSError, http.client.HTTPException)
+from deploy.processes import NETWORK_ERRORS
+
 DELAYED_S = 1.0  # a message delivered this long after its 201 counts as delayed
 
 

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Launcher:
     """deploy/launch.py in a subprocess, its stdout read line by line."""
 
+    COMMAND = ("deploy/launch.py",)  # after the interpreter
+
     def __init__(self, tmp: Path, *args: str) -> None:
         self.port = free_port()
         self.tmpdir = tmp / "tmp"  # the launcher's TMPDIR: must be empty after it
@@ -37,7 +39,7 @@ class Launcher:
         env = {**os.environ, "TMPDIR": str(self.tmpdir)}
         env.pop("PUSHUP_CLUSTER_DIR", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "deploy/launch.py", "--nodes", "3", "--port", str(self.port),
+            [sys.executable, *self.COMMAND, "--nodes", "3", "--port", str(self.port),
              "--logs", str(tmp / "logs"), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, cwd=ROOT, env=env)
