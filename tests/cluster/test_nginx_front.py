@@ -45,11 +45,9 @@ def certificate(tmp_path: Path) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-def https(port: int, cafile: str, method: str, path: str, payload: object = None,
-          timeout: float = 15.0) -> tuple[int, dict[str, str], dict]:
-    """One request over TLS, the certificate verified against ``cafile``."""
-    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
-                                       context=ssl.create_default_context(cafile=cafile))
+def exchange(conn: http.client.HTTPConnection, method: str, path: str,
+             payload: object = None) -> tuple[int, dict[str, str], dict]:
+    """One request on ``conn``, then closed: (status, headers, JSON body)."""
     try:
         body = None if payload is None else json.dumps(payload).encode()
         conn.request(method, path, body=body,
@@ -58,6 +56,14 @@ def https(port: int, cafile: str, method: str, path: str, payload: object = None
         return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
     finally:
         conn.close()
+
+
+def https(port: int, cafile: str, method: str, path: str, payload: object = None,
+          timeout: float = 15.0) -> tuple[int, dict[str, str], dict]:
+    """One request over TLS, the certificate verified against ``cafile``."""
+    return exchange(http.client.HTTPSConnection(
+        "127.0.0.1", port, timeout=timeout, context=ssl.create_default_context(cafile=cafile)),
+        method, path, payload)
 
 
 def test_over_https_a_held_poll_an_event_stream_and_a_publish(fresh_cluster, certificate):
@@ -156,12 +162,5 @@ def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_clust
 
 def plain(port: int, method: str, path: str, payload: object = None) -> tuple[
         int, dict[str, str], dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        body = None if payload is None else json.dumps(payload).encode()
-        conn.request(method, path, body=body,
-                     headers={"Content-Type": "application/json"} if body else {})
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
-    finally:
-        conn.close()
+    return exchange(http.client.HTTPConnection("127.0.0.1", port, timeout=15), method, path,
+                    payload)
