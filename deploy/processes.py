@@ -2,10 +2,11 @@
 launchers in ``deploy/``, the load tests in ``loadtest/`` and the test suite (through
 ``tests/toolkit.py``).
 
-A loopback port nothing listens on, a bounded wait for a condition, the children of
-a process and whether one is alive, and the environment a node is started in.
-Standard library only, and nothing here imports ``tests`` or ``loadtest``:
-``deploy/launch.py`` runs as a script, and ``loadtest`` takes these from here, not from ``tests``.
+A loopback port nothing listens on, a bounded wait for a condition or for a node's
+/health, the children of a process and whether one is alive, and the environment a
+node is started in. Standard library only, and nothing here imports ``tests`` or
+``loadtest``: ``deploy/launch.py`` runs as a script, and ``loadtest`` takes these
+from here, not from ``tests``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -57,6 +60,24 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: floa
             raise AssertionError(f"{msg} not reached within {timeout}s (last={last!r}"
                                  + (f", last error: {error!r})" if error else ")"))
         time.sleep(interval)
+
+
+def wait_healthy(url: str, deadline: float, proc: subprocess.Popen[bytes] | None = None,
+                 ) -> None:
+    """Until ``url``'s /health answers 200 (a node may load its peers' cache or its
+    data first); RuntimeError if ``proc`` exits meanwhile, TimeoutError at
+    ``deadline`` (``time.monotonic()``)."""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1.0) as response:
+                if response.status == 200:
+                    return
+        except OSError:  # not listening yet, or 503 (an HTTPError) while it loads
+            pass
+        time.sleep(0.05)  # polling, bounded by the deadline
+    raise TimeoutError(f"{url} did not become healthy in time")
 
 
 def children(pid: int) -> list[int]:

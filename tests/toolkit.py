@@ -29,11 +29,12 @@ from deploy.processes import (
     children,
     clean_env,
     free_port,
+    wait_healthy,
     wait_until,
 )
 
 __all__ = ["NETWORK_ERRORS", "ROOT", "ServedNode", "alive", "children", "clean_env", "compiled",
-           "free_port", "needs_compiled", "serve", "wait_until"]
+           "free_port", "needs_compiled", "serve", "wait_healthy", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 30.0  # seconds for a node to print its listening line (a busy machine)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.toolkit import ServedNode as Process
-from tests.toolkit import free_port, wait_until
+from tests.toolkit import free_port, wait_healthy, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = Path(__file__).resolve().parent / "clients"
@@ -50,14 +51,7 @@ class ServedNode:
     def start(self) -> None:
         self.process = Process("--host", "127.0.0.1", "--data-dir", self.data_dir,
                                *self.flags, port=self.port)
-        process = self.process
-
-        def healthy() -> bool:  # a node with peers or a data directory may load first
-            assert process.proc.poll() is None, f"the node exited: {process.lines()[-5:]}"
-            with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                return response.status == 200
-
-        wait_until(healthy, GUARD, msg="the node healthy")
+        wait_healthy(self.url, time.monotonic() + GUARD, self.process.proc)
 
     def stop(self) -> None:
         """SIGTERM by PID; the node must drain and exit 0."""
