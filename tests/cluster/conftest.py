@@ -67,3 +67,4 @@ def workers() -> Iterator[ServedNode]:
             else:
                 os.killpg(node.pid, signal.SIGKILL)
                 pytest.fail("workers outlived the supervisor")
+        node.log.unlink(missing_ok=True)
