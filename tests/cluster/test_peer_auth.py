@@ -12,12 +12,12 @@ from pushup_cluster import jrequest, stats
 from deploy.launch import free_port
 from pushup.backplane.mesh.wire import sign
 
-PATH = "/peer/messages"
+PATH = "/peer/repair"
 
 
 def empty_batch() -> bytes:
-    return json.dumps({"origin": "intruder.0", "first": False,
-                       "messages": [], "ops": []}).encode()
+    """A repair request that holds nothing (the peers' one signed POST)."""
+    return json.dumps({"origin": "intruder.0", "horizon": {}}).encode()
 
 
 def assert_unauthorized(status: int, body: dict) -> None:
@@ -52,7 +52,7 @@ def test_peer_batch_signed_with_wrong_secret_is_refused_and_counted(cluster):
     # refusals above are about the secret, not the request's shape.
     headers["X-PushUp-Signature"] = sign(cluster.secret, "POST", PATH, when, body_bytes)
     status, body = jrequest("POST", base + PATH, raw=body_bytes, headers=headers)
-    assert status == 200, body
+    assert status == 204, body  # accepted: nothing to repair in a cluster that holds nothing
     assert stats(base)["peer_refused"] == before + 2
 
 

@@ -81,7 +81,7 @@ def test_out_of_range_times_are_400_not_500(handlers, param):
 
 def test_an_unsigned_peer_request_is_refused_before_its_body(make_node):
     handlers = make_node(cluster_secret="s").node.handlers
-    verdict = handlers.admit(b"POST", b"/peer/messages", {b"content-length": b"15000000"})
+    verdict = handlers.admit(b"POST", b"/peer/repair", {b"content-length": b"15000000"})
     assert isinstance(verdict, Response) and verdict.status == 401 and verdict.close
     assert handlers.admit(b"POST", b"/publish", {}) == handlers.config.max_body_bytes
 

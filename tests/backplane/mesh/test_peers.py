@@ -33,13 +33,13 @@ def test_queued_counts_our_messages_the_peer_has_not_confirmed():
 
 
 def _linked(sender: Store, clock: Clock) -> tuple[Store, Pipe, PeerLink]:
-    """A started link from ``sender`` to a receiving node's Cluster, run once."""
-    from pushup.backplane.mesh.mesh import Cluster
+    """A started link from ``sender`` to a receiving node's Mesh, run once."""
+    from pushup.backplane.mesh.mesh import Mesh
     from pushup.config import Config
     from pushup.core.service import Service
 
     receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
-    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+    receiver = Mesh(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
                        clock, http=None)
     wire = Pipe(receiver)
     peer = PeerLink("http://b", sender, "s", http=wire, clock=clock, dial=wire.dial)

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from pushup.backplane import ChannelOp
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.peers import RELAY_WINDOW, WINDOW, PeerLink
 from pushup.backplane.mesh.stream import (
     HANDSHAKE_TIMEOUT,
@@ -38,8 +38,8 @@ def _store(name: str) -> Store:
     return Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 0))
 
 
-def _cluster(clock: Clock, name: str = "b", secret: str = "s") -> Cluster:
-    return Cluster(Service(_store(name), clock, 120), Config(cluster_secret=secret), clock,
+def _cluster(clock: Clock, name: str = "b", secret: str = "s") -> Mesh:
+    return Mesh(Service(_store(name), clock, 120), Config(cluster_secret=secret), clock,
                    http=None)
 
 
@@ -81,7 +81,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
     a channel op) arrives alone."""
     clock = _clock()
     node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",)), clock)
-    node.cluster.ready = True
+    node.mesh.ready = True
     transport = StringTransport()
     http = node.front.buildProtocol(None)
     transport.protocol = http
@@ -111,7 +111,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
     feed(stream)
     assert frames(transport.value()) == [b"a2", b"a4", b"a5"]
     assert _held(node.service.store) == [b"0", b"1", b"2", b"3", b"4"]
-    assert node.cluster.refused == 0
+    assert node.mesh.refused == 0
 
 
 def _upgraded(node: Node, clock: Clock) -> tuple[object, StringTransport]:
@@ -126,7 +126,7 @@ def _upgraded(node: Node, clock: Clock) -> tuple[object, StringTransport]:
 
 def _mesh_node(clock: Clock, **kw) -> Node:
     node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",), **kw), clock)
-    node.cluster.ready = True
+    node.mesh.ready = True
     return node
 
 
@@ -185,14 +185,16 @@ def test_a_drain_leaves_peer_streams_open_until_the_peers_flushed_then_closes_th
     assert transport.disconnecting
 
 
-def test_a_node_without_a_mesh_refuses_the_stream_request_as_any_peer_request():
+def test_a_node_without_a_mesh_refuses_the_stream_request_as_an_unknown_path():
+    """No engine mounts ``/peer/`` on a lone node: the request is a path it
+    does not serve (404, as HAProxy's front answers it), never an upgrade."""
     node = Node(Config(node_id="b"), _clock())
     transport = StringTransport()
     http = node.front.buildProtocol(None)
     transport.protocol = http
     http.makeConnection(transport)
     http.dataReceived(request_head("b") + frame(b"h" + NONCE_C))
-    assert transport.value().startswith(b"HTTP/1.1 401 ")
+    assert transport.value().startswith(b"HTTP/1.1 404 ")
     assert transport.protocol is http
 
 
@@ -348,7 +350,7 @@ def test_a_peer_restarted_empty_gets_everything_again_though_nothing_new_was_pub
 def _worker_with_sibling(clock: Clock):
     """Worker ``b`` of a node, its sibling ``c`` behind a Unix-socket pipe, and
     node ``a`` linked to ``b`` over TCP (as another machine reaches one worker)."""
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+    b = Mesh(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
                 http=None, siblings=("http+unix://c",))
     c = _cluster(clock, name="c")
     to_c = Pipe(c, unix=True)
@@ -388,7 +390,7 @@ def test_what_a_sibling_sends_is_not_relayed_on():
     """A batch on a Unix socket came from a sibling, which sends its own to
     every sibling itself: relaying it would only repeat it."""
     clock = _clock()
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+    b = Mesh(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
                 http=None, siblings=("http+unix://c",))
     b.ready = True
     relayed = []
