@@ -19,11 +19,13 @@ renders the ``EngineAnswer``, or hands the connection to the protocol
 This module holds the interface and the values that cross it (a channel
 operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
 opens no socket. ``trouble`` words a lost or refused connection for a log
-line, as every backplane says it.
+line, as every backplane says it; ``client_endpoint`` is how every engine
+dials TCP.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -134,6 +136,25 @@ class ExternalEngine(Protocol):
     def probe(self) -> defer.Deferred[None]:
         """Fires once the engine answered; fails with ``errors.EngineUnavailable``
         when it is unreachable or does not answer in time (never anything else)."""
+
+
+def client_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+    """The one way an engine dials TCP: an IPv4 or IPv6 literal directly,
+    any other name through Twisted's ``HostnameEndpoint`` (which resolves in a
+    thread and staggers attempts, so even a refused connection to 127.0.0.1
+    would take a few hundred milliseconds to be reported)."""
+    from twisted.internet.endpoints import (
+        HostnameEndpoint,
+        TCP4ClientEndpoint,
+        TCP6ClientEndpoint,
+    )
+
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return HostnameEndpoint(reactor, host, port, timeout=timeout)
+    kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+    return kind(reactor, host, port, timeout=timeout)
 
 
 def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:

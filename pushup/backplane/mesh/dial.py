@@ -11,22 +11,16 @@ and to a sibling worker (``--workers``) over a Unix socket: its URL is
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol as TypingProtocol
 from urllib.parse import urlsplit
 
 from twisted.internet import defer
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    UNIXClientEndpoint,
-    connectProtocol,
-)
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
 
+from pushup.backplane import client_endpoint
 from pushup.backplane.mesh.stream import ANSWER_LIMIT, Frames, nonce, request_head
 
 
@@ -38,18 +32,6 @@ class DialingLink(TypingProtocol):
     def stream_frame(self, stream: Dial, frame: bytes) -> None: ...
 
     def stream_lost(self, stream: Dial, reason: Any) -> None: ...
-
-
-def endpoint_for(reactor: Any, host: str, port: int) -> Any:
-    """A client endpoint; an IP literal directly (Twisted's HostnameEndpoint
-    resolves in a thread and staggers attempts, so even a refused connection
-    to 127.0.0.1 takes a few hundred milliseconds to be reported)."""
-    try:
-        version = ipaddress.ip_address(host).version
-    except ValueError:
-        return HostnameEndpoint(reactor, host, port, timeout=5)
-    kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-    return kind(reactor, host, port, timeout=5)
 
 
 UNIX_SCHEME = "http+unix"
@@ -70,7 +52,7 @@ def endpoint_for_url(reactor: Any, url: str) -> Any:
     parts = urlsplit(url)
     if parts.scheme == UNIX_SCHEME:
         return UNIXClientEndpoint(reactor, unix_address(parts.netloc), timeout=5)  # type: ignore[no-untyped-call]
-    return endpoint_for(reactor, parts.hostname or "127.0.0.1", parts.port or 80)
+    return client_endpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80, timeout=5)
 
 
 class Dial(Frames):
@@ -135,7 +117,7 @@ def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
 
 
 class _Endpoints:
-    """Agent's endpoints, by ``endpoint_for``."""
+    """Agent's endpoints, by ``endpoint_for_url``."""
 
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor
