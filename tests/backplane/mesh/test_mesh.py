@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 
 from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import REPAIR_EVERY, Mesh
-from pushup.backplane.mesh.peers import CORK
+from pushup.backplane.mesh.outbound import CORK
 from pushup.backplane.mesh.wire import Batch, encode_repair, unpack_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
@@ -226,7 +226,7 @@ def test_the_first_of_two_peers_to_hold_it_is_enough():
 
 def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms():
     node, [wire] = mesh()
-    node.mesh.links[0].cork = 0  # the second batch leaves before the first's answer
+    node.mesh.links[0].outbound.cork = 0  # the second batch leaves before the first's answer
     order: list[int] = []
     first = publish(node, 1)
     node.reactor.advance(0)  # the first batch is on the wire...

@@ -21,14 +21,14 @@ def test_the_channel_op_queue_is_bounded_by_peer_queue_and_drops_the_oldest():
     peer = link(max_ops=load(["serve", "--peer-queue", "2"], {}).peer_queue)
     for name in ("a", "b", "c"):
         peer.add_op(("delete", 0, name))
-    assert [op[2] for op in peer.ops] == ["b", "c"] and peer.dropped_ops == 1
+    assert [op[2] for op in peer.outbound.ops] == ["b", "c"] and peer.outbound.dropped_ops == 1
 
 
 def test_queued_counts_our_messages_the_peer_has_not_confirmed():
     peer = link()
     peer.store.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], 10 * S)
     assert peer.queued == 2 and peer.stats()["state"] == "connecting"
-    peer.after = 1
+    peer.outbound.after = 1
     assert peer.queued == 1 and peer.url == "http://127.0.0.1:1"
 
 
@@ -110,7 +110,7 @@ def test_a_peer_request_that_gets_no_answer_is_cancelled_on_the_links_clock():
 def test_the_log_tells_each_peer_state_once_and_down_only_after_down_log_after():
     from twisted.logger import globalLogPublisher
 
-    from pushup.backplane.mesh.peers import DOWN_LOG_AFTER
+    from pushup.backplane.mesh.status import DOWN_LOG_AFTER
 
     peer = link()
     clock = peer.clock

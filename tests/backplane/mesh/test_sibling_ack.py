@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 
 from pushup.backplane import Unconfirmed
 from pushup.backplane.mesh.mesh import Mesh
-from pushup.backplane.mesh.peers import SIBLING_WINDOW
+from pushup.backplane.mesh.outbound import SIBLING_WINDOW
 from pushup.config import Config
 from pushup.core.model import Draft
 from pushup.core.service import Service
@@ -98,7 +98,7 @@ def test_a_frame_the_socket_took_in_part_waits_for_the_ack():
 def test_the_batches_of_one_read_are_answered_in_one_write():
     clock = _clock()
     b, c, pipe = _worker(clock, url="http://c")
-    b.links[0].cork = 0  # each turn's batch leaves with others in flight
+    b.links[0].outbound.cork = 0  # each turn's batch leaves with others in flight
     for text in (b"1", b"2", b"3"):
         _publish(b, text)
         clock.advance(0)  # each turn's flush: one batch each
