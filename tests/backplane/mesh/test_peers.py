@@ -144,3 +144,39 @@ def test_the_log_tells_each_peer_state_once_and_down_only_after_down_log_after()
         assert said == ["info up", "info connecting", "warn down", "info up"]
     finally:
         globalLogPublisher.removeObserver(observe)
+
+
+def test_a_signed_peer_request_is_stamped_by_the_links_clock():
+    """The peer checks the stamp against its own clock: the link stamps with
+    the one it was given (the node's reactor), never the wall clock behind it."""
+    from twisted.internet import defer
+
+    from pushup.backplane.mesh.wire import verify
+
+    class Recording:  # a treq-like client that answers 200 and keeps what it was asked
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, str, dict]] = []
+
+        def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+            self.asked.append((method, url, headers))
+
+            class Answer:
+                code = 200
+
+                def content(self):
+                    return defer.succeed(b"{}")
+
+            return defer.succeed(Answer())
+
+    clock = Clock()
+    clock.advance(1000)
+    http = Recording()
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    peer = PeerLink("http://127.0.0.1:1", store, "secret", http=http, clock=clock)
+    answered: list = []
+    peer.request("POST", "/peer/repair", b"{}").addCallback(answered.append)
+    [(method, url, headers)] = http.asked
+    assert answered == [(200, b"{}")] and url == "http://127.0.0.1:1/peer/repair"
+    assert headers["X-PushUp-Time"] == ["1000"]
+    assert verify("secret", "POST", "/peer/repair", headers["X-PushUp-Time"][0], b"{}",
+                  headers["X-PushUp-Signature"][0], now_s=clock.seconds())
