@@ -8,8 +8,9 @@ expects: the link rewinds and resends from there). With a batch in flight a
 TCP link holds the next back until the turn its answer comes in ends, or
 ``CORK`` messages wait; to a sibling worker it sends at once, and a frame
 wholly in the sibling's Unix socket counts as held (``PeerLink.holds``).
-This module is the loop that connects, watches and retries, and nothing
-else: what outlives a connection is the link's ``Outbound``
+This module is the loop that connects, watches and retries, and moves
+batches and answers between the parts of a link: what outlives a
+connection is its ``Outbound``
 (:mod:`~pushup.backplane.mesh.outbound`: positions, window, cork, ops queue),
 one connection and its handshake are a ``Dial``
 (:mod:`~pushup.backplane.mesh.dial`), dropped whole when it is lost, and
