@@ -187,8 +187,8 @@ class DemoProcess(Launcher):
 def test_make_demo_passes_leave_dead():
     make = shutil.which("make")
     assert make, "make is needed"
-    argv = subprocess.run([make, "--dry-run", "demo", "LEAVE_DEAD=1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30, check=True).stdout
+    argv = subprocess.run([make, "--no-print-directory", "--dry-run", "demo", "LEAVE_DEAD=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=True).stdout
     assert argv.splitlines()[-1].endswith(" -m demo.run --nodes 3 --port 8000 --leave-dead")
 
 
