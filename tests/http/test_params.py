@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from pushup.config import Config
 from pushup.core import errors
+from pushup.core.channels import MAX_TTL
 from pushup.core.cursor import Cursor
 from pushup.core.model import NOW
 from pushup.http.params import (
     DEFAULT_LIMIT,
     DEFAULT_TIMEOUT,
-    MAX_TTL_S,
     Args,
     ParsedQueries,
     json_object,
@@ -28,6 +28,7 @@ from pushup.http.params import (
 )
 
 CONFIG = Config(node_id="t", max_timeout=30.0, max_limit=500)
+MAX_TTL_S = MAX_TTL // 1_000_000  # 366 days
 
 
 def subscribe(query: str):

@@ -14,15 +14,15 @@ import pytest
 
 from pushup.backplane import Alone
 from pushup.backplane.disk import Durable
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.redis.engine import RedisEngine
 
 
 @pytest.mark.parametrize(("settings", "engine", "kind"), [
     ({}, "single", Alone),
     ({"data_dir": "DIR"}, "single", Durable),
-    ({"peer": ("http://127.0.0.1:9",), "cluster_secret": "s" * 32}, "mesh", Cluster),
-    ({"cluster_secret": "s" * 32}, "mesh", Cluster),  # a mesh peers may join
+    ({"peer": ("http://127.0.0.1:9",), "cluster_secret": "s" * 32}, "mesh", Mesh),
+    ({"cluster_secret": "s" * 32}, "mesh", Mesh),  # a mesh peers may join
     ({"engine": "redis://127.0.0.1:9/0"}, "redis", RedisEngine),
 ], ids=["alone", "data-dir", "peers", "secret-only", "redis"])
 def test_the_configuration_picks_the_backplane(make_node: Callable[..., Any],
@@ -32,7 +32,7 @@ def test_the_configuration_picks_the_backplane(make_node: Callable[..., Any],
     node = make_node(**settings).node
     assert isinstance(node.backplane, kind)
     assert node.stats()["engine"] == engine
-    assert (node.cluster is node.backplane) == (kind is Cluster)
+    assert (node.mesh is node.backplane) == (kind is Mesh)
     if node.data is not None:
         node.data.close()
 
