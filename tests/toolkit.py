@@ -2,8 +2,8 @@
 serve` node stopped by its PID, and the mark for tests that need the compiled core.
 
 Process plumbing that ``deploy/`` and ``loadtest/`` use too lives in
-``deploy/processes.py`` (the load tests run without the test suite); this module
-re-exports it and adds what only tests need. Fixtures that start processes stop
+``deploy/processes.py`` (``loadtest`` takes it from there, not from ``tests``); this
+module re-exports it and adds what only tests need. Fixtures that start processes stop
 them by PID at teardown, never by name.
 """
 
@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 30.0  # seconds for a node to print its listening line (a busy machine)
 STOP_TIMEOUT = 15.0  # seconds for a node to drain and exit after SIGTERM
 
-# What this test run imports, and what a `pushup` it starts runs (the same
-# environment and checkout): README, "A compiled core".
+# The core this run imports (docs/contributing.md, "A compiled core"). A test that
+# needs the compiled one is skipped when it is not: PUSHUP_PURE=1, or nothing built
+# (with PUSHUP_PURE=1 even if a build exists, though clean_env drops the variable).
 compiled = pushup.BUILD.startswith("compiled")
 needs_compiled = pytest.mark.skipif(
     not compiled, reason=f"needs the compiled core; this run has the {pushup.BUILD}")
