@@ -66,13 +66,19 @@ def https(port: int, cafile: str, method: str, path: str, payload: object = None
         method, path, payload)
 
 
+def nginx_in_front(bases: list[str], certificate: tuple[str, str]) -> tuple[PrivateNginx, int]:
+    """A started nginx with TLS on a free loopback port, before ``bases``: (it, its port)."""
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in bases],
+                         *certificate)
+    front.start()
+    return front, port
+
+
 def test_over_https_a_held_poll_an_event_stream_and_a_publish(fresh_cluster, certificate):
     c = fresh_cluster(2, haproxy=False)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
-                         cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases, certificate)
     try:
         ch = uniq("tls")
         # An event stream over TLS: the head comes through before any message.
@@ -109,11 +115,8 @@ def test_with_no_node_up_nginx_and_haproxy_both_answer_503_no_node_available(
     """A request no node received: nginx (which calls a refused connection 502)
     and HAProxy give the same answer, so a client may resend it without a key."""
     c = fresh_cluster(2)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
-                         cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases, certificate)
     try:
         for i in range(2):
             c.kill(i)
@@ -140,10 +143,8 @@ def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_clust
     """The 503 is only for what no node received: a poll held by the one node,
     which is then killed, is nginx's 502 bad_gateway, without Retry-After."""
     c = fresh_cluster(1, haproxy=False)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [c.bases[0].removeprefix("http://")], cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases[:1], certificate)
     try:
         answer: list[tuple[int, dict[str, str], dict]] = []
         poll = threading.Thread(target=lambda: answer.append(https(
