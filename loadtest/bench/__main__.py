@@ -63,7 +63,7 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
          "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2,
-         "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.5}
+         "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
     ap.add_argument("--subscribers", type=int, help="override the fan-out subscriber count")
     ap.add_argument("--soak-minutes", type=float,
-                    help="soak: how long the steady load runs (default 10, --quick 0.5)")
+                    help="soak: how long the steady load runs (default 10, --quick 0.25)")
     ap.add_argument("--publishes", type=int, help="override the fan-out publish count")
     args = ap.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]

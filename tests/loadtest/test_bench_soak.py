@@ -1,10 +1,10 @@
 """The soak, at tiny scale, for real: ``python -m loadtest.bench --quick --only soak``.
 
-Half a minute of 500 re-polling subscribers on 10 channels against a fresh
+Fifteen seconds of 500 re-polling subscribers on 10 channels against a fresh
 `pushup serve`: checks that every subscriber got every publish of its channel
 once, that RSS was sampled over the run and printed as lines, and that the
 record and the table carry the slope and both processes' CPU. It asserts no
-slope: half a minute on a shared machine says nothing about a leak (the full
+slope: fifteen seconds on a shared machine say nothing about a leak (the full
 run does; docs name its figures).
 """
 
