@@ -36,11 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.redis_server import (  # noqa: E402  (run as a script too)
-    RedisServer,
-    RedisServerError,
-    free_port,
-)
+from deploy.processes import free_port, wait_healthy  # noqa: E402  (run as a script too)
+from deploy.redis_server import RedisServer, RedisServerError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LOGS = HERE.parent / ".cluster"  # `make cluster`'s logs (git-ignored), replaced by each run
@@ -87,19 +84,6 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
-
-
-def wait_healthy(url: str, deadline: float, proc: subprocess.Popen | None = None) -> None:
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if get_json(url + "/health", timeout=1.0)[0] == 200:
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not become healthy in time")
 
 
 class LocalCluster:

@@ -23,19 +23,14 @@ from typing import Any
 
 import hiredis
 
+from deploy.processes import free_port
+
 START_TIMEOUT = 10.0  # seconds for a new redis-server to answer PING
 STOP_TIMEOUT = 10.0  # seconds for SIGTERM before SIGKILL
 
 
 class RedisServerError(Exception):
     """redis-server would not start, or did not answer."""
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (a lost race shows as a failed start)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def encode(args: tuple[Any, ...]) -> bytes:

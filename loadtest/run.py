@@ -66,6 +66,7 @@ from typing import Any
 
 import psutil
 
+from deploy.processes import wait_healthy
 from loadtest.cgroups import CpuBudgets
 from loadtest.netcount import NetCountUnavailable, PortCounter, Traffic, available
 
@@ -161,19 +162,6 @@ def raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        with contextlib.suppress(OSError, ValueError):
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready")
-
-
 def get_stats(url: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(url + "/stats", timeout=5) as r:
@@ -230,7 +218,7 @@ class Server:
             raise RuntimeError(f"{self.mode} server did not start: {line!r}")
         self.url = line.split()[-1]
         self.port = int(self.url.rsplit(":", 1)[1])
-        wait_ready(self.url, self.proc)
+        wait_healthy(self.url, time.monotonic() + 30, self.proc)
         return self
 
     def pids(self) -> dict[str, list[int]]:

@@ -5,16 +5,9 @@ Publishers ``POST /publish`` to named channels; subscribers hold
 moment a matching message is published, each message exactly once per
 client however its polls and publishes are spread over the cluster.
 
-The package's folders are its layers; each imports only those beneath it
-(``tests/test_layers.py`` checks):
-
-- ``core/``: values, cursor, store, hub and the service, pure and on an
-  injected clock; never a socket, never the reactor;
-- ``config``: one validated ``Config`` from defaults, file, environment, flags;
-- ``http/``: the HTTP front (the httptools protocol) and the endpoints over it;
-- ``backplane/``: the seam to the cluster, and its engines: ``disk``,
-  ``mesh/`` (peer links) and ``redis/``;
-- ``ops/``: the composition root (``node``), ``cli``, ``workers``, figures.
+The package's folders are its layers, each importing only those beneath it
+(``tests/test_layers.py`` checks); each folder's ``__init__`` states its
+rule, and the README's "Code" section draws the map.
 
 Run ``pushup serve --help`` for every setting.
 """

@@ -28,6 +28,8 @@ pins their source.
 from __future__ import annotations
 
 import errno
+import hashlib
+import inspect
 import sys
 from select import EPOLLIN, EPOLLOUT
 from typing import Any
@@ -75,13 +77,62 @@ class LeanEPollReactor(EPollReactor):
     doIteration = doPoll
 
 
-def install_lean_epoll() -> LeanEPollReactor:
-    """Install :class:`LeanEPollReactor` as ``twisted.internet.reactor``."""
+# sha256 of the source of what LeanEPollReactor.doPoll stands in for or calls,
+# in the Twisted it was checked against (26.10). Checked once at start: a
+# Twisted whose source differs runs Twisted's own epoll reactor instead, and
+# the log says so; tests/test_twisted_lean_reactor.py fails on it too. After
+# a Twisted upgrade: read the new source, bring doPoll in line, update these.
+PINNED = {
+    "EPollReactor.doPoll":
+        "09b62ae68ef01b4bc5eaa170827e2baf0a2a5098e7e7ce7b5e1c80cda187c827",
+    "_PollLikeMixin._doReadOrWrite":
+        "5ffee55b79492b0037fc7bedacfc3aaa6d1f173122c738f8274b8be12d8d2be3",
+    "_DisconnectSelectableMixin._disconnectSelectable":
+        "9d6de0e555ea44fe03fc4a1ad58e51749195df9ba9ef3ce879f5ec689d3ac939",
+}
+
+
+def pinned_sources() -> dict[str, Any]:
+    """The functions of Twisted's that ``PINNED`` names."""
+    from twisted.internet import epollreactor, posixbase
+
+    return {
+        "EPollReactor.doPoll": epollreactor.EPollReactor.doPoll,
+        "_PollLikeMixin._doReadOrWrite": posixbase._PollLikeMixin._doReadOrWrite,
+        "_DisconnectSelectableMixin._disconnectSelectable":
+            posixbase._DisconnectSelectableMixin._disconnectSelectable,
+    }
+
+
+def unverified(pinned: dict[str, str] = PINNED) -> list[str]:
+    """The pinned functions whose source differs here (or cannot be read)."""
+    changed = []
+    for name, f in pinned_sources().items():
+        try:
+            source = inspect.getsource(f)
+        except (OSError, TypeError):
+            changed.append(name)
+            continue
+        if hashlib.sha256(source.encode()).hexdigest() != pinned.get(name):
+            changed.append(name)
+    return changed
+
+
+def install_lean_epoll(pinned: dict[str, str] = PINNED) -> str | None:
+    """Install :class:`LeanEPollReactor` as ``twisted.internet.reactor`` when the
+    Twisted here is the one its copy was checked against; else Twisted's own
+    epoll reactor. Returns None, or why the lean one was not installed."""
     from twisted.internet.main import installReactor
 
-    reactor = LeanEPollReactor()  # type: ignore[no-untyped-call]
-    installReactor(reactor)  # type: ignore[no-untyped-call]
-    return reactor
+    changed = unverified(pinned)
+    if changed:
+        from twisted.internet import epollreactor
+
+        epollreactor.install()  # type: ignore[no-untyped-call]
+        return (f"Twisted's epoll reactor, not the lean one: this Twisted's "
+                f"{', '.join(changed)} differs from the one it was checked against")
+    installReactor(LeanEPollReactor())  # type: ignore[no-untyped-call]
+    return None
 
 
 def write_now(transport: Any, data: bytes) -> bool:

@@ -28,6 +28,7 @@ from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.ops.node import Node
 from tests.sse_client import dechunk
+from tests.toolkit import serve  # noqa: F401  (a fixture for every test)
 
 # The nodes the suite starts get SIGINT as they would from a terminal, however
 # the suite itself was started: a background job (`make test &`) inherits SIGINT

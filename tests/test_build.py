@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pushup
 from pushup._build import COMPILED, compiled_of, decide, record_of, record_text
+from tests.toolkit import needs_compiled
 
 ROOT = Path(pushup.__file__).resolve().parent.parent
 SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
@@ -35,6 +36,7 @@ def tree(tmp_path: Path, built: tuple[str, ...] = NAMES, recorded: bool = True) 
     return tmp_path
 
 
+@needs_compiled
 def test_this_checkout_runs_the_compiled_core() -> None:
     # this machine has a C compiler: pip install -e / make build compiled it
     assert pushup.BUILD == f"compiled (mypyc, {len(COMPILED)} modules)"
@@ -106,6 +108,7 @@ def _imported(root: Path) -> list[str]:
     return [*done.stdout.splitlines(), done.stderr]
 
 
+@needs_compiled
 def test_a_stale_build_is_never_imported(tmp_path: Path) -> None:
     """A real compiled build, one source edited after it: the sources run."""
     _copy_package(tmp_path)

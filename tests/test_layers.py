@@ -10,6 +10,7 @@ Nothing under ``core/`` or ``http/`` imports the reactor. ``_twisted`` and
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,114 @@ def test_the_rule_catches_a_core_module_importing_http() -> None:
     assert not allowed("pushup.backplane.redis.engine", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.client.sync", "pushup.core.errors")
     assert allowed("pushup.client.sync", "pushup.client.values")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (``TYPE_CHECKING`` imports
+    too: a cycle there is a cycle of the design)."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        graph[name] = {i for i in imports(path) if i.split(".")[0] == "pushup" and i != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of more
+    than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_takes_part_in_an_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# "peer" or "mesh" starting a word (PeerLink, peer_refused, /peer/, PEER_...), not
+# inside one (TypeError).
+MESH_WORD = re.compile(r"(?<![a-z])(?:[Pp]eer|PEER|[Mm]esh|MESH)")
+
+
+def mesh_words(path: Path, strings: bool) -> list[str]:
+    """The names (and, with ``strings``, the string constants other than
+    docstrings) in ``path`` that speak of the mesh."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        words: list[str] = []
+        if isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            words = [node.name]
+        elif isinstance(node, ast.alias):
+            words = [node.name, node.asname or ""]
+        elif strings and isinstance(node, ast.Constant) and id(node) not in docstrings \
+                and isinstance(node.value, str | bytes):
+            value = node.value
+            words = [value.decode("latin-1") if isinstance(value, bytes) else value]
+        found += [w for w in words if MESH_WORD.search(w)]
+    return found
+
+
+SEAM_AND_ABOVE = sorted([*(PACKAGE / "http").glob("*.py"), *(PACKAGE / "core").glob("*.py")])
+
+
+@pytest.mark.parametrize("path", SEAM_AND_ABOVE, ids=lambda p: module_name(p))
+def test_the_core_and_the_http_front_know_no_mesh(path: Path) -> None:
+    """No ``/peer/`` route, no ``Peer*`` value: an engine's endpoints come
+    through the seam's one ``Mount``."""
+    assert mesh_words(path, strings=True) == []
+
+
+def test_the_seam_names_no_mesh_value() -> None:
+    assert mesh_words(PACKAGE / "backplane" / "__init__.py", strings=False) == []
+
+
+def test_the_mesh_word_rule_catches_a_peer_route_and_value(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text('"""doc: peers are fine here."""\nfrom x import PeerRequest\n'
+                      'ROUTE = b"/peer/x"\nclass TypeErrorish: pass\n')
+    assert mesh_words(source, strings=True) == ["PeerRequest", "/peer/x"]
+    assert mesh_words(source, strings=False) == ["PeerRequest"]

@@ -17,8 +17,10 @@ TEST_ONLY = ("[test", "chromium", "nodejs", "npm", "nftables", "strace", "nginx"
 def dry_run(*args: str) -> str:
     make = shutil.which("make")
     assert make, "make is needed"
-    r = subprocess.run([make, "--dry-run", "--always-make", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=30)
+    # --no-print-directory: under `make test` the inherited MAKELEVEL would add
+    # "Entering directory" lines to what is read here.
+    r = subprocess.run([make, "--no-print-directory", "--dry-run", "--always-make", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -46,7 +48,7 @@ def test_make_run_says_each_setup_step_once_and_nothing_once_set_up():
     # Set up (the install and the build both current): only the node starts.
     make = shutil.which("make")
     assert make
-    ready = subprocess.run([make, "--dry-run", "-o", ".venv/.installed-run",
+    ready = subprocess.run([make, "--no-print-directory", "--dry-run", "-o", ".venv/.installed-run",
                             "-o", "build/.compiled", "run"], cwd=ROOT, capture_output=True,
                            text=True, timeout=30)
     assert ready.returncode == 0, ready.stderr

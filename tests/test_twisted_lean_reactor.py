@@ -16,32 +16,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from twisted.internet import epollreactor, posixbase
+from twisted.internet import epollreactor
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import globalLogPublisher
 from twisted.python import log
 from twisted.python.failure import Failure
 
-from pushup._twisted import LeanEPollReactor
+from pushup._twisted import PINNED, LeanEPollReactor, pinned_sources
 
-# sha256 of the source of what LeanEPollReactor.doPoll stands in for or calls. A
-# Twisted upgrade that changes one of them fails here: read the new source,
-# bring LeanEPollReactor.doPoll in line, then update the hash.
-PINNED = {
-    "EPollReactor.doPoll":
-        "09b62ae68ef01b4bc5eaa170827e2baf0a2a5098e7e7ce7b5e1c80cda187c827",
-    "_PollLikeMixin._doReadOrWrite":
-        "5ffee55b79492b0037fc7bedacfc3aaa6d1f173122c738f8274b8be12d8d2be3",
-    "_DisconnectSelectableMixin._disconnectSelectable":
-        "9d6de0e555ea44fe03fc4a1ad58e51749195df9ba9ef3ce879f5ec689d3ac939",
-}
-SOURCES: dict[str, Callable[..., Any]] = {
-    "EPollReactor.doPoll": epollreactor.EPollReactor.doPoll,
-    "_PollLikeMixin._doReadOrWrite": posixbase._PollLikeMixin._doReadOrWrite,
-    "_DisconnectSelectableMixin._disconnectSelectable":
-        posixbase._DisconnectSelectableMixin._disconnectSelectable,
-}
+SOURCES: dict[str, Callable[..., Any]] = pinned_sources()
 
 
 def digest(f: Callable[..., Any]) -> str:
@@ -199,3 +183,36 @@ def test_pushup_serve_runs_the_lean_reactor_for_epoll() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30, check=True)
     assert out.stdout.strip() == "LeanEPollReactor"
+
+
+def test_a_twisted_whose_copied_source_changed_runs_its_own_reactor_and_says_so() -> None:
+    """An install that resolves a newer Twisted never runs an unverified copy
+    of its event loop: the pins are checked at start."""
+    changed = {**PINNED, "EPollReactor.doPoll": "0" * 64}
+    code = ("from pushup._twisted import PINNED, install_lean_epoll; "
+            f"note = install_lean_epoll({changed!r}); "
+            "from twisted.internet import reactor; print(type(reactor).__name__); print(note)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, check=True)
+    name, note = out.stdout.strip().splitlines()
+    assert name == "EPollReactor"
+    assert "EPollReactor.doPoll differs" in note
+
+
+def test_a_start_on_an_unverified_twisted_logs_which_reactor_runs() -> None:
+    code = ("import pushup._twisted as t; t.PINNED['EPollReactor.doPoll'] = '0' * 64; "
+            "t.install_lean_epoll.__defaults__ = (t.PINNED,); "
+            "from pushup.ops.cli import main; main(['serve', '--port', '0'])")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "reactor:" in line:
+                break
+        assert "Twisted's epoll reactor, not the lean one" in lines[-1], lines
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

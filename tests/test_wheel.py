@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,18 +30,13 @@ import pytest
 
 import pushup
 from pushup._build import COMPILED
+from tests.toolkit import free_port
 
 ROOT = Path(pushup.__file__).resolve().parent.parent
 # The files a wheel is built from (pyproject.toml names README.md as the readme).
 BUILT_FROM = ("pushup", "setup.py", "pyproject.toml", "README.md", "LICENSE")
 # A line of the node's own text log: "<time> [<namespace>#<level>] <message>".
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \[[\w.]+#\w+\] ")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wheel(tmp_path: Path) -> Path:
@@ -82,7 +76,7 @@ def _venv_with(wheel: Path, at: Path) -> Path:
 @pytest.mark.timeout(900)
 def test_a_wheel_install_runs_the_compiled_core_without_a_warning(tmp_path: Path) -> None:
     venv = _venv_with(_wheel(tmp_path), tmp_path / "venv")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PUSHUP_PURE", "PYTHONPATH")}
     node = subprocess.Popen([str(venv / "bin" / "pushup"), "serve", "--port", str(port)],
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,

@@ -1,5 +1,6 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,workers,faults] [--quick] [--budget CORES] [--worker-budget CORES]`.
+engines,scale,workers,faults,soak] [--quick] [--budget CORES] [--worker-budget CORES]
+[--soak-minutes M]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -15,6 +16,9 @@ run (nodescale.py, loadtest/cgroups.py; unbudgeted, and saying so, where
 /sys/fs/cgroup/cpu is not writable). `workers` measures `--workers 2` against
 one process with every serving process in a CPU cgroup of `--worker-budget`
 cores, the generator outside (workerscale.py): what a core per worker buys.
+`soak` is steady service for `--soak-minutes` (default 10): 5,000 re-polling
+subscribers on 50 channels, a publish per channel a second, the server's RSS a
+line per minute and its slope over the last half (soak.py).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -33,14 +37,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, engines, faults, nodescale, report, scenarios, workerscale
+from . import cluster, compare, engines, faults, nodescale, report, scenarios, soak, workerscale
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale", "workers", "faults"]
+           "engines", "scale", "workers", "faults", "soak"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -49,7 +53,9 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "lag_samples": 200, "ack_lone": 500, "engines_publish_seconds": 8.0, "engines_reps": 3,
         "engines_n": 10000, "engines_publishes": 10, "engines_scaling": [1, 5],
         "scale_nodes": [1, 2, 4], "scale_n": 4000, "scale_publishes": 10,
-        "scale_interval": 1.0, "workers_n": 5000}
+        "scale_interval": 1.0, "workers_n": 5000,
+        "soak_subscribers": soak.SUBSCRIBERS, "soak_channels": soak.CHANNELS,
+        "soak_minutes": soak.MINUTES}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
@@ -57,7 +63,7 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
          "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2,
-         "workers_n": 500}
+         "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -94,12 +100,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="fan-out subscribers re-poll on receipt (default) or only after "
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
     ap.add_argument("--subscribers", type=int, help="override the fan-out subscriber count")
+    ap.add_argument("--soak-minutes", type=float,
+                    help="soak: how long the steady load runs (default 10, --quick 0.25)")
     ap.add_argument("--publishes", type=int, help="override the fan-out publish count")
     args = ap.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
     bad = [x for x in args.only if x not in CHOICES]
     if bad:
         ap.error(f"unknown benchmark(s) {bad}; choose from {CHOICES}")
+    if args.soak_minutes is not None and args.soak_minutes <= 0:
+        ap.error("--soak-minutes must be positive")
     if args.budget <= 0:
         ap.error("--budget must be a positive number of cores")
     if not 1 <= args.workers <= 8:
@@ -128,9 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg["fanout_n"] = args.subscribers
     if args.publishes:
         cfg["fanout_publishes"] = args.publishes
+    if args.soak_minutes is not None:
+        cfg["soak_minutes"] = args.soak_minutes
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGALRM, _terminate)
-    signal.alarm(WATCHDOG_S)
+    # a soak is long by design: the watchdog gives it its own minutes on top
+    signal.alarm(WATCHDOG_S + (int(cfg["soak_minutes"] * 60) if "soak" in args.only else 0))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     OUT.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
@@ -204,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                 cfg["scale_interval"], args.budget, cfg["round_timeout"], args.front_shares)))
         if "faults" in args.only:
             plan.append(("faults", lambda: faults.bench_faults(ctx, args.quick)))
+        if "soak" in args.only:
+            plan.append(("soak", lambda: soak.bench_soak(
+                ctx, cfg["soak_subscribers"], cfg["soak_channels"], cfg["soak_minutes"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()

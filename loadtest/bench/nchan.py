@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from deploy.processes import free_port
 
 from . import procfs
 from .server import Server, ServerError, raise_nofile
@@ -60,14 +61,6 @@ def render(port: int, prefix: Path, error_log: Path, hold_timeout: int,
     if left:
         raise ValueError(f"unfilled placeholders in {TEMPLATE.name}: {left}")
     return text
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (nginx binds it a moment later; a lost
-    race shows as nginx exiting, and start() tries another)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # nchan_stub_status lines -> the /stats keys the scenarios read.

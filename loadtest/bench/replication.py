@@ -82,11 +82,11 @@ def run(clock: HeapClock, sibling: bool, publishes: int,
     pipe = None
     if sibling:
         # another node id, as a sibling worker has: a node refuses batches of its own origin
-        other = Node(Config(node_id="b", cluster_secret=SECRET), reactor=clock).cluster
-        assert other is not None and node.cluster is not None
-        other.ready = node.cluster.ready = True
+        other = Node(Config(node_id="b", cluster_secret=SECRET), reactor=clock).mesh
+        assert other is not None and node.mesh is not None
+        other.ready = node.mesh.ready = True
         pipe = Pipe(other, unix=True, kernel=True)
-        [link] = node.cluster.links
+        [link] = node.mesh.links
         link.dial, link.http = pipe.dial, pipe
         link.start()
         clock.advance(0)

@@ -13,6 +13,9 @@ import statistics
 from typing import Any
 
 Row = dict[str, Any]
+# A soak's RSS may rise no faster than this over its last half: flat within the
+# noise of malloc (issue 26: 2 MB/min before the fix, ~3 GB a day)
+SOAK_SLOPE_MB_PER_MIN = 0.25
 
 
 def _row(name: str, value: float | None, unit: str, target: float | None, better: str,
@@ -55,6 +58,8 @@ def _fmt(v: float | None, unit: str) -> str:
         return f"{v:.3f} s"
     if unit == "/s":
         return f"{v:,.0f}/s"
+    if unit == "MB/min":
+        return f"{v:+.2f} MB/min"
     return f"{v}"
 
 
@@ -168,6 +173,19 @@ def rows(results: dict[str, Any], targets_apply: bool) -> list[Row]:
                             "higher", f"{a['cluster_cpu_s']:.1f} s all nodes", "",
                             f"latency p50 {a['loaded_p50_ms']:.2f} ms, p99 "
                             f"{a['loaded_p99_ms']:.2f} ms; 202s {a['unconfirmed_202']}"))
+    soak = results.get("soak")
+    if isinstance(soak, dict) and "error" not in soak:
+        what = (f"{soak['subscribers']:,} polls on {soak['channels']} channels, a publish per "
+                f"channel a second, {soak['minutes']:g} min")
+        out.append(_row("soak: RSS slope over the last half", soak["slope_last_half_mb_per_min"],
+                        "MB/min", t(SOAK_SLOPE_MB_PER_MIN), "lower",
+                        f"{soak['server_cpu_pct']:.0f}% of a core",
+                        f"{soak['generator_cpu_pct']:.0f}% of a core",
+                        f"{what}; RSS {soak['rss_start_mb']:.1f} -> {soak['rss_end_mb']:.1f} MB"))
+        d = soak["deliveries"]
+        out.append(_row("soak: delivered once", soak["delivered_pct"], "%", t(100.0), "higher",
+                        "", "", f"{d['received']:,} of {d['expected']:,}; duplicates "
+                        f"{d['duplicate']}, missed {d['missed']}"))
     for name, res in results.items():
         if isinstance(res, dict) and "error" in res:
             out.append(_row(f"{name}: ERROR", None, "", None, "lower", note=res["error"][:200]))

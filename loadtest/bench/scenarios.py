@@ -54,7 +54,8 @@ class Context:
     servers_started: list[str] = field(default_factory=list)
     on_serving: Callable[[Server], None] | None = None  # handed to every server started
 
-    def server(self, name: str, target: Target = PUSHUP) -> Server:
+    def server(self, name: str, target: Target = PUSHUP, flags: tuple[str, ...] = ()) -> Server:
+        """A fresh server; ``flags`` are added to a `pushup serve` line."""
         if target != PUSHUP:
             name = f"{target.key}-{name}"
         log_path = self.out_dir / f"server-{self.stamp}-{name}.log"
@@ -66,7 +67,7 @@ class Context:
         command = self.server_command + [
             "serve", "--port", "0",
             "--max-connections", "20000",
-            "--max-timeout", str(HOLD_TIMEOUT),
+            "--max-timeout", str(HOLD_TIMEOUT), *flags,
         ]
         if target.workers > 1:
             command += ["--workers", str(target.workers)]

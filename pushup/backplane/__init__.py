@@ -8,31 +8,31 @@ the hub and the cursor never know which backplane runs:
 
 - ``Alone``: one node, no cluster (optionally a data directory, see
   :mod:`pushup.backplane.disk`);
-- ``pushup.backplane.mesh.mesh.Cluster``: the full mesh of peers;
+- ``pushup.backplane.mesh.mesh.Mesh``: the full mesh of peers;
 - ``pushup.backplane.redis.engine.RedisEngine``: one ordered log in Redis.
 
-A backplane may also answer requests of its own (the mesh's ``/peer/``
-endpoints): the HTTP layer hands them over as ``PeerRequest`` values and
-renders the ``PeerAnswer``, knowing nothing of what they carry; a connection
-upgraded to ``pushup-peer`` is handed to the protocol ``PeerEndpoints.stream``
-gives.
+A backplane may also answer requests of its own under one path prefix (a
+``Mount``): the HTTP layer hands each over as an ``EngineRequest`` and
+renders the ``EngineAnswer``, or hands the connection to the protocol
+``Mount.upgrade`` gives, knowing nothing of what they carry.
 
 This module holds the interface and the values that cross it (a channel
 operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
 opens no socket. ``trouble`` words a lost or refused connection for a log
-line, as every backplane says it.
+line, as every backplane says it; ``client_endpoint`` is how every engine
+dials TCP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ipaddress
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IProtocol
 
-from pushup.core import errors
 from pushup.core.channels import Channel
 from pushup.core.channels import ChannelOp as ChannelOp  # the seam re-exports the core's
 from pushup.core.channels import OpKind as OpKind
@@ -40,48 +40,46 @@ from pushup.core.idempotency import Idem
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
 
-PEER_BODY_LIMIT = 16 * 1024 * 1024  # peers batch at most 4 MiB (mesh.wire.BATCH_BYTES)
-
 
 @dataclass(frozen=True, slots=True)
-class PeerRequest:
-    """A request to the backplane's own endpoints (``/peer/...``), as sent."""
+class EngineRequest:
+    """A request to an engine's own endpoints (under its mount's prefix), as sent."""
 
     method: str
-    path: str
-    time: str  # X-PushUp-Time
-    signature: str  # X-PushUp-Signature
+    path: str  # the whole path, prefix included
+    headers: Mapping[bytes, bytes]  # lower-case names, as the HTTP front read them
     body: bytes
+
+    def header(self, name: bytes) -> str:
+        return self.headers.get(name, b"").decode("latin-1")
 
 
 @dataclass(frozen=True, slots=True)
-class PeerAnswer:
-    """What a backplane endpoint answers: a status and a JSON body, or none."""
+class EngineAnswer:
+    """What an engine's endpoint answers: a status and a body (JSON), or none."""
 
     status: int
     body: bytes | None = None
 
 
-class PeerEndpoints(Protocol):
-    """A backplane's own endpoints, behind ``/peer/`` (the mesh's)."""
+class Mount(Protocol):
+    """An engine's own endpoints: every path under ``prefix`` is the engine's,
+    and the HTTP front knows nothing of what they carry."""
 
-    def admits(self, signed: bool) -> bool:
-        """Before the body: whether a request that carries a signature (or not)
-        is worth reading; a refusal is counted."""
+    prefix: bytes  # e.g. b"/peer/"
+    body_limit: int  # the most body bytes a request to them may bring
 
-    def answer(self, request: PeerRequest, now: float) -> PeerAnswer:
-        """The answer to a request; ``Unauthorized`` (see ``unsigned``) if it is
-        not signed with the cluster secret, ``NotFound`` for an unknown path."""
+    def admit(self, method: bytes, path: bytes, headers: Mapping[bytes, bytes]) -> int:
+        """Before the body: the most body bytes this request may bring (0 for an
+        upgrade, which authenticates itself); raises a ``PushUpError`` to refuse
+        it unread (counted by the engine)."""
 
-    def stream(self) -> IProtocol:
-        """The protocol that takes over a connection upgraded to the peers'
-        replication stream (``GET /peer/stream``, ``Upgrade: pushup-peer``);
-        it authenticates the peer itself."""
+    def upgrade(self, request: EngineRequest) -> IProtocol | None:
+        """The protocol that takes over a connection this request asks to
+        upgrade, or None if it is no upgrade of the engine's."""
 
-
-def unsigned() -> errors.PushUpError:
-    """The one refusal of a request that is not a peer's."""
-    return errors.Unauthorized("peer requests must be signed with the cluster secret")
+    def answer(self, request: EngineRequest, now: float) -> EngineAnswer:
+        """The answer to a request; a ``PushUpError`` to refuse it."""
 
 
 class Unconfirmed(list[Message]):
@@ -138,6 +136,25 @@ class ExternalEngine(Protocol):
     def probe(self) -> defer.Deferred[None]:
         """Fires once the engine answered; fails with ``errors.EngineUnavailable``
         when it is unreachable or does not answer in time (never anything else)."""
+
+
+def client_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
+    """The one way an engine dials TCP: an IPv4 or IPv6 literal directly,
+    any other name through Twisted's ``HostnameEndpoint`` (which resolves in a
+    thread and staggers attempts, so even a refused connection to 127.0.0.1
+    would take a few hundred milliseconds to be reported)."""
+    from twisted.internet.endpoints import (
+        HostnameEndpoint,
+        TCP4ClientEndpoint,
+        TCP6ClientEndpoint,
+    )
+
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return HostnameEndpoint(reactor, host, port, timeout=timeout)
+    kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
+    return kind(reactor, host, port, timeout=timeout)
 
 
 def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:

@@ -23,6 +23,8 @@ from pushup.core.origins import Position
 from pushup.core.runs import Run
 
 MAX_TTL = 366 * 86400 * 1_000_000
+# The one ttl rule, as a client is told it (a ttl travels in seconds).
+TTL_RULE = f"ttl must be a number of seconds, more than 0, at most {MAX_TTL // 1_000_000}"
 _by_time = attrgetter("sort_key")
 
 
@@ -31,8 +33,17 @@ def check_ttl(ttl: int | None, default: int) -> int:
     if ttl is None:
         return default
     if not 0 < ttl <= MAX_TTL:
-        raise BadRequest("ttl must be more than 0 and at most 366 days")
+        raise BadRequest(TTL_RULE)
     return ttl
+
+
+def ttl_in_seconds(seconds: object) -> int:
+    """A ttl as a client gives it (a JSON number of seconds), in µs, checked by
+    the one rule (:func:`check_ttl`)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+            or not -1 < seconds < MAX_TTL:  # also NaN and ±inf
+        raise BadRequest(TTL_RULE)
+    return check_ttl(round(seconds * 1_000_000), 0)
 
 
 OpKind = Literal["create", "renew", "delete"]

@@ -9,9 +9,11 @@ never reads the clock.
 The deadline index is a binary heap of ``(deadline, serial, waiter)`` whose
 entries are dropped lazily: a waiter answered or gone leaves its entry
 behind (its ``serial`` no longer matches) until it reaches the top or the
-stale entries outnumber the live ones. Holding a poll is one ``heappush``;
-a fan-out that answers thousands removes nothing from the index (issue 18:
-the sorted list this replaces cost 7 % of a re-poll).
+stale entries outnumber the live ones; a waiter discarded (its client gone)
+drops its ``target`` at once, so its stale entry holds no connection (issue
+26). Holding a poll is one ``heappush``; a fan-out that answers thousands
+removes nothing from the index (issue 18: the sorted list this replaces cost
+7 % of a re-poll).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Hub:
         if not waiter.serial:
             return False
         self._unlink(waiter)
+        # Its deadline entry stays until popped: let it hold no connection.
+        waiter.target = None
         return True
 
     def _unlink(self, waiter: Waiter) -> None:

@@ -22,15 +22,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IProtocol
 from twisted.python.failure import Failure
 
-from pushup.backplane import (
-    PEER_BODY_LIMIT,
-    Backplane,
-    ExternalEngine,
-    PeerEndpoints,
-    PeerRequest,
-    Unconfirmed,
-    unsigned,
-)
+from pushup.backplane import Backplane, EngineRequest, ExternalEngine, Mount, Unconfirmed
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.cursor import Cursor
@@ -81,14 +73,16 @@ class Handlers:
     def __init__(self, service: Service, config: Config,
                  stats: Callable[[], dict[str, Any]],
                  metrics: Callable[[], tuple[bytes, bytes]],
-                 backplane: Backplane, peers: PeerEndpoints | None = None,
+                 backplane: Backplane, mount: Mount | None = None,
                  figures: bool = True) -> None:
         """``figures``: answer /stats and /metrics (else they are only on the
         admin port, and 404 here)."""
         self.service = service
         self.config = config
         self.backplane = backplane
-        self.peers = peers  # the mesh's /peer/ endpoints, when it runs
+        # The engine's own endpoints (the mesh's), every path under its prefix.
+        self.mount = mount
+        self._mounted = mount.prefix if mount is not None else None
         self._stats = stats
         self._metrics = metrics
         self._parse_subscribe = _parse_subscribe(config)
@@ -106,9 +100,6 @@ class Handlers:
             (b"stats",): {b"GET": self.stats, b"HEAD": self.stats},
             (b"metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
             (b"pushup.js",): {b"GET": self.client_js, b"HEAD": self.client_js},
-            (b"peer", b"messages"): {b"POST": self.peer},
-            (b"peer", b"snapshot"): {b"GET": self.peer},
-            (b"peer", b"repair"): {b"POST": self.peer},
         }
         if not figures:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
@@ -118,27 +109,28 @@ class Handlers:
 
     def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
         """Before the body: the most body bytes this request may bring, or the
-        answer that refuses it unread (a peer request nobody signed)."""
-        if path == b"/peer/stream" and self.peers is not None:
-            return 0  # an upgrade: the stream authenticates itself (see ``upgrade``)
-        if path.startswith(b"/peer/"):
-            signed = b"x-pushup-signature" in headers
-            if self.peers is None or not self.peers.admits(signed):
-                return error_response(unsigned(), close=True)
-            return PEER_BODY_LIMIT
+        answer that refuses it unread (e.g. an engine's request nobody signed)."""
+        if self._mounted is not None and path.startswith(self._mounted):
+            assert self.mount is not None
+            try:
+                return self.mount.admit(method, path, headers)
+            except PushUpError as e:
+                return error_response(e, close=True)
         return self.config.max_body_bytes
 
     def upgrade(self, request: Request) -> IProtocol | None:
         """The protocol that takes over this connection, for a request to
-        upgrade it: the backplane's replication stream, when it has one."""
-        if (self.peers is not None and request.method == b"GET"
-                and request.path == b"/peer/stream"
-                and request.header(b"upgrade").lower() == "pushup-peer"):
-            return self.peers.stream()
+        upgrade it: the engine's, when its mount has one for this path."""
+        if self._mounted is not None and request.path.startswith(self._mounted):
+            assert self.mount is not None
+            return self.mount.upgrade(self._engine_request(request))
         return None
 
     def too_large(self, path: bytes) -> PushUpError:
-        limit = PEER_BODY_LIMIT if path.startswith(b"/peer/") else self.config.max_body_bytes
+        limit = self.config.max_body_bytes
+        if self._mounted is not None and path.startswith(self._mounted):
+            assert self.mount is not None
+            limit = self.mount.body_limit
         return errors.TooLarge(f"the request body is over {limit} bytes")
 
     def handle(self, request: Request, client: Client) -> Outcome:
@@ -150,6 +142,8 @@ class Handlers:
         try:
             if request.method == b"OPTIONS" and self.config.cors_origin:
                 return _PREFLIGHT
+            if self._mounted is not None and request.path.startswith(self._mounted):
+                return self._mounted_endpoint(request)
             handlers, params = self._route(request.path)
             handler = handlers.get(request.method)
             if handler is None:
@@ -360,15 +354,16 @@ class Handlers:
         """The browser client (clients/js/ in the repository)."""
         return _CLIENT_JS
 
-    def peer(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
-        """The backplane's own endpoints (the mesh's ``/peer/``), when it has them."""
-        if self.peers is None:
-            raise unsigned()
-        answer = self.peers.answer(PeerRequest(
-            request.method.decode(), request.path.decode("latin-1"),
-            request.header(b"x-pushup-time"), request.header(b"x-pushup-signature"),
-            request.body), self.service.now() / 1e6)
+    def _mounted_endpoint(self, request: Request) -> Response:
+        """An engine's own endpoint (its mount's), answered as the engine says."""
+        assert self.mount is not None
+        answer = self.mount.answer(self._engine_request(request), self.service.now() / 1e6)
         return Response(answer.status, answer.body)
+
+    @staticmethod
+    def _engine_request(request: Request) -> EngineRequest:
+        return EngineRequest(request.method.decode(), request.path.decode("latin-1"),
+                             request.headers, request.body)
 
 
 _PREFLIGHT = Response(204, headers=(

@@ -14,6 +14,7 @@ from urllib.parse import unquote_to_bytes
 
 from pushup.config import Config
 from pushup.core import errors
+from pushup.core.channels import ttl_in_seconds
 from pushup.core.cursor import MAX_ORIGINS
 from pushup.core.cursor import PREFIX as CURSOR_PREFIX
 from pushup.core.cursor import decode as decode_cursor
@@ -29,7 +30,6 @@ from pushup.core.model import (
 
 DEFAULT_TIMEOUT = 50.0
 DEFAULT_LIMIT = 100
-MAX_TTL_S = 366 * 86400
 _WHOLE = re.compile(r"[0-9]+")
 # The longest cursor we issue: MAX_ORIGINS of "<64>.<16>:<18 digits>;", base64.
 MAX_CURSOR_CHARS = len(CURSOR_PREFIX) + (MAX_ORIGINS * (64 + 1 + 16 + 1 + 18 + 1) * 4 + 2) // 3
@@ -116,12 +116,7 @@ def json_object(body: bytes, empty_ok: bool = False) -> dict[str, Any]:
 def ttl_of(body: dict[str, Any]) -> int | None:
     """The optional ``ttl`` of a channel body, in microseconds."""
     ttl = body.get("ttl")
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_S:
-        raise errors.BadRequest(f"ttl must be a number of seconds, more than 0, "
-                                f"at most {MAX_TTL_S}")
-    return round(ttl * 1_000_000)
+    return None if ttl is None else ttl_in_seconds(ttl)
 
 
 class Args:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, cast
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 from twisted.internet.protocol import Protocol
@@ -33,11 +33,8 @@ from pushup.http.exchange import Held, Pending, Request, Response, error_respons
 from pushup.http.framing import CLOSE, CLOSE_DELIMITED, REFUSAL, Queued, StreamFraming
 from pushup.http.incoming import HEADERS_TOO_LARGE, Incoming, Refuse
 from pushup.http.phase import Answer, Answering, Read, answering_one, finished
-from pushup.http.seams import Connection, Timer
+from pushup.http.seams import Connection, Host, Timer
 from pushup.http.upgrade import Upgraded, hand_over, switching_protocols
-
-if TYPE_CHECKING:
-    from pushup.http.front import Front
 
 log = Logger()
 PIPELINE_BYTES = 64 * 1024  # requests read ahead of the one being answered
@@ -46,7 +43,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A closed connection's parser: the live one holds our bound methods, a cycle only
 # a full collection frees (issue 26: ~2.5 KB kept per aborted poll). It parses nothing.
 _CLOSED_PARSER: Final = HttpRequestParser(object())
-# the phases tested on every request, as globals (compiled: read without a lookup)
 READY: Final = phase.READY
 HELD: Final = phase.HELD
 PAUSED: Final = phase.PAUSED
@@ -84,8 +80,11 @@ class HTTPProtocol(Protocol):
       from our own parser callbacks, is logged and answered 500.
     """
 
-    def __init__(self, front: Front) -> None:
+    def __init__(self, front: Host) -> None:
         self.front = front
+        # read on every request: fields here, where the front (typed by a seam) is a lookup
+        self._app, self._writer, self._counters = front.app, front.writer, front.counters
+        self._clock, self._max_event_id = front.clock, front.max_event_id
         self._parser = HttpRequestParser(self)
         self._reading = phase.IDLE  # a phase.Reading, by its number
         self._answering = READY  # a phase.Answering, by its number
@@ -110,17 +109,17 @@ class HTTPProtocol(Protocol):
         # The one narrowing of Twisted's Optional[ITransport]: a TCP server transport.
         self.conn = cast(Connection, self.transport)
         self.conn.registerProducer(self, True)
-        self._stamp = self.front.clock.seconds()
+        self._stamp = self._clock.seconds()
         self._arm(self._stamp + self.front.keepalive_timeout)
 
     def dataReceived(self, data: bytes) -> None:
-        self.front.counters.bytes_in += len(data)
+        self._counters.bytes_in += len(data)
         if self._upgraded_to is not None:
             self._upgraded_to.dataReceived(data)
             return
         if self._reading == STOPPED:
             return
-        self._stamp = self.front.clock.seconds()
+        self._stamp = self._clock.seconds()
         if self._reading == HEAD:
             self._incoming.head_bytes += len(data)
         try:
@@ -144,7 +143,7 @@ class HTTPProtocol(Protocol):
             self._refuse(error_response(
                 errors.BadRequest("malformed HTTP request", code="bad_request"), close=True))
         if self._reading == HEAD:
-            if self._incoming.head_too_large(self.front.max_event_id):
+            if self._incoming.head_too_large(self._max_event_id):
                 self._refuse(HEADERS_TOO_LARGE)
             else:
                 self._arm(self._incoming.head_began + self.front.header_timeout)
@@ -160,7 +159,7 @@ class HTTPProtocol(Protocol):
         last = self._queue[-1] if len(self._queue) == 1 else None
         if not isinstance(last, Queued) or self._answering not in (READY, PAUSED):
             return False
-        protocol = self.front.app.upgrade(last.request)
+        protocol = self._app.upgrade(last.request)
         if protocol is None:
             return False
         self._queue.clear()
@@ -197,15 +196,15 @@ class HTTPProtocol(Protocol):
 
     def pauseProducing(self) -> None:
         if self._blocked_since is None:
-            self._blocked_since = self.front.clock.seconds()
+            self._blocked_since = self._clock.seconds()
             self._arm(self._blocked_since + self.front.send_timeout)
 
     def resumeProducing(self) -> None:
         # A closing connection's output moved: what is left has send_timeout again.
-        self._blocked_since = self.front.clock.seconds() if finished(self._answering) else None
+        self._blocked_since = self._clock.seconds() if finished(self._answering) else None
         if self._on_writable is not None:  # an event stream's next page
             callback, self._on_writable = self._on_writable, None
-            self.front.clock.callLater(0, self._writable, callback)
+            self._clock.callLater(0, self._writable, callback)
         self._dispatch()
 
     def stopProducing(self) -> None:
@@ -221,7 +220,7 @@ class HTTPProtocol(Protocol):
         self._incoming.add_url(url, self.front.max_target)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._incoming.add_header(name.lower(), value, self.front.max_event_id)
+        self._incoming.add_header(name.lower(), value, self._max_event_id)
 
     def on_headers_complete(self) -> None:
         self._reading = phase.read_after(self._reading, Read.HEAD_DONE)
@@ -229,7 +228,7 @@ class HTTPProtocol(Protocol):
         http10 = self._parser.get_http_version() == "1.0"
         incoming.check_head(http10)
         path = incoming.path
-        verdict = self.front.app.admit(self._parser.get_method(), path, incoming.headers)
+        verdict = self._app.admit(self._parser.get_method(), path, incoming.headers)
         if isinstance(verdict, Response):
             raise Refuse(verdict)
         incoming.limit = verdict
@@ -238,7 +237,7 @@ class HTTPProtocol(Protocol):
                    and incoming.headers.get(b"expect", b"").lower() == b"100-continue")
         length = incoming.headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > verdict:
-            refusal = error_response(self.front.app.too_large(path), close=True)
+            refusal = error_response(self._app.too_large(path), close=True)
             if expects:  # the client waits before sending the body: no body comes
                 raise Refuse(refusal)
             # Answer now; the body is still read (and dropped, up to DISCARD_CAP)
@@ -261,7 +260,7 @@ class HTTPProtocol(Protocol):
             # A chunked body has no length to refuse it by before it comes:
             # it is answered as soon as it passes the limit, then read and
             # dropped like one announced too large (see on_headers_complete).
-            incoming.refused_early = error_response(self.front.app.too_large(incoming.path),
+            incoming.refused_early = error_response(self._app.too_large(incoming.path),
                                                     close=True)
             self._queue.append(incoming.refused_early)
         if incoming.body_bytes > DISCARD_CAP:
@@ -305,9 +304,9 @@ class HTTPProtocol(Protocol):
             request = entry.request
             self._queued_bytes -= entry.size
             self._terms = entry.terms
-            self._cors = self.front.writer.cors_for(request.headers.get(b"origin"))
+            self._cors = self._writer.cors_for(request.headers.get(b"origin"))
             try:
-                result = self.front.app.handle(request, self)
+                result = self._app.handle(request, self)
             except Exception:
                 log.failure("unexpected error answering {path}", path=request.path[:200])
                 result = error_response(PushUpError("the server failed; it keeps serving"))
@@ -329,10 +328,9 @@ class HTTPProtocol(Protocol):
                 self.conn.resumeProducing()
 
     def _send(self, response: Response) -> None:
-        front = self.front
-        header = framing.connection(self._terms, response.close, front.draining)
-        front.writer.tick(front.clock.seconds())
-        self._write(front.writer.render(response, self._terms.head, header, self._cors))
+        header = framing.connection(self._terms, response.close, self.front.draining)
+        self._writer.tick(self._clock.seconds())
+        self._write(self._writer.render(response, self._terms.head, header, self._cors))
         # a refusal sent before its body came closes once that body is read
         if header == CLOSE and response is not self._incoming.refused_early:
             self.close()
@@ -345,7 +343,7 @@ class HTTPProtocol(Protocol):
         self._answering = phase.answer_after(self._answering, Answer.ANSWER)
         if finished(self._answering):
             return
-        self._stamp = now = self.front.clock.seconds()
+        self._stamp = now = self._clock.seconds()
         self._send(outcome)
         if self._timer is None:
             self._arm(now + self.front.keepalive_timeout)
@@ -358,12 +356,12 @@ class HTTPProtocol(Protocol):
         self._waiting = None
         self._answering = phase.answer_after(self._answering, Answer.ANSWER)
         front = self.front
-        self._stamp = now = front.clock.seconds()
-        front.writer.tick(now)
+        self._stamp = now = self._clock.seconds()
+        self._writer.tick(now)
         if self._terms.shareable() and not front.draining and self._cors is None:
-            self._write(front.writer.shared(delivery))
+            self._write(self._writer.shared(delivery))
         else:
-            self._send(Response(200, front.writer.shared_body(delivery)))
+            self._send(Response(200, self._writer.shared_body(delivery)))
         if self._timer is None:
             self._arm(now + front.keepalive_timeout)
         if hold:
@@ -371,18 +369,17 @@ class HTTPProtocol(Protocol):
             front.held.append(self)
         elif self._queue:
             # not from inside the service's fan-out loop: on the next turn
-            front.clock.callLater(0, self._dispatch)
+            self._clock.callLater(0, self._dispatch)
         return True
 
     # An event stream (pushup.http.sse) writes through these; it ends with the connection.
 
     def open_stream(self) -> None:
         """Answer 200 text/event-stream, framed by ``framing.stream_framing``."""
-        front = self.front
-        front.writer.tick(front.clock.seconds())
+        self._writer.tick(self._clock.seconds())
         self._answering = phase.answer_after(self._answering, Answer.STREAM)
         stream = self._stream = framing.stream_framing(self._terms)
-        self._write(front.writer.head(200, framing.STREAM_TYPE, None, stream.head_fields(),
+        self._write(self._writer.head(200, framing.STREAM_TYPE, None, stream.head_fields(),
                                       connection=CLOSE, cors=self._cors))
 
     def send_events(self, data: bytes) -> bool:
@@ -402,7 +399,7 @@ class HTTPProtocol(Protocol):
         """``callback`` on a later turn, once the transport has taken what was
         written (see ``resumeProducing``); never if the connection goes first."""
         if self._blocked_since is None:
-            self.front.clock.callLater(0, self._writable, callback)
+            self._clock.callLater(0, self._writable, callback)
         else:
             self._on_writable = callback
 
@@ -416,7 +413,7 @@ class HTTPProtocol(Protocol):
         self._dispatch()
 
     def _write(self, data: bytes) -> None:
-        self.front.counters.bytes_out += len(data)
+        self._counters.bytes_out += len(data)
         write_now(self.transport, data)
 
     def _refuse(self, response: Response | None) -> None:
@@ -442,7 +439,7 @@ class HTTPProtocol(Protocol):
         self.conn.loseConnection()
         if self._upgraded_to is None:  # an upgraded protocol keeps its own time
             if self._blocked_since is None:
-                self._blocked_since = self.front.clock.seconds()
+                self._blocked_since = self._clock.seconds()
             self._arm(self._blocked_since + self.front.send_timeout)
 
     # -- time ------------------------------------------------------------------
@@ -454,13 +451,13 @@ class HTTPProtocol(Protocol):
             if timer.getTime() <= at:
                 return
             timer.cancel()
-        clock = self.front.clock
+        clock = self._clock
         self._timer = clock.callLater(max(0.0, at - clock.seconds()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         front = self.front
-        now = front.clock.seconds()
+        now = self._clock.seconds()
         reading = self._reading
         if self._blocked_since is not None:  # or closing: output not taken since
             due = self._blocked_since + front.send_timeout

@@ -1,10 +1,11 @@
 """What the HTTP front is written against, as typing Protocols: the handlers
-(``App``), and the parts of Twisted's transport and delayed call a
-connection uses.
+(``App``), the front as its connections see it (``Host``), and the parts of
+Twisted's transport and delayed call a connection uses.
 
 Twisted spells its interfaces with zope; mypyc, which compiles the front,
 reads them without mypy-zope, so the front names what it uses here and
-mypyc types it the same. Declarations only: nothing here runs.
+mypyc types it the same; ``Host`` spares ``protocol`` an import of
+``front``, which imports it. Declarations only: nothing here runs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Protocol as TypingProtocol
 
 from twisted.internet.interfaces import IProtocol
 
+from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
-from pushup.http.exchange import Held, Pending, Request, Response
+from pushup.http.exchange import Held, Pending, Request, Response, Writer
 
 
 class App(TypingProtocol):
@@ -31,6 +33,24 @@ class App(TypingProtocol):
     def upgrade(self, request: Request) -> IProtocol | None:
         """The protocol that takes over the connection for this request to
         upgrade it, or None (the request is answered, then the connection closes)."""
+
+
+class Host(TypingProtocol):
+    """What a connection uses of the front that made it (``front.Front``)."""
+
+    app: App
+    writer: Writer
+    counters: Counters
+    clock: Any  # an IReactorTime
+    max_target: int
+    max_event_id: int
+    header_timeout: float
+    keepalive_timeout: float
+    send_timeout: float
+    draining: bool
+    held: list[Any]  # the connections a fan-out answered, released at its end
+
+    def lost(self, protocol: Any) -> None: ...
 
 
 class Timer(TypingProtocol):

@@ -164,17 +164,19 @@ def show_help(argv: Sequence[str]) -> int:
     return 0
 
 
-def install_reactor(name: str) -> None:
+def install_reactor(name: str) -> str | None:
+    """Install the reactor ``name``; returns a line for the log when it had to
+    install another (an unverified Twisted: pushup/_twisted.py)."""
     if name == "epoll":  # Twisted's, minus a log context per event (pushup/_twisted.py)
         from pushup._twisted import install_lean_epoll
 
-        install_lean_epoll()
-        return
+        return install_lean_epoll()
     if name == "poll":
         from twisted.internet import pollreactor as chosen
     else:
         from twisted.internet import selectreactor as chosen  # type: ignore[no-redef]
     chosen.install()  # type: ignore[no-untyped-call]
+    return None
 
 
 def tune_gc() -> None:
@@ -195,7 +197,7 @@ def raise_open_files_limit() -> None:
 
 
 def serve(config: Config) -> int:
-    install_reactor(config.reactor)
+    reactor_note = install_reactor(config.reactor)
     raise_open_files_limit()
     from pushup.ops.fleet import BOARD_ENV, join
     from pushup.ops.logs import log_start, start_line, start_logging
@@ -243,6 +245,10 @@ def serve(config: Config) -> int:
     slot = (int(parts[1]), int(parts[2])) if board else None
     log_start(start_line(config, node.service.store.node_id, f"http://{host}:{port}", slot,
                          engine=node.backplane.engine))
+    if reactor_note is not None:
+        from twisted.logger import Logger
+
+        Logger(namespace="pushup").warn("reactor: {note}", note=reactor_note)
     tune_gc()
     reactor.addSystemEventTrigger("before", "shutdown", node.stop)
     stop_on_signals(reactor)

@@ -27,7 +27,7 @@ from pushup.backplane import Alone, Backplane
 from pushup.backplane.disk import DataDir, Durable
 from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
-from pushup.backplane.mesh.mesh import PEER_FLUSH, Cluster
+from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
 from pushup.config import Config
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
@@ -75,22 +75,22 @@ class Node:
         self.timings = Timings(reactor)
         self.service.on_answered = self.timings.answered
         self.registry = registry_for(self.stats)
-        self.cluster: Cluster | None = None  # the mesh, when it is the backplane
+        self.mesh: Mesh | None = None  # the mesh, when it is the backplane
         self.backplane: Backplane
         if config.engine != "mesh":
             from pushup.backplane.redis.engine import RedisEngine
 
             self.backplane = RedisEngine(self.service, config, reactor)
         elif config.peer or config.cluster_secret:
-            self.cluster = self.backplane = Cluster(self.service, config, reactor,
+            self.mesh = self.backplane = Mesh(self.service, config, reactor,
                                                     http_client(reactor), siblings=siblings)
         elif self.data is not None:
             self.backplane = Durable(self.service, self.data, reactor)
         else:
             self.backplane = Alone(self.service)
-        endpoints = None if self.cluster is None else MeshEndpoints(self.cluster)
+        endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
-                                 self.backplane, peers=endpoints,
+                                 self.backplane, mount=endpoints,
                                  figures=not config.admin_port)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:

@@ -36,7 +36,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-NETWORK_ERRORS = (OSError, http.client.HTTPException)
+from deploy.processes import NETWORK_ERRORS, wait_until
+
 DELAYED_S = 1.0  # a message delivered this long after its 201 counts as delayed
 
 
@@ -357,14 +358,6 @@ class Load:
     settle_s: float = 60.0  # longest wait for delivery once the publishers are done
 
 
-def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: Sequence[str],
                 sub_urls: Sequence[str], load: Load, allow_gaps: bool = False,
                 tag: str = "f") -> Costs:
@@ -394,12 +387,13 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
         for p in pubs:
             p.start()
         total = load.publishers * load.count
-        wait_for(lambda: history.count() >= min(load.before, total), 120, "load before the fault")
+        wait_until(lambda: history.count() >= min(load.before, total), 120,
+                   msg="load before the fault")
         with fault() as held:
             cut_at = time.monotonic()
-            wait_for(lambda: history.count() >= min(load.before + load.during, total)
-                     and time.monotonic() - cut_at >= load.min_fault_s,
-                     120 + load.min_fault_s, "load during the fault")
+            wait_until(lambda: history.count() >= min(load.before + load.during, total)
+                       and time.monotonic() - cut_at >= load.min_fault_s,
+                       120 + load.min_fault_s, msg="load during the fault")
             healed_at = time.monotonic()
         for p in pubs:
             p.join(300)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pushup_cluster import retained, uniq, wait_until
 
 from pushup.client import (
     APIError,
@@ -28,6 +27,7 @@ from pushup.client import (
     Unavailable,
     mint_token,
 )
+from tests.cluster.clients import retained, uniq, wait_until
 
 FAST = Backoff(base=0.05, cap=0.5)
 SUBSCRIBE_SECRET = "a-subscribe-secret-of-32-bytes-or-more"

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.redis_server import free_port
+from tests.toolkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana-dashboard.json"
@@ -49,28 +48,14 @@ def queries() -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def nodes(tmp_path) -> Iterator[list[tuple[str, int]]]:
+def nodes(serve) -> list[tuple[str, int]]:
     """Two peered nodes: (client URL, admin port) each."""
     ports = [free_port() for _ in range(2)]
     admins = [free_port() for _ in range(2)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    env["PUSHUP_CLUSTER_SECRET"] = SECRET
-    procs = []
     for i in range(2):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pushup", "serve", "--port", str(ports[i]),
-             "--admin-port", str(admins[i]), "--peer", f"http://127.0.0.1:{ports[1 - i]}"],
-            stdout=subprocess.PIPE, stderr=open(tmp_path / f"node{i}.log", "wb"), env=env,
-            cwd=ROOT))
-    try:
-        for proc in procs:
-            assert proc.stdout.readline().startswith(b"listening on")
-        yield [(f"http://127.0.0.1:{p}", a) for p, a in zip(ports, admins, strict=True)]
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            assert proc.wait(15) == 0
+        serve("--admin-port", str(admins[i]), "--peer", f"http://127.0.0.1:{ports[1 - i]}",
+              port=ports[i], env={"PUSHUP_CLUSTER_SECRET": SECRET})
+    return [(f"http://127.0.0.1:{p}", a) for p, a in zip(ports, admins, strict=True)]
 
 
 @pytest.fixture

@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import urllib.request
 from pathlib import Path
 
 from demo.run import Demo
-from deploy.redis_server import free_port
 from tests.chromium import chrome
-from tests.cluster.test_launcher import Launcher, children
+from tests.cluster.test_launcher import Launcher
+from tests.toolkit import children
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30  # seconds any one thing the page should do may take
@@ -184,27 +181,14 @@ def test_the_subscribe_token_is_renewed_before_it_expires():
 class DemoProcess(Launcher):
     """``python -m demo.run`` as `make demo` runs it, its stdout read line by line."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.port = free_port()
-        self.tmpdir = tmp / "tmp"
-        self.tmpdir.mkdir()
-        env = {**os.environ, "TMPDIR": str(self.tmpdir)}
-        env.pop("PUSHUP_CLUSTER_DIR", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "demo.run", "--nodes", "3", "--port", str(self.port),
-             "--logs", str(tmp / "logs"), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, cwd=ROOT, env=env)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+    COMMAND = ("-m", "demo.run")
 
 
 def test_make_demo_passes_leave_dead():
     make = shutil.which("make")
     assert make, "make is needed"
-    argv = subprocess.run([make, "--dry-run", "demo", "LEAVE_DEAD=1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30, check=True).stdout
+    argv = subprocess.run([make, "--no-print-directory", "--dry-run", "demo", "LEAVE_DEAD=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=True).stdout
     assert argv.splitlines()[-1].endswith(" -m demo.run --nodes 3 --port 8000 --leave-dead")
 
 

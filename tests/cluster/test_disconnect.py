@@ -1,7 +1,7 @@
 """A client that goes away through HAProxy is forgotten by the node at once."""
 from __future__ import annotations
 
-from pushup_cluster import open_held_poll, uniq, wait_waiting
+from tests.cluster.clients import open_held_poll, uniq, wait_waiting
 
 POLL_TIMEOUT = 60  # the held polls' own timeout
 GUARD = 20  # well below it: only a node that noticed the disconnect frees them in time

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from pushup_cluster import (
+from tests.cluster.clients import (
     Poller,
     Publisher,
     check_exactly_once,

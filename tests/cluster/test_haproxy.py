@@ -5,7 +5,8 @@ import http.server
 import threading
 
 import psutil
-from pushup_cluster import jrequest, publish, request, uniq
+
+from tests.cluster.clients import jrequest, publish, request, uniq
 
 
 class WebApp(http.server.BaseHTTPRequestHandler):

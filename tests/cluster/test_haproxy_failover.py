@@ -11,7 +11,7 @@ import json
 import threading
 import time
 
-from pushup_cluster import (
+from tests.cluster.clients import (
     NETWORK_ERRORS,
     Poller,
     check_exactly_once,

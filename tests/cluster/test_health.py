@@ -6,7 +6,7 @@ gone (SIGKILL), every publish would get 503/504, so ``/health`` is 503
 """
 from __future__ import annotations
 
-from pushup_cluster import jrequest, wait_until
+from tests.cluster.clients import jrequest, wait_until
 
 
 def health(base: str) -> tuple[int, str]:

@@ -20,15 +20,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pushup_cluster import jrequest, subscribe, wait_until
 
-from deploy.redis_server import free_port
+from tests.cluster.clients import jrequest, subscribe, wait_until
+from tests.toolkit import children, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Launcher:
     """deploy/launch.py in a subprocess, its stdout read line by line."""
+
+    COMMAND = ("deploy/launch.py",)  # after the interpreter
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.port = free_port()
@@ -37,7 +39,7 @@ class Launcher:
         env = {**os.environ, "TMPDIR": str(self.tmpdir)}
         env.pop("PUSHUP_CLUSTER_DIR", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "deploy/launch.py", "--nodes", "3", "--port", str(self.port),
+            [sys.executable, *self.COMMAND, "--nodes", "3", "--port", str(self.port),
              "--logs", str(tmp / "logs"), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, cwd=ROOT, env=env)
@@ -87,20 +89,6 @@ class Launcher:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def environ(pid: int) -> dict[str, str]:

@@ -20,11 +20,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from pushup_cluster import uniq, wait_waiting
 
 from deploy.nginx import SITE_TEMPLATE, PrivateNginx, read_timeout_seconds
-from deploy.redis_server import free_port
 from pushup.config import Config
+from tests.cluster.clients import uniq, wait_waiting
+from tests.toolkit import free_port
 
 
 def test_the_shipped_site_outlasts_the_longest_poll_and_streams_unbuffered():
@@ -45,11 +45,9 @@ def certificate(tmp_path: Path) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-def https(port: int, cafile: str, method: str, path: str, payload: object = None,
-          timeout: float = 15.0) -> tuple[int, dict[str, str], dict]:
-    """One request over TLS, the certificate verified against ``cafile``."""
-    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
-                                       context=ssl.create_default_context(cafile=cafile))
+def exchange(conn: http.client.HTTPConnection, method: str, path: str,
+             payload: object = None) -> tuple[int, dict[str, str], dict]:
+    """One request on ``conn``, then closed: (status, headers, JSON body)."""
     try:
         body = None if payload is None else json.dumps(payload).encode()
         conn.request(method, path, body=body,
@@ -60,13 +58,27 @@ def https(port: int, cafile: str, method: str, path: str, payload: object = None
         conn.close()
 
 
+def https(port: int, cafile: str, method: str, path: str, payload: object = None,
+          timeout: float = 15.0) -> tuple[int, dict[str, str], dict]:
+    """One request over TLS, the certificate verified against ``cafile``."""
+    return exchange(http.client.HTTPSConnection(
+        "127.0.0.1", port, timeout=timeout, context=ssl.create_default_context(cafile=cafile)),
+        method, path, payload)
+
+
+def nginx_in_front(bases: list[str], certificate: tuple[str, str]) -> tuple[PrivateNginx, int]:
+    """A started nginx with TLS on a free loopback port, before ``bases``: (it, its port)."""
+    port = free_port()
+    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in bases],
+                         *certificate)
+    front.start()
+    return front, port
+
+
 def test_over_https_a_held_poll_an_event_stream_and_a_publish(fresh_cluster, certificate):
     c = fresh_cluster(2, haproxy=False)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
-                         cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases, certificate)
     try:
         ch = uniq("tls")
         # An event stream over TLS: the head comes through before any message.
@@ -103,11 +115,8 @@ def test_with_no_node_up_nginx_and_haproxy_both_answer_503_no_node_available(
     """A request no node received: nginx (which calls a refused connection 502)
     and HAProxy give the same answer, so a client may resend it without a key."""
     c = fresh_cluster(2)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [b.removeprefix("http://") for b in c.bases],
-                         cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases, certificate)
     try:
         for i in range(2):
             c.kill(i)
@@ -134,10 +143,8 @@ def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_clust
     """The 503 is only for what no node received: a poll held by the one node,
     which is then killed, is nginx's 502 bad_gateway, without Retry-After."""
     c = fresh_cluster(1, haproxy=False)
-    cert, key = certificate
-    port = free_port()
-    front = PrivateNginx(f"127.0.0.1:{port}", [c.bases[0].removeprefix("http://")], cert, key)
-    front.start()
+    cert, _ = certificate
+    front, port = nginx_in_front(c.bases[:1], certificate)
     try:
         answer: list[tuple[int, dict[str, str], dict]] = []
         poll = threading.Thread(target=lambda: answer.append(https(
@@ -156,12 +163,5 @@ def test_a_request_a_node_received_and_died_on_stays_502_bad_gateway(fresh_clust
 
 def plain(port: int, method: str, path: str, payload: object = None) -> tuple[
         int, dict[str, str], dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        body = None if payload is None else json.dumps(payload).encode()
-        conn.request(method, path, body=body,
-                     headers={"Content-Type": "application/json"} if body else {})
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
-    finally:
-        conn.close()
+    return exchange(http.client.HTTPConnection("127.0.0.1", port, timeout=15), method, path,
+                    payload)

@@ -7,17 +7,16 @@ import subprocess
 import sys
 import time
 
-from pushup_cluster import jrequest, stats
-
-from deploy.launch import free_port
 from pushup.backplane.mesh.wire import sign
+from tests.cluster.clients import jrequest, publish, retained, stats, uniq, wait_until
+from tests.toolkit import free_port
 
-PATH = "/peer/messages"
+PATH = "/peer/repair"
 
 
 def empty_batch() -> bytes:
-    return json.dumps({"origin": "intruder.0", "first": False,
-                       "messages": [], "ops": []}).encode()
+    """A repair request that holds nothing (the peers' one signed POST)."""
+    return json.dumps({"origin": "intruder.0", "horizon": {}}).encode()
 
 
 def assert_unauthorized(status: int, body: dict) -> None:
@@ -48,8 +47,13 @@ def test_peer_batch_signed_with_wrong_secret_is_refused_and_counted(cluster):
     status, body = jrequest("POST", base + PATH, raw=body_bytes, headers=headers)
     assert_unauthorized(status, body)
     assert stats(base)["peer_refused"] == before + 2
-    # Sanity: the same request signed with the real secret is accepted, so the
-    # refusals above are about the secret, not the request's shape.
+    # Sanity: the same request signed with the real secret is accepted (answered
+    # with what this node holds of another origin, which a message published on
+    # another node and held here makes sure of), so the refusals above are about
+    # the secret, not the request's shape.
+    channel = uniq("auth")
+    published = publish(cluster.bases[0], [channel], "x")
+    wait_until(lambda: published["id"] in retained(base, [channel]), 10, msg="the message here")
     headers["X-PushUp-Signature"] = sign(cluster.secret, "POST", PATH, when, body_bytes)
     status, body = jrequest("POST", base + PATH, raw=body_bytes, headers=headers)
     assert status == 200, body

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import signal
 
-from pushup_cluster import publish, stats, subscribe, uniq, wait_until
+from tests.cluster.clients import publish, stats, subscribe, uniq, wait_until
 
 
 def links(base: str) -> dict[str, dict]:

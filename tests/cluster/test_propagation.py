@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from pushup_cluster import NETWORK_ERRORS, publish, stats, subscribe, uniq, wait_until
+from tests.cluster.clients import NETWORK_ERRORS, publish, stats, subscribe, uniq, wait_until
 
 
 class HeldPoll(threading.Thread):

@@ -6,7 +6,8 @@ import signal
 import threading
 
 import pytest
-from pushup_cluster import jrequest, retained, stats, subscribe, uniq, wait_until
+
+from tests.cluster.clients import jrequest, retained, stats, subscribe, uniq, wait_until
 
 
 def read_all(base: str, channel: str, cursor: str) -> list[str]:

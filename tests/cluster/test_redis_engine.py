@@ -7,7 +7,6 @@ port, no persistence) and stops it by PID.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -15,7 +14,9 @@ import sys
 import threading
 
 import pytest
-from pushup_cluster import (
+
+from deploy.redis_server import RedisServer
+from tests.cluster.clients import (
     Poller,
     Publisher,
     check_exactly_once,
@@ -31,8 +32,6 @@ from pushup_cluster import (
     wait_clients_have,
     wait_until,
 )
-
-from deploy.redis_server import RedisServer
 
 
 def publish_once_redis_answers(base: str, channel: str, data: object = 9) -> dict:
@@ -265,26 +264,16 @@ def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_clus
         assert "gap" not in again and again["messages"] == []
 
 
-def test_workers_share_the_redis_log_instead_of_peering(redis_server):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
-                             "--port", "0", "--engine", redis_server.url],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    try:
-        line = proc.stdout.readline().decode().strip()
-        assert line.startswith("listening on "), line
-        base = line.removeprefix("listening on ")
-        ch = uniq("workers")
-        ids = [publish(base, [ch], i)["id"] for i in range(6)]  # spread over both workers
-        assert {i.rsplit("-", 1)[0] for i in ids} == {ids[0].rsplit("-", 1)[0]}
-        whole = stats(base)
-        assert whole["engine"] == "redis"
-        assert all(w["peers"] == [] for w in whole["workers"])
-        for _ in range(4):  # whichever worker answers holds the whole log
-            wait_until(lambda: set(ids) <= set(retained(base, [ch])), 10, 0.05, "both read")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+def test_workers_share_the_redis_log_instead_of_peering(redis_server, serve):
+    base = serve("--workers", "2", "--engine", redis_server.url).url
+    ch = uniq("workers")
+    ids = [publish(base, [ch], i)["id"] for i in range(6)]  # spread over both workers
+    assert {i.rsplit("-", 1)[0] for i in ids} == {ids[0].rsplit("-", 1)[0]}
+    whole = stats(base)
+    assert whole["engine"] == "redis"
+    assert all(w["peers"] == [] for w in whole["workers"])
+    for _ in range(4):  # whichever worker answers holds the whole log
+        wait_until(lambda: set(ids) <= set(retained(base, [ch])), 10, 0.05, "both read")
 
 
 def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, redis_server):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 
-from pushup_cluster import publish, retained, uniq, wait_until
+from tests.cluster.clients import publish, retained, uniq, wait_until
 
 
 def test_a_peer_restarted_empty_gets_the_history_back_and_it_survives_the_origin(

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from pushup_cluster import publish, stats, subscribe, uniq, wait_until
+from tests.cluster.clients import publish, stats, subscribe, uniq, wait_until
 
 # A hang guard, not a benchmark: a link waits up to 10 s for a peer's answer, so a
 # publish or delivery that waited for the frozen peer would take at least that long.

@@ -3,8 +3,7 @@ node, resumes exactly once."""
 
 from __future__ import annotations
 
-from pushup_cluster import publish, subscribe, uniq, wait_until
-
+from tests.cluster.clients import publish, subscribe, uniq, wait_until
 from tests.sse_client import SSE, data_of
 
 

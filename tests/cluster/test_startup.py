@@ -17,9 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pushup_cluster import jrequest, stats, wait_until
-
-from deploy.launch import free_port
+from tests.cluster.clients import jrequest, stats, wait_until
+from tests.toolkit import free_port
 
 HANG_GUARD = 10.0  # seconds; the promise is ~2 s, the old behaviour took 15 s
 

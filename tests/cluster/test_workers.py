@@ -10,7 +10,8 @@ import time
 from collections import Counter
 
 import pytest
-from pushup_cluster import (
+
+from tests.cluster.clients import (
     NETWORK_ERRORS,
     Poller,
     Publisher,
@@ -38,7 +39,7 @@ def worker_stats(base: str, timeout: float = 15) -> dict[str, dict]:
 
 
 def test_workers_share_one_port_exactly_once_and_drain_on_sigterm(workers):
-    base = workers.base
+    base = workers.url
     # Both workers up, each peered with the other.
     def ready():
         ws = worker_stats(base)
@@ -98,9 +99,9 @@ def test_workers_share_one_port_exactly_once_and_drain_on_sigterm(workers):
     except AssertionError:
         wait_until(lambda: sum(s["waiting"] for s in worker_stats(base, 5).values()) == 6,
                    10, 0.05, "6 polls held")
-    workers.send_signal(signal.SIGTERM)
+    workers.proc.send_signal(signal.SIGTERM)
     try:
-        rc = workers.wait(10)
+        rc = workers.proc.wait(10)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the supervisor did not exit within 10 s of SIGTERM; log {workers.log}")
     assert rc == 0, f"exit code {rc}; log {workers.log}"
@@ -117,7 +118,7 @@ def test_workers_share_one_port_exactly_once_and_drain_on_sigterm(workers):
 def test_a_restarting_worker_takes_no_connection_before_it_caught_up(workers):
     """A worker killed and restarted answers nothing on the shared port until it
     has loaded its sibling's cache: no client ever sees 503 catching_up."""
-    base = workers.base
+    base = workers.url
     wait_until(lambda: all(w["up"] for w in stats(base)["workers"]), 20, 0.05, "workers up")
     victim = stats(base)["workers"][0]
     # A cache of some megabytes, so that catching up takes a while.

@@ -9,8 +9,10 @@ import random
 import signal
 
 import pytest
-from pushup_cluster import (
-    LocalCluster,
+
+from deploy.launch import LocalCluster
+from pushup.ops.workers import UnixHTTPConnection
+from tests.cluster.clients import (
     Poller,
     Publisher,
     check_exactly_once,
@@ -22,8 +24,6 @@ from pushup_cluster import (
     wait_clients_have,
     wait_until,
 )
-
-from pushup.ops.workers import UnixHTTPConnection
 
 
 def _all_linked(base: str, nodes: int) -> bool:

@@ -10,7 +10,7 @@ import os
 import re
 import signal
 
-from pushup_cluster import jrequest, request, stats, uniq, wait_until
+from tests.cluster.clients import jrequest, request, stats, uniq, wait_until
 
 
 class Scrapes:
@@ -38,7 +38,7 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 
 def test_stats_and_metrics_sum_over_workers_and_only_grow(workers):
-    base = workers.base
+    base = workers.url
     scrape = Scrapes(base)
     ch = uniq("fleet")
     origins = set()

@@ -26,7 +26,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from pushup_conformance import ServedNode
+
+from tests.conformance.harness import ServedNode
 
 HIDDEN = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 BODY = b'{"channels":["v"],"data":1}'

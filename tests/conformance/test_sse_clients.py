@@ -20,15 +20,16 @@ import uuid
 from typing import Any
 
 import pytest
-from pushup_conformance import (
+
+from tests.conformance.harness import (
     MESSAGES,
     POLL_CLIENTS,
     RESTARTS,
     STREAM_CLIENTS,
     Relay,
     ServedNode,
-    wait_for,
 )
+from tests.toolkit import wait_until
 
 END = "end"
 
@@ -45,8 +46,8 @@ def wait_until_positioned(node: ServedNode, relay: Relay, channel: str, client: 
     node.wait_subscribers(channel, 1)
     if client in STREAM_CLIENTS:
         try:
-            wait_for(lambda: any(b"\n\n" in body for body in relay.opened_streams()),
-                     "event block", guard=5.0)
+            wait_until(lambda: any(b"\n\n" in body for body in relay.opened_streams()),
+                       5.0, msg="event block")
         except AssertionError:
             raise AssertionError("the stream did not name its position when it opened "
                                  "(API.md: `id: <cursor>` before any message)") from None

@@ -51,6 +51,19 @@ def test_a_discarded_waiter_leaves_no_trace():
     assert hub.take_matching(msg(1, "a")) == [] and hub._by_channel == {}
 
 
+def test_a_discarded_waiter_behind_a_held_one_lets_go_of_its_connection():
+    # its deadline entry stays in the index until the earlier one is gone
+    # (issue 26: it held the aborted poll's connection until then)
+    hub = Hub()
+    held, gone = Waiter(q("a"), 10, "held"), Waiter(q("a"), 20, "gone")
+    hub.add(held)
+    hub.add(gone)
+    assert hub.discard(gone)
+    assert gone.target is None
+    assert hub.next_deadline() == 10 and held.target == "held"
+    assert hub.take_expired(30) == [held]
+
+
 def test_closing_a_channel_takes_its_waiters_and_drain_takes_all():
     hub = Hub()
     a, b = Waiter(q("a"), 10, "a"), Waiter(q("b"), 10, "b")

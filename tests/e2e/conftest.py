@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import signal
 import socket
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.toolkit import clean_env, free_port, wait_until  # noqa: F401  (for the tests)
+
 ROOT = Path(__file__).resolve().parents[2]
 PUSHUP = str(ROOT / ".venv" / "bin" / "pushup")
 LISTEN_RE = re.compile(r"^listening on http://([^:/\s]+|\[[^\]]+\]):(\d+)$")
@@ -36,14 +37,6 @@ sys.modules.setdefault("pushup_e2e", sys.modules[__name__])
 
 def uniq(prefix: str = "c") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def clean_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    if extra:
-        env.update(extra)
-    return env
 
 
 class Response:
@@ -64,7 +57,7 @@ class Response:
         return f"<Response {self.status} {self.body[:300]!r}>"
 
 
-def assert_error(resp: Response, status: int, code: str | tuple | None = None) -> dict:
+def assert_error(resp: Response, status: int, code: str | None = None) -> dict:
     """An error response with the contract's single JSON body shape."""
     assert resp.status == status, resp
     ct = (resp.header("Content-Type") or "").lower().replace(" ", "")
@@ -76,8 +69,7 @@ def assert_error(resp: Response, status: int, code: str | tuple | None = None) -
     assert isinstance(err["code"], str) and re.fullmatch(r"[a-z][a-z0-9_]*", err["code"]), body
     assert isinstance(err["message"], str) and err["message"].strip(), body
     if code is not None:
-        codes = (code,) if isinstance(code, str) else code
-        assert err["code"] in codes, (codes, body)
+        assert err["code"] == code, (code, body)
     return err
 
 
@@ -474,22 +466,3 @@ def run_cli(*args, env: dict | None = None, timeout: float = 20.0) -> subprocess
         raise AssertionError(f"`pushup {' '.join(args)}` did not exit (it should refuse to "
                              f"start); stdout={out[:300]!r} stderr={err[-500:]!r}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_until(pred, timeout: float = 10.0, interval: float = 0.02, msg: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{msg} not reached within {timeout}s (last={last!r})")

@@ -74,15 +74,17 @@ def test_subscribe_creates_channel_implicitly(node):
     assert info["channel"] == name and info["messages"] == 0
 
 
-@pytest.mark.parametrize("body", [{"name": 5}, {"name": ""}, {"ttl": "x"}, {"ttl": -1},
-                                  {"name": "a b"}])
-def test_create_bad_body_is_400(node, body):
-    assert_error(node.post("/channels", body), 400, ("bad_parameter", "bad_channel_name"))
+@pytest.mark.parametrize(("body", "code"), [
+    ({"name": 5}, "bad_channel_name"), ({"name": ""}, "bad_channel_name"),
+    ({"ttl": "x"}, "bad_parameter"), ({"ttl": -1}, "bad_parameter"),
+    ({"name": "a b"}, "bad_channel_name")])
+def test_create_bad_body_is_400(node, body, code):
+    assert_error(node.post("/channels", body), 400, code)
 
 
 @pytest.mark.parametrize("body", [[1], "str", 5])
 def test_create_non_object_body_is_400(node, body):
-    assert_error(node.post("/channels", body), 400, ("bad_parameter", "bad_json"))
+    assert_error(node.post("/channels", body), 400, "bad_json")
 
 
 def test_create_bad_json_is_400(node):
@@ -202,7 +204,7 @@ def test_invalid_names_rejected_everywhere(node, name):
 
 
 def test_empty_name_rejected(node):
-    assert_error(node.publish_raw([""], 1), 400, ("bad_channel_name", "bad_parameter"))
+    assert_error(node.publish_raw([""], 1), 400, "bad_channel_name")
 
 
 # ---- channel ttl ------------------------------------------------------------------------

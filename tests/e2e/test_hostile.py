@@ -100,7 +100,7 @@ def test_invalid_utf8_in_body(node):
     r = node.post("/publish", raw_body=b'{"channels": ["a"], "data": "\xc3\x28\xa0\xa1"}')
     assert_error(r, 400, "bad_json")
     r = node.post("/channels", raw_body=b'{"name": "\xff"}')
-    assert_error(r, 400, ("bad_json", "bad_channel_name"))
+    assert_error(r, 400, "bad_json")
     node.alive_check()
 
 
@@ -109,16 +109,13 @@ def test_invalid_utf8_in_body(node):
                                    "channels=ok&timeout=%ED%A0%80"])
 def test_invalid_utf8_in_query(node, query):
     r = node.get("/subscribe?" + query)
-    assert_error(r, 400, ("bad_parameter", "bad_channel_name"))
+    assert_error(r, 400, "bad_parameter")
     node.alive_check()
 
 
 def test_invalid_utf8_in_path(node):
     r = node.get("/channels/%FF%FE")
-    if r.status == 404:
-        assert_error(r, 404, ("no_such_channel", "not_found"))
-    else:
-        assert_error(r, 400, ("bad_channel_name", "bad_parameter"))
+    assert_error(r, 400, "bad_channel_name")
     node.alive_check()
 
 
@@ -153,15 +150,10 @@ def test_nan_infinity_literals(node, literal):
 
 
 @pytest.mark.parametrize("literal", [b"1e999", b"-1e999"])
-def test_overflowing_float_is_refused_or_kept_valid(node, literal):
+def test_overflowing_float_is_refused(node, literal):
     ch = uniq("ovf")
     r = node.post("/publish", raw_body=b'{"channels": ["%s"], "data": %s}' % (ch.encode(), literal))
-    if r.status == 201:
-        got = node.subscribe_raw([ch], since="0")
-        assert got.status == 200
-        json.loads(got.body, parse_constant=lambda c: pytest.fail(f"invalid JSON {c}"))
-    else:
-        assert_error(r, 400, ("bad_json", "bad_parameter"))
+    assert_error(r, 400, "bad_json")  # it would be stored as Infinity, not JSON
     node.alive_check()
 
 
@@ -169,26 +161,16 @@ def test_huge_integer_literal(node):
     ch = uniq("bigint")
     r = node.post("/publish", raw_body=b'{"channels": ["%s"], "data": %s}'
                   % (ch.encode(), b"9" * 6000))
-    assert r.status in (201, 400), r
-    if r.status == 400:
-        assert_error(r, 400, ("bad_json", "bad_parameter"))
-    else:
-        assert node.subscribe([ch], since="0")["messages"][0]["data"] == int("9" * 6000)
+    assert_error(r, 400, "bad_json")  # past the 4,300 digits Python's int() reads
     node.alive_check()
 
 
 def test_lone_surrogate_in_string(node):
     ch = uniq("surr")
     r = node.post("/publish", raw_body=b'{"channels": ["%s"], "data": "\\ud800x"}' % ch.encode())
-    assert r.status in (201, 400), r
-    if r.status == 400:
-        assert_error(r, 400, ("bad_json", "bad_parameter"))
-    else:
-        got = node.subscribe_raw([ch], since="0")
-        assert got.status == 200, got
-        json.loads(got.body)
+    assert_error(r, 400, "bad_json")  # not UTF-8 once encoded
     r = node.post("/publish", raw_body=b'{"channels": ["\\udc00"], "data": 1}')
-    assert_error(r, 400, ("bad_json", "bad_channel_name", "bad_parameter"))
+    assert_error(r, 400, "bad_json")
     node.alive_check()
 
 

@@ -129,13 +129,13 @@ def test_publish_bad_fields_is_400(node, body):
 
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"x"', b"42", b"null", b"true"])
 def test_publish_non_object_body_is_400(node, raw):
-    assert_error(node.post("/publish", raw_body=raw), 400, ("bad_parameter", "bad_json"))
+    assert_error(node.post("/publish", raw_body=raw), 400, "bad_json")
 
 
 @pytest.mark.parametrize("channels", [[1], [None], [["a"]], [{"a": 1}]])
 def test_publish_non_string_channel_is_400(node, channels):
     assert_error(node.post("/publish", {"channels": channels, "data": 1}), 400,
-                 ("bad_parameter", "bad_channel_name"))
+                 "bad_channel_name")
 
 
 @pytest.mark.parametrize("raw", [b"", b"not json", b"{", b'{"channels": ["a"], "data": }',
@@ -194,10 +194,7 @@ def test_size_limit_flags(start_node):
 
 def test_publish_with_duplicate_channel_names_is_one_message(node):
     ch = uniq("dup")
-    r = node.publish_raw([ch, ch], "once")
-    if r.status == 400:
-        assert_error(r, 400, ("bad_parameter", "bad_channel_name"))
-        return
+    r = node.publish_raw([ch, ch], "once")  # docs/api.md: repeated channels fold into one
     assert_json_ok(r, 201)
     got = node.subscribe([ch], since="0")
     assert len(got["messages"]) == 1 and got["messages"][0]["channels"] == [ch]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pushup_e2e import LISTEN_RE, PUSHUP, ROOT, Node, clean_env, run_cli, spawn, uniq
 
+from tests.toolkit import children
+
 
 def cmdlines() -> dict[int, bytes]:
     out = {}
@@ -21,19 +23,6 @@ def cmdlines() -> dict[int, bytes]:
             except OSError:
                 pass
     return out
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def test_workers_get_the_secrets_without_any_command_line_showing_them(tmp_path):

@@ -249,8 +249,7 @@ def test_bad_limit_is_400(node, limit):
 
 def test_missing_or_empty_channels_is_400(node):
     assert_error(node.get("/subscribe?timeout=0"), 400, "bad_parameter")
-    assert_error(node.get("/subscribe?channels=&timeout=0"), 400,
-                 ("bad_parameter", "bad_channel_name"))
+    assert_error(node.get("/subscribe?channels=&timeout=0"), 400, "bad_channel_name")
 
 
 @pytest.mark.parametrize("query", ["channels={a}&timeout=0&timeout=1",

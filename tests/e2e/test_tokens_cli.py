@@ -8,9 +8,12 @@ import tomllib
 import pytest
 from pushup_e2e import ROOT, assert_error, run_cli, uniq
 
+from tests.toolkit import needs_compiled
+
 SECRET = "e2e-subscribe-secret-0123456789abcdef"
 
 
+@needs_compiled
 def test_version_is_the_package_version():
     result = run_cli("--version")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -81,7 +81,7 @@ def test_out_of_range_times_are_400_not_500(handlers, param):
 
 def test_an_unsigned_peer_request_is_refused_before_its_body(make_node):
     handlers = make_node(cluster_secret="s").node.handlers
-    verdict = handlers.admit(b"POST", b"/peer/messages", {b"content-length": b"15000000"})
+    verdict = handlers.admit(b"POST", b"/peer/repair", {b"content-length": b"15000000"})
     assert isinstance(verdict, Response) and verdict.status == 401 and verdict.close
     assert handlers.admit(b"POST", b"/publish", {}) == handlers.config.max_body_bytes
 
@@ -148,3 +148,23 @@ def test_a_repeated_query_is_parsed_once(handlers, monkeypatch):
         assert handlers.handle(request(b"GET", b"/subscribe?channels=a&timeout=0"),
                                Client()).status == 200
     assert len(parsed) == 1
+
+
+# -- a channel's ttl: one rule (pushup.core.channels.check_ttl), in seconds ---------
+
+
+@pytest.mark.parametrize("ttl", ["0", "-1", "31622401", "1e308", "-1e308", "true", '"60"',
+                                 "0.0000001"])
+def test_a_ttl_out_of_the_one_rule_is_400_with_the_rule(handlers, ttl):
+    answer = handlers.handle(request(b"POST", b"/channels",
+                                     b'{"name": "t", "ttl": %s}' % ttl.encode()), Client())
+    assert answer.status == 400
+    error = json.loads(answer.body)["error"]
+    assert error == {"code": "bad_parameter", "message":
+                     "ttl must be a number of seconds, more than 0, at most 31622400"}
+
+
+def test_the_longest_ttl_is_taken(handlers):
+    answer = handlers.handle(request(b"POST", b"/channels", b'{"name": "t", "ttl": 31622400}'),
+                             Client())
+    assert answer.status == 201

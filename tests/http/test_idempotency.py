@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from twisted.internet.task import Clock
 
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.wire import (
     backlog,
-    decode_batch,
-    encode_batch,
     export_snapshot,
     import_snapshot,
+    pack_batch,
+    unpack_batch,
 )
 from pushup.config import Config
 from pushup.core.idempotency import Idem, Replayed
@@ -127,11 +127,11 @@ def test_a_browser_may_send_the_key_across_origins(make_node):
 
 # -- the mesh: the key travels with its message ---------------------------------
 
-def mesh_node(name: str) -> Cluster:
+def mesh_node(name: str) -> Mesh:
     clock = Clock()
     clock.advance(1_700_000_000)
     store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin(name, 1_700_000_000 * S))
-    return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
+    return Mesh(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
 
 
 def test_a_peer_that_received_a_keyed_publish_answers_its_retry_without_storing():
@@ -140,7 +140,7 @@ def test_a_peer_that_received_a_keyed_publish_answers_its_retry_without_storing(
     idem = Idem("k", "f")
     first = a.service.publish(drafts, idem)
     store = a.store
-    batch = decode_batch(encode_batch(backlog(store, store.origin_name, 0,
+    batch = unpack_batch(pack_batch(backlog(store, store.origin_name, 0,
                                               (store.own_seq, store.last_ts))))
     b.receive(batch)
     retried = b.publish(drafts, idem)

@@ -281,7 +281,7 @@ def test_a_header_trickling_past_the_cap_is_431_before_it_ends(node, check_error
 def test_unsigned_peer_request_is_refused_before_its_body(make_node, check_error):
     node = make_node(cluster_secret="s3cret")
     conn = node.connect()
-    conn.send(b"POST /peer/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 15728640\r\n\r\n")
+    conn.send(b"POST /peer/repair HTTP/1.1\r\nHost: x\r\nContent-Length: 15728640\r\n\r\n")
     check_error(conn.response, 401, "unauthorized")
     assert conn.lost
 

@@ -9,12 +9,12 @@ every subscriber, and that every process it started is gone. It asserts no timin
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.loadtest.quick_bench import run_quick_bench
+from tests.toolkit import alive
 
 CLIENT_FAILURES = ("duplicate", "gap", "protocol_error", "bad_poll_body", "poll_status_",
                    "publish_status_", "connect_error", "closed_", "send_error",
@@ -22,14 +22,6 @@ CLIENT_FAILURES = ("duplicate", "gap", "protocol_error", "bad_poll_body", "poll_
 POSITIVE = ["per_second", "publish_latency_p50_ms", "lag_idle_p50_ms", "lag_idle_p99_ms",
             "lag_loaded_p50_ms", "lag_loaded_p99_ms", "node1_us_per_message",
             "reader_us_per_message", "cluster_us_per_message"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.timeout(150)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.netfault import skip_reason
 from tests.loadtest.quick_bench import run_quick_bench
+from tests.toolkit import alive
 
 REASON = skip_reason()
 FIGURES = ["published", "acked", "unacked", "unacked_delivered", "deliveries", "delayed",
@@ -32,14 +32,6 @@ def links() -> set[str]:
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
                          check=True).stdout
     return {line.split(": ")[1].split("@")[0] for line in out.splitlines()}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")

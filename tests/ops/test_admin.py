@@ -5,22 +5,13 @@ worker's histograms."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.redis_server import free_port
+from tests.toolkit import free_port, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 20.0
 
 
@@ -40,31 +31,9 @@ def figures(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
             for s in family.samples}
 
 
-@pytest.fixture
-def serve() -> Iterator:
-    procs: list[subprocess.Popen] = []
-
-    def start(*flags: str) -> str:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--port", str(port),
-                                 *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env, cwd=ROOT)
-        procs.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith(b"listening on")
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        assert proc.wait(15) == 0
-
-
 def test_the_figures_move_to_the_admin_port(serve):
     admin = free_port()
-    url = serve("--admin-port", str(admin))
+    url = serve("--admin-port", str(admin)).url
     admin_url = f"http://127.0.0.1:{admin}"
     for path in ("/stats", "/metrics"):
         status, body = get(url + path)
@@ -83,7 +52,7 @@ def test_the_figures_move_to_the_admin_port(serve):
 
 def test_with_workers_one_scrape_of_the_admin_port_sums_every_workers_histograms(serve):
     admin = free_port()
-    url = serve("--workers", "2", "--admin-port", str(admin))
+    url = serve("--workers", "2", "--admin-port", str(admin)).url
     publishes = 20
     for i in range(publishes):  # a new connection each: the kernel spreads them
         assert get(url + "/publish", b'{"channels":["w"],"data":%d}' % i)[0] == 201
@@ -91,10 +60,9 @@ def test_with_workers_one_scrape_of_the_admin_port_sums_every_workers_histograms
     def scrape() -> dict:
         return figures(get(f"http://127.0.0.1:{admin}/metrics")[1])
 
-    deadline = time.monotonic() + DEADLINE  # siblings write their slot every 0.5 s
-    while scrape()[("pushup_publish_latency_seconds_count", ())] != publishes:
-        assert time.monotonic() < deadline, scrape()
-        time.sleep(0.1)
+    # siblings write their slot every 0.5 s
+    wait_until(lambda: scrape()[("pushup_publish_latency_seconds_count", ())] == publishes,
+               DEADLINE, 0.1, msg=f"{publishes} publishes in one scrape")
     seen = scrape()
     per_worker = [seen[("pushup_worker_published_total", (("worker", str(w)),))]
                   for w in (0, 1)]

@@ -4,25 +4,20 @@ plain text with its defaults; a mistyped flag is named with the closest one
 start, not PyJWT's Python warning with a source line. Real subprocesses."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
-from deploy.redis_server import free_port
+from tests.toolkit import ROOT, clean_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SHORT = "short-secret"  # 12 bytes: under HS256's 32
 SHORT_SAID = ("the subscribe secret is 12 bytes long; HS256 wants 32 or more (RFC 7518, "
               "section 3.2), or its tokens are easier to forge")
 
 
 def pushup(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
     return subprocess.run([sys.executable, "-m", "pushup", *args], capture_output=True,
-                          text=True, env={**clean, **(env or {})}, cwd=ROOT, timeout=60)
+                          text=True, env=clean_env(env), cwd=ROOT, timeout=60)
 
 
 def test_token_help_is_plain_text_and_shows_the_ttl_default():
@@ -64,27 +59,16 @@ def test_a_short_secret_is_one_line_of_ours_from_token():
     assert done.returncode == 0 and done.stderr == ""
 
 
-def test_a_short_secret_is_one_line_of_ours_from_a_node_checking_tokens(tmp_path):
-    port = free_port()
+def test_a_short_secret_is_one_line_of_ours_from_a_node_checking_tokens(serve):
     token = pushup("token", "--channels", "news",
                    env={"PUSHUP_SUBSCRIBE_SECRET": SHORT}).stdout.strip()
-    log = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    env["PUSHUP_SUBSCRIBE_SECRET"] = SHORT
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--port", str(port)],
-                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith(b"listening on")
-        # a token checked (where PyJWT would warn), twice
-        for _ in range(2):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/subscribe?channels=news"
-                                        f"&timeout=1&token={token}", timeout=15) as r:
-                assert r.status == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-    lines = log.read_text().splitlines()
+    node = serve(env={"PUSHUP_SUBSCRIBE_SECRET": SHORT})
+    # a token checked (where PyJWT would warn), twice
+    for _ in range(2):
+        with urllib.request.urlopen(f"{node.url}/subscribe?channels=news"
+                                    f"&timeout=1&token={token}", timeout=15) as r:
+            assert r.status == 200
+    assert node.stop() == 0
+    lines = node.lines()
     assert lines[0] == f"pushup: warning: {SHORT_SAID}", lines
     assert not [line for line in lines[1:] if "warning" in line.lower() or "jwt" in line], lines

@@ -49,9 +49,9 @@ def started_node() -> tuple[Node, Reactor]:
     config = Config(port=0, peer=("http://127.0.0.1:9",), cluster_secret="s")
     node = Node(config, reactor)
     node.listen()
-    assert node.cluster is not None
-    node.cluster.ready = True  # as if no peer was serving at start
-    for link in node.cluster.links:
+    assert node.mesh is not None
+    node.mesh.ready = True  # as if no peer was serving at start
+    for link in node.mesh.links:
         link.start()
     node.service.publish([Draft(("a",), b"1")])  # owed to the peer, which never confirms
     reactor.advance(0)
@@ -86,4 +86,4 @@ def test_stop_with_a_peer_down_and_a_client_not_reading_ends_within_the_limit() 
     assert done == [None]
     assert t1 - t0 <= DRAIN_LIMIT, t1 - t0
     assert PEER_FLUSH + 1 <= DRAIN_LIMIT <= 5.0
-    assert all(link.stopped for link in node.cluster.links)  # type: ignore[union-attr]
+    assert all(link.stopped for link in node.mesh.links)  # type: ignore[union-attr]

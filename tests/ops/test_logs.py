@@ -11,56 +11,32 @@ launcher and a terminal both signal the node (SIGINT, then SIGTERM at once).
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
-from deploy.redis_server import RedisServer, free_port
+from deploy.redis_server import RedisServer
+from tests.toolkit import ServedNode, free_port, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "logs-test-cluster-secret"
 DEADLINE = 20.0
 
 
-class Node:
-    """`pushup serve` with its stderr in a file we count lines of."""
+class Node(ServedNode):
+    """`pushup serve` on ``port``, named after it, with the cluster secret."""
 
     def __init__(self, port: int, *flags: str) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = Path(tempfile.mkstemp(prefix="pushup-logs-", suffix=".log")[1])
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-        env["PUSHUP_CLUSTER_SECRET"] = SECRET
-        with open(self.log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pushup", "serve", "--port", str(port),
-                 "--node-id", f"n{port}", *flags],
-                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().startswith(b"listening on"), self.lines()
-
-    def lines(self) -> list[str]:
-        return self.log.read_text().splitlines()
+        super().__init__("--node-id", f"n{port}", *flags, port=port,
+                         env={"PUSHUP_CLUSTER_SECRET": SECRET})
 
     def get(self, path: str) -> tuple[int, dict]:
         return get_json(self.url + path)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.unlink(missing_ok=True)
 
 
 def get_json(url: str) -> tuple[int, dict]:
@@ -69,14 +45,6 @@ def get_json(url: str) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
-
-
-def wait_until(condition: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def answers(node: Node, status: int) -> bool:
@@ -110,7 +78,8 @@ def nodes() -> Iterator[Callable[..., Node]]:
 
     yield start
     for node in started:
-        node.stop()
+        node.kill()
+        node.log.unlink(missing_ok=True)
 
 
 def test_a_start_a_peer_restart_and_a_double_signal_each_log_a_few_lines(nodes):
@@ -118,7 +87,7 @@ def test_a_start_a_peer_restart_and_a_double_signal_each_log_a_few_lines(nodes):
     a = nodes(pa, "--peer", f"http://127.0.0.1:{pb}")
     b = nodes(pb, "--peer", a.url)
     wait_until(lambda: peer_state(a, b.url) == "up" and peer_state(b, a.url) == "up",
-               "both links up")
+               DEADLINE, msg="both links up")
 
     # The start: the start line, how the cache was filled, the peer up.
     start = a.lines()
@@ -134,10 +103,10 @@ def test_a_start_a_peer_restart_and_a_double_signal_each_log_a_few_lines(nodes):
     # A peer killed and started again: lost, then up (no line per retry).
     b.proc.kill()
     b.proc.wait(10)
-    wait_until(lambda: peer_state(a, b.url) == "down", "the link down")
-    wait_until(lambda: answers(a, 200), "a still healthy")
+    wait_until(lambda: peer_state(a, b.url) == "down", DEADLINE, msg="the link down")
+    wait_until(lambda: answers(a, 200), DEADLINE, msg="a still healthy")
     b2 = nodes(pb, "--peer", a.url)
-    wait_until(lambda: peer_state(a, b2.url) == "up", "the link up again")
+    wait_until(lambda: peer_state(a, b2.url) == "up", DEADLINE, msg="the link up again")
     outage = new_lines(a, len(start))
     print(f"peer outage: {len(outage)} lines\n" + "\n".join(outage))
     assert len(outage) == 2, outage
@@ -166,7 +135,7 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
         port = free_port()
         url = f"redis://:{password}@127.0.0.1:{redis.port}"
         node = nodes(port, "--engine", url)
-        wait_until(lambda: answers(node, 200), "the node on Redis healthy")
+        wait_until(lambda: answers(node, 200), DEADLINE, msg="the node on Redis healthy")
         start = node.lines()
         print(f"\nstart on Redis: {len(start)} lines\n" + "\n".join(start))
         shown = f"redis://127.0.0.1:{redis.port}/0"
@@ -174,17 +143,17 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
         assert_quiet(start)
 
         redis.kill()
-        wait_until(lambda: answers(node, 503), "/health 503 without Redis")
+        wait_until(lambda: answers(node, 503), DEADLINE, msg="/health 503 without Redis")
         # The outage lasts: the node retries every second meanwhile (the point
         # of the test is that retries log nothing).
         time.sleep(3)
         redis.restart()
-        wait_until(lambda: answers(node, 200), "the node healthy again")
+        wait_until(lambda: answers(node, 200), DEADLINE, msg="the node healthy again")
         # /health may turn 200 a moment before the engine logs what it found in
         # the restarted Redis, so await that line before counting.
         wait_until(lambda: any("redis: the log " in line
                                for line in new_lines(node, len(start))),
-                   "the engine's finding logged")
+                   DEADLINE, msg="the engine's finding logged")
         outage = new_lines(node, len(start))
         print(f"Redis down 3 s: {len(outage)} lines\n" + "\n".join(outage))
         assert_quiet(outage)
@@ -203,7 +172,7 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
 
 def test_json_logs_carry_the_start_lines_fields(nodes):
     node = nodes(free_port(), "--log-format", "json")
-    wait_until(lambda: answers(node, 200), "healthy")
+    wait_until(lambda: answers(node, 200), DEADLINE, msg="healthy")
     node.proc.send_signal(signal.SIGTERM)
     assert node.proc.wait(10) == 0
     records = [json.loads(line) for line in node.lines()]
@@ -216,57 +185,38 @@ def test_json_logs_carry_the_start_lines_fields(nodes):
     assert first["message"].startswith(f"pushup {version('pushup')} node n{node.port}")
 
 
-def test_workers_log_a_start_line_each_and_not_their_sibling_links(tmp_path):
-    port = free_port()
-    log = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--workers", "2",
-                                 "--port", str(port), "--node-id", "w"],
-                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
-    try:
-        assert proc.stdout.readline().startswith(b"listening on")
-        def siblings_up() -> bool:
-            workers = get_json(f"http://127.0.0.1:{port}/stats")[1]["workers"]
-            return len(workers) == 2 and all(
-                [p["state"] for p in w["peers"]] == ["up"] for w in workers)
+def test_workers_log_a_start_line_each_and_not_their_sibling_links(serve):
+    node = serve("--workers", "2", "--node-id", "w")
 
-        wait_until(siblings_up, "each worker's link to its sibling up")
-        lines = log.read_text().splitlines()
-        print(f"\n--workers 2 start: {len(lines)} lines\n" + "\n".join(lines))
-        assert_quiet(lines)
-        starts = sorted(line.split("] ", 1)[1].split(" listening")[0] for line in lines
-                        if " listening on " in line)
-        assert starts == [f"pushup {version('pushup')} node w-0 (worker 0 of 2)",
-                          f"pushup {version('pushup')} node w-1 (worker 1 of 2)"], lines
-        assert not [line for line in lines if "peer http" in line], lines
-        assert len(lines) == 4, lines  # and how each worker filled its cache
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+    def siblings_up() -> bool:
+        workers = get_json(f"{node.url}/stats")[1]["workers"]
+        return len(workers) == 2 and all(
+            [p["state"] for p in w["peers"]] == ["up"] for w in workers)
+
+    wait_until(siblings_up, DEADLINE, msg="each worker's link to its sibling up")
+    lines = node.lines()
+    print(f"\n--workers 2 start: {len(lines)} lines\n" + "\n".join(lines))
+    assert_quiet(lines)
+    starts = sorted(line.split("] ", 1)[1].split(" listening")[0] for line in lines
+                    if " listening on " in line)
+    assert starts == [f"pushup {version('pushup')} node w-0 (worker 0 of 2)",
+                      f"pushup {version('pushup')} node w-1 (worker 1 of 2)"], lines
+    assert not [line for line in lines if "peer http" in line], lines
+    assert len(lines) == 4, lines  # and how each worker filled its cache
+    assert node.stop() == 0
 
 
-def test_a_lone_nodes_start_line_names_its_engine_as_stats_does_and_its_admin_port(tmp_path):
-    port, admin = free_port(), free_port()
-    log = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--port", str(port),
-                                 "--node-id", "lone", "--admin-port", str(admin)],
-                                stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith(b"listening on")
-        admin_url = f"http://127.0.0.1:{admin}"
-        status, stats = get_json(admin_url + "/stats")
-        assert status == 200 and stats["engine"] == "single"
-        first = log.read_text().splitlines()[0]
-        assert first.split("] ", 1)[1].startswith(
-            f"pushup {version('pushup')} node lone listening on http://127.0.0.1:{port}; "
-            "engine single; workers 1; core "), first
-        assert first.endswith(f"; /metrics and /stats on {admin_url}"), first
-        with urllib.request.urlopen(admin_url + "/metrics", timeout=5) as r:
-            assert r.status == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+def test_a_lone_nodes_start_line_names_its_engine_as_stats_does_and_its_admin_port(serve):
+    admin = free_port()
+    node = serve("--node-id", "lone", "--admin-port", str(admin))
+    admin_url = f"http://127.0.0.1:{admin}"
+    status, stats = get_json(admin_url + "/stats")
+    assert status == 200 and stats["engine"] == "single"
+    first = node.lines()[0]
+    assert first.split("] ", 1)[1].startswith(
+        f"pushup {version('pushup')} node lone listening on http://127.0.0.1:{node.port}; "
+        "engine single; workers 1; core "), first
+    assert first.endswith(f"; /metrics and /stats on {admin_url}"), first
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=5) as r:
+        assert r.status == 200
+    assert node.stop() == 0

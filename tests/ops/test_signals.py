@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.redis_server import free_port
+from tests.toolkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0

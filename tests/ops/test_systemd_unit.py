@@ -5,20 +5,17 @@ which the unit does not restart."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from deploy.redis_server import free_port
 from pushup.ops.node import DRAIN_LIMIT
+from tests.toolkit import ROOT, clean_env, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "pushup.service"
 
 
@@ -62,15 +59,15 @@ def test_a_configuration_error_exits_2_which_the_unit_does_not_restart(tmp_path)
     assert settings()["RestartPreventExitStatus"] == ["2"]
     config = tmp_path / "node.toml"
     config.write_text('port = 8080\nmax_timout = 30\n')  # a typo'd setting
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
     result = subprocess.run([sys.executable, "-m", "pushup", "serve", "--config", str(config)],
-                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+                            capture_output=True, text=True, env=clean_env(), cwd=ROOT,
+                            timeout=60)
     assert result.returncode == 2
     assert result.stderr == (f"pushup: error: config file {config}: unknown setting "
                              "'max_timout' (did you mean 'max_timeout'?)\n")
 
 
-def test_its_command_line_serves_keeps_its_data_dir_and_drains_in_time(tmp_path):
+def test_its_command_line_serves_keeps_its_data_dir_and_drains_in_time(tmp_path, serve):
     """ExecStart's arguments with the config file the README tells to write
     for a single node (data_dir in the unit's StateDirectory, here tmp_path)."""
     state = tmp_path / "state"
@@ -80,20 +77,11 @@ def test_its_command_line_serves_keeps_its_data_dir_and_drains_in_time(tmp_path)
     config.write_text(f'port = {port}\nnode_id = "node1"\ndata_dir = "{state}"\n')
     argv = shlex.split(settings()["ExecStart"][0])
     assert argv[1:] == ["serve", "--config", "/etc/pushup/node.toml"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
-    proc = subprocess.Popen([sys.executable, "-m", "pushup", "serve", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                            cwd=ROOT)
-    try:
-        assert proc.stdout.readline().decode().strip() == f"listening on http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            assert r.status == 200
-        assert any(state.iterdir())  # the cache lives in the state directory
-        began = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(float(settings()["TimeoutStopSec"][0])) == 0  # not a failure
-        print(f"\ndrained and exited {time.monotonic() - began:.2f} s after SIGTERM")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+    node = serve("--config", str(config), port=port)
+    assert node.listening == f"listening on http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        assert r.status == 200
+    assert any(state.iterdir())  # the cache lives in the state directory
+    began = time.monotonic()
+    assert node.stop(timeout=float(settings()["TimeoutStopSec"][0])) == 0  # not a failure
+    print(f"\ndrained and exited {time.monotonic() - began:.2f} s after SIGTERM")

@@ -1,33 +1,37 @@
 """Dialling a peer: the connection a link's stream and its HTTP requests ride on.
 
-``Dial`` is the dialling end of the replication stream: it asks the peer's
-front for the stream (HTTP ``Upgrade``), says hello, and hands every frame
-and the loss of the connection to its link (:mod:`pushup.backplane.mesh.peers`),
-which owns every decision. ``http_client`` is the treq client for the rare
-signed requests (snapshots, repair). Both connect to an IP literal directly,
-and to a sibling worker (``--workers``) over a Unix socket: its URL is
+``Dial`` is one connection of the replication stream, dialling end: it asks
+the peer's front for the stream (HTTP ``Upgrade``), proves this node holds
+the cluster secret and checks that the peer does (the challenge-response of
+:mod:`pushup.backplane.mesh.stream`), then hands every frame and the loss of
+the connection to its link (:mod:`pushup.backplane.mesh.peers`), which owns
+every other decision. What holds for one connection only lives on it and
+goes with it. ``http_client`` is the treq client for the rare signed
+requests (snapshots, repair). Both connect to an IP literal directly, and to
+a sibling worker (``--workers``) over a Unix socket: its URL is
 ``http+unix://NAME``, NAME a socket in Linux's abstract namespace (no file).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import hmac
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol as TypingProtocol
 from urllib.parse import urlsplit
 
 from twisted.internet import defer
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    UNIXClientEndpoint,
-    connectProtocol,
-)
+from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Protocol
 
-from pushup.backplane.mesh.stream import ANSWER_LIMIT, Frames, nonce, request_head
+from pushup.backplane import client_endpoint
+from pushup.backplane.mesh.outbound import PeerError
+from pushup.backplane.mesh.stream import ANSWER_LIMIT, PROOF, Frames, nonce, proof, request_head
+
+
+class PeerRefused(PeerError):
+    """A peer refuses us: another cluster secret, or not a PushUp peer URL."""
 
 
 class DialingLink(TypingProtocol):
@@ -35,21 +39,13 @@ class DialingLink(TypingProtocol):
 
     url: str
 
+    def stream_opened(self, stream: Dial) -> None: ...
+
     def stream_frame(self, stream: Dial, frame: bytes) -> None: ...
 
+    def stream_failed(self, stream: Dial, why: Exception) -> None: ...
+
     def stream_lost(self, stream: Dial, reason: Any) -> None: ...
-
-
-def endpoint_for(reactor: Any, host: str, port: int) -> Any:
-    """A client endpoint; an IP literal directly (Twisted's HostnameEndpoint
-    resolves in a thread and staggers attempts, so even a refused connection
-    to 127.0.0.1 takes a few hundred milliseconds to be reported)."""
-    try:
-        version = ipaddress.ip_address(host).version
-    except ValueError:
-        return HostnameEndpoint(reactor, host, port, timeout=5)
-    kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-    return kind(reactor, host, port, timeout=5)
 
 
 UNIX_SCHEME = "http+unix"
@@ -70,22 +66,41 @@ def endpoint_for_url(reactor: Any, url: str) -> Any:
     parts = urlsplit(url)
     if parts.scheme == UNIX_SCHEME:
         return UNIXClientEndpoint(reactor, unix_address(parts.netloc), timeout=5)  # type: ignore[no-untyped-call]
-    return endpoint_for(reactor, parts.hostname or "127.0.0.1", parts.port or 80)
+    return client_endpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80, timeout=5)
 
 
 class Dial(Frames):
-    """The dialling end of a stream: asks the peer's front for it (HTTP
-    ``Upgrade``), then says hello and hands every frame to its link."""
+    """One connection to a peer, dialling end: asks the peer's front for the
+    stream (HTTP ``Upgrade``), says hello, answers the peer's challenge, then
+    hands every frame to its link.
+
+    The handshake: the peer's ``c`` frame must carry its proof for our nonce
+    and its own, HMAC(secret, "server" | nonce_c | nonce_s); we answer ours
+    (``p``) and tell the link ``stream_opened``. A wrong proof is answered
+    ``erefused``, and it, a refusal (``e``) or any other frame before the
+    handshake is done is the link's ``stream_failed`` (:class:`PeerRefused`
+    for the first two). The rest of this object is the link's notes on this
+    one connection, dropped with it (``PeerLink.stream_lost``).
+    """
 
     # What a peer sends the dialer is its challenge and short answers (an
     # ack, a hole, a reason), never a batch: a longer frame is refused at
     # its length prefix instead of buffered up to the batch limit.
     MAX_LENGTH = ANSWER_LIMIT
 
-    def __init__(self, link: DialingLink) -> None:
+    def __init__(self, link: DialingLink, secret: str, now: float) -> None:
         self.link = link
+        self.secret = secret
         self.nonce_c = nonce()
         self._head: bytes | None = b""  # the HTTP answer, until it is complete
+        self.open = False  # authenticated both ways
+        # The link's notes on this connection:
+        self.dialled_at = now
+        self.dialling: defer.Deferred[Any] | None = None  # until it connects
+        self.answering = False  # the peer has acked a batch on it
+        self.relays = 0  # relayed batches sent on it and not yet answered
+        self.flush_call: IDelayedCall | None = None  # a flush due at the turn's end
+        self.why: Exception | None = None  # why the link closed it
 
     def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
         assert self.transport is not None
@@ -99,7 +114,7 @@ class Dial(Frames):
         end = self._head.find(b"\r\n\r\n")
         if end < 0:
             if len(self._head) > 8192:
-                self.link.stream_frame(self, b"enot a PushUp peer (no HTTP answer)")
+                self.stringReceived(b"enot a PushUp peer (no HTTP answer)")
             return
         head, rest = self._head[:end], self._head[end + 4:]
         self._head = None
@@ -107,21 +122,46 @@ class Dial(Frames):
         if status != [b"101"]:
             code = int(status[0]) if status and status[0].isdigit() else 0
             why = f"answered {code} to the stream request"
-            self.link.stream_frame(self, (b"e" if 400 <= code < 500 else b"x") + why.encode())
+            self.stringReceived((b"e" if 400 <= code < 500 else b"x") + why.encode())
             return
         self.sendString(b"h" + self.nonce_c)
         if rest:
             super().dataReceived(rest)  # type: ignore[no-untyped-call]
 
     def stringReceived(self, frame: bytes) -> None:  # noqa: N802
-        self.link.stream_frame(self, frame)
+        if self.open:
+            self.link.stream_frame(self, frame)
+            return
+        kind, payload = frame[:1], frame[1:]
+        try:
+            if kind == b"c":
+                self._challenged(payload)
+            elif kind == b"e":
+                raise PeerRefused(f"it says: {payload.decode(errors='replace')[:200]}")
+            else:
+                raise PeerError(f"unexpected frame {frame[:20]!r}")
+        except PeerError as e:
+            self.link.stream_failed(self, e)
+            return
+        self.link.stream_opened(self)
+
+    def _challenged(self, payload: bytes) -> None:
+        nonce_s, theirs = payload[:-PROOF], payload[-PROOF:]
+        if not hmac.compare_digest(theirs, proof(self.secret, b"server", self.nonce_c, nonce_s)):
+            self.sendString(b"erefused")
+            raise PeerRefused("its handshake proof is wrong (another cluster secret?)")
+        self.sendString(b"p" + proof(self.secret, b"client", nonce_s, self.nonce_c))
+        self.open = True
 
     def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+        call, self.flush_call = self.flush_call, None
+        if call is not None and call.active():
+            call.cancel()
         self.link.stream_lost(self, reason)
 
     def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
         self._unprocessed = b""  # what Twisted kept of it: not held until the close
-        self.link.stream_frame(self, b"xa frame of %d bytes, longer than any answer" % length)
+        self.stringReceived(b"xa frame of %d bytes, longer than any answer" % length)
 
 
 def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
@@ -135,7 +175,7 @@ def dialer(reactor: Any, url: str) -> Callable[[Protocol], defer.Deferred[Any]]:
 
 
 class _Endpoints:
-    """Agent's endpoints, by ``endpoint_for``."""
+    """Agent's endpoints, by ``endpoint_for_url``."""
 
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor

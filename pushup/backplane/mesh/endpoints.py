@@ -1,61 +1,71 @@
-"""The mesh's endpoints, behind ``/peer/``: what a peer's request does here.
+"""The mesh's endpoints, mounted under ``/peer/``: what a peer's request does here.
 
-Each request is checked against the cluster secret (an HMAC over method,
-path, time and body: :mod:`pushup.backplane.mesh.wire`), then handed to the
-mesh. The HTTP layer routes ``/peer/`` requests here as ``PeerRequest``
-values and renders the ``PeerAnswer``; this module reads no socket.
+``GET /peer/stream`` upgraded to ``pushup-peer`` is the replication stream
+(batches in, :mod:`pushup.backplane.mesh.stream`; it authenticates itself);
+``GET /peer/snapshot`` (everything we hold, for a joining node) and ``POST
+/peer/repair`` (a batch a peer lacks, as MessagePack) are signed requests,
+checked against the cluster secret (an HMAC over method, path, time and body:
+:mod:`pushup.backplane.mesh.wire`) before their body is read. The HTTP front
+hands them over through the seam's ``Mount`` and knows nothing of them; this
+module reads no socket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from twisted.internet.interfaces import IProtocol
 
-from pushup.backplane import PeerAnswer, PeerRequest, unsigned
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane import EngineAnswer, EngineRequest
+from pushup.backplane.mesh.mesh import Mesh
+from pushup.backplane.mesh.stream import PATH as STREAM_PATH
 from pushup.backplane.mesh.stream import PeerStream
-from pushup.backplane.mesh.wire import decode_batch, verify
+from pushup.backplane.mesh.wire import PEER_BODY_LIMIT, verify
 from pushup.core import errors
-from pushup.core.follow import Applied
-from pushup.core.model import dumps
+
+PREFIX = b"/peer/"
+
+
+def unsigned() -> errors.PushUpError:
+    """The one refusal of a request that is not a peer's."""
+    return errors.Unauthorized("peer requests must be signed with the cluster secret")
 
 
 class MeshEndpoints:
-    """``GET /peer/stream`` upgraded (the replication stream: batches in,
-    :mod:`pushup.backplane.mesh.stream`), ``POST /peer/messages`` (a batch in,
-    as nodes before the stream sent them; still answered), ``GET /peer/snapshot`` (everything
-    we hold, for a joining node), ``POST /peer/repair`` (a batch a peer lacks).
-    Every refusal is counted in ``cluster.refused`` (``peer_refused`` in /stats)."""
+    """The mesh's ``Mount``. Every refusal is counted in ``mesh.refused``
+    (``peer_refused`` in /stats)."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    prefix = PREFIX
+    body_limit = PEER_BODY_LIMIT
 
-    def admits(self, signed: bool) -> bool:
-        if signed and self.cluster.secret:
-            return True
-        self.cluster.refused += 1
-        return False
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
 
-    def stream(self) -> IProtocol:
-        return PeerStream(self.cluster)
+    def admit(self, method: bytes, path: bytes, headers: Mapping[bytes, bytes]) -> int:
+        if path == STREAM_PATH.encode():
+            return 0  # an upgrade: the stream authenticates itself
+        if b"x-pushup-signature" in headers and self.mesh.secret:
+            return PEER_BODY_LIMIT
+        self.mesh.refused += 1
+        raise unsigned()
 
-    def answer(self, request: PeerRequest, now: float) -> PeerAnswer:
-        cluster = self.cluster
-        if not (cluster.secret and verify(cluster.secret, request.method, request.path,
-                                          request.time, request.body, request.signature, now)):
-            cluster.refused += 1
+    def upgrade(self, request: EngineRequest) -> IProtocol | None:
+        if (request.method, request.path) == ("GET", STREAM_PATH) \
+                and request.header(b"upgrade").lower() == "pushup-peer":
+            return PeerStream(self.mesh)
+        return None
+
+    def answer(self, request: EngineRequest, now: float) -> EngineAnswer:
+        mesh = self.mesh
+        endpoint = (request.method, request.path)
+        if endpoint not in (("GET", "/peer/snapshot"), ("POST", "/peer/repair")):
+            raise errors.NotFound(f"no such path: {request.path[:100]}")
+        if not (mesh.secret and verify(mesh.secret, request.method, request.path,
+                                       request.header(b"x-pushup-time"), request.body,
+                                       request.header(b"x-pushup-signature"), now)):
+            mesh.refused += 1
             raise unsigned()
-        if (request.method, request.path) == ("POST", "/peer/messages"):
-            try:
-                received = cluster.receive(decode_batch(request.body))
-            except errors.BadRequest:
-                cluster.refused += 1
-                raise
-            if isinstance(received, Applied):
-                return PeerAnswer(200, dumps({"horizon": received.horizon}))
-            return PeerAnswer(409, dumps({"expected": received.expected}))
-        if (request.method, request.path) == ("GET", "/peer/snapshot"):
-            return PeerAnswer(200, cluster.snapshot())
-        if (request.method, request.path) == ("POST", "/peer/repair"):
-            batch = cluster.repair(request.body)
-            return PeerAnswer(204) if batch is None else PeerAnswer(200, batch)
-        raise errors.NotFound(f"no such path: {request.path[:100]}")
+        if endpoint == ("GET", "/peer/snapshot"):
+            return EngineAnswer(200, mesh.snapshot())
+        batch = mesh.repair(request.body)
+        return EngineAnswer(204) if batch is None else EngineAnswer(200, batch)

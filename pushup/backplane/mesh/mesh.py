@@ -42,12 +42,12 @@ from pushup.backplane.mesh.peers import PeerLink
 from pushup.backplane.mesh.wire import (
     Batch,
     backlog,
-    decode_batch,
     decode_repair,
     decode_snapshot,
-    encode_batch,
     encode_repair,
     export_snapshot,
+    pack_batch,
+    unpack_batch,
 )
 from pushup.config import Config
 from pushup.core import errors
@@ -74,7 +74,7 @@ REPAIR_EVERY = 2.0  # seconds between asking a peer for what it holds and we lac
 REPAIR_ROUNDS = 100  # batches at most per repair (more waits for the next)
 
 
-class Cluster:
+class Mesh:
     """The mesh backplane (see :mod:`pushup.backplane`): every node sends what
     it accepts to every peer."""
 
@@ -254,7 +254,7 @@ class Cluster:
                 continue
             lost = store.lost_of(origin)  # if all of it was evicted here too: skip it
             ts = lost[1] if lost is not None and lost[0] == have else self.service.now()
-            return encode_batch(backlog(store, origin, after, (have, ts)))
+            return pack_batch(backlog(store, origin, after, (have, ts)))
         return None
 
     @defer.inlineCallbacks
@@ -282,7 +282,7 @@ class Cluster:
             if status != 200:
                 return
             try:
-                batch = decode_batch(raw)
+                batch = unpack_batch(raw)
                 received = self.receive(batch)
             except errors.PushUpError as e:
                 if isinstance(e, errors.BadRequest):

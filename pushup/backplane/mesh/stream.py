@@ -43,8 +43,7 @@ from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 
 from pushup._twisted import write_now
-from pushup.backplane import PEER_BODY_LIMIT
-from pushup.backplane.mesh.wire import Batch, unpack_batch
+from pushup.backplane.mesh.wire import PEER_BODY_LIMIT, Batch, unpack_batch
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.follow import Applied, Followed
 
@@ -102,7 +101,7 @@ class Frames(Int32StringReceiver):
 
 
 class Receiver(Protocol):
-    """What the receiving end needs of its node (the mesh's ``Cluster``)."""
+    """What the receiving end needs of its node (the ``Mesh``)."""
 
     secret: str
     refused: int
@@ -119,7 +118,7 @@ class PeerStream(Frames):
     Nothing is applied before the dialer has proven it holds the secret; a
     bad or replayed proof, any frame out of turn or too long (before the
     handshake, longer than ``HANDSHAKE_FRAME``), or a batch the node refuses
-    (malformed, or not the sender's to send: ``Cluster.receive``) is counted
+    (malformed, or not the sender's to send: ``Mesh.receive``) is counted
     in the node's ``refused`` and closes the connection. Each batch is
     answered once, in order; a batch the node cannot take now (catching up)
     is answered ``e`` and the connection closes (the dialer retries).

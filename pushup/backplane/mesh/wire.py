@@ -7,10 +7,10 @@ finds the key.
 Pure encoding and decoding of peer payloads; a snapshot is a store's image
 (:mod:`pushup.core.image`) on the wire. A message's data travels as the exact
 JSON text its origin accepted, so every node serves byte-identical messages.
-A batch is JSON in HTTP requests (``POST /peer/messages``, repair) and
-MessagePack on the replication stream (``pack_batch``: the same rows, the
-data as raw bytes, no escaping; msgspec does both ends in C, about 5x less
-CPU per batch than the stdlib's JSON). No sockets, no clock.
+A batch is MessagePack, on the replication stream and in a repair's answer
+(``pack_batch``: its rows, the data as raw bytes, no escaping; msgspec does
+both ends in C, about 5x less CPU per batch than the stdlib's JSON). No
+sockets, no clock.
 
 A batch is checked before anything in it is applied, whichever way it came:
 what a node stores it serves, so each origin must be one a cursor can name
@@ -85,6 +85,7 @@ class Batch:
 
 
 BATCH = 1000  # messages per batch at most
+PEER_BODY_LIMIT = 16 * 1024 * 1024  # a peer's frame or request body at most (a batch ~4 MiB)
 BATCH_BYTES = 4 * 1024 * 1024  # ... and about this many bytes
 
 
@@ -144,18 +145,6 @@ def _message(origin: str, row: Any) -> Message:
     return Message(check_origin(origin), seq, ts, names, check_data(data.encode()))
 
 
-def encode_batch(batch: Batch) -> bytes:
-    raw: dict[str, Any] = {
-        "origin": batch.origin, "first": batch.first,
-        "messages": [_wire(m) for m in batch.messages], "ops": [_wire_op(op) for op in batch.ops],
-    }
-    if batch.skip is not None:
-        raw["skip"] = list(batch.skip)
-    if batch.keys:
-        raw["keys"] = [_wire_key(r) for r in batch.keys]
-    return json.dumps(raw, separators=(",", ":")).encode()
-
-
 _packer = msgspec.msgpack.Encoder()
 # The batch's shape is checked by msgspec as it decodes, in C: a message row is
 # (seq, ts, channels, data) with at least one channel; channel names, ops and
@@ -168,8 +157,8 @@ _unpacker = msgspec.msgpack.Decoder(
 
 
 def pack_batch(batch: Batch) -> bytes:
-    """A batch for the replication stream: one MessagePack array of the same
-    rows as ``encode_batch``, each message's data as bytes."""
+    """A batch as it travels (the replication stream, a repair's answer): one
+    MessagePack array of its rows, each message's data as bytes."""
     return _packer.encode([
         batch.origin, batch.first,
         [[m.seq, m.ts, m.channels, m.data_json] for m in batch.messages],
@@ -178,7 +167,7 @@ def pack_batch(batch: Batch) -> bytes:
 
 
 def unpack_batch(body: bytes) -> Batch:
-    """A batch from the replication stream, checked as ``decode_batch`` checks."""
+    """A batch as it travels, checked whole before anything in it is applied."""
     try:
         origin, first, rows, ops, skip, keys = _unpacker.decode(body)
         check_origin(origin)
@@ -189,24 +178,6 @@ def unpack_batch(body: bytes) -> Batch:
         return Batch(origin, first, messages, tuple(ops_of(ops)), skip,
                      tuple(_key(origin, row) for row in keys))
     except (msgspec.DecodeError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise BadJSON(f"malformed peer batch: {e}") from None
-
-
-def decode_batch(body: bytes) -> Batch:
-    try:
-        raw = json.loads(body)
-        origin = raw["origin"]
-        messages = tuple(_message(origin, row) for row in raw["messages"])
-        ops = tuple(ops_of(raw.get("ops", ())))
-        skip = raw.get("skip")
-        if skip is not None:
-            skip = (int(skip[0]), int(skip[1]))
-            if not 0 <= skip[0] <= MAX_SEQ:
-                raise BadRequest("a peer batch skips past what a cursor can hold")
-        check_origin(origin)
-        keys = tuple(_key(origin, row) for row in raw.get("keys", ()))
-        return Batch(origin, bool(raw.get("first")), messages, ops, skip, keys)
-    except (ValueError, KeyError, TypeError) as e:
         raise BadJSON(f"malformed peer batch: {e}") from None
 
 

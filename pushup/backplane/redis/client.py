@@ -17,7 +17,6 @@ Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,9 +25,6 @@ import hiredis
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
     UNIXClientEndpoint,
     connectProtocol,
 )
@@ -36,7 +32,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane import trouble
+from pushup.backplane import client_endpoint, trouble
 from pushup.config import RedisURL, parse_url
 
 log = Logger()
@@ -301,12 +297,7 @@ class RedisConnection:
         if url.path is not None:
             return UNIXClientEndpoint(self._reactor, url.path,  # type: ignore[no-untyped-call]
                                       timeout=timeout)
-        try:
-            version = ipaddress.ip_address(url.host).version
-        except ValueError:
-            return HostnameEndpoint(self._reactor, url.host, url.port, timeout=timeout)
-        endpoint = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
-        return endpoint(self._reactor, url.host, url.port, timeout=timeout)
+        return client_endpoint(self._reactor, url.host, url.port, timeout=timeout)
 
     def _connect(self) -> None:
         self._retry = None

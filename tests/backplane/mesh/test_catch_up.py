@@ -1,4 +1,4 @@
-"""Cluster.start in memory: whom a starting node waits for, and whom it does not.
+"""Mesh.start in memory: whom a starting node waits for, and whom it does not.
 
 The peers are a fake HTTP client on a ``task.Clock``: each URL answers with
 a fixed status (or refuses the connection).
@@ -12,7 +12,7 @@ from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 
-from pushup.backplane.mesh.mesh import CATCH_UP_TIMEOUT, Cluster
+from pushup.backplane.mesh.mesh import CATCH_UP_TIMEOUT, Mesh
 from pushup.backplane.mesh.wire import export_snapshot
 from pushup.config import Config
 from pushup.core.model import Draft, Origin
@@ -51,21 +51,21 @@ class FakePeers:
         return defer.succeed(Response(code, body))
 
 
-def make_cluster(answers: dict[str, int], snapshot: bytes = b"") -> tuple[Cluster, Clock]:
+def make_cluster(answers: dict[str, int], snapshot: bytes = b"") -> tuple[Mesh, Clock]:
     clock = Clock()
     clock.advance(1_763_800_000)
     store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
     config = Config(peer=tuple(answers), cluster_secret="s")
-    return Cluster(Service(store, clock, 120), config, clock, FakePeers(answers, snapshot)), clock
+    return Mesh(Service(store, clock, 120), config, clock, FakePeers(answers, snapshot)), clock
 
 
-def start(cluster: Cluster) -> list[object]:
+def start(cluster: Mesh) -> list[object]:
     done: list[object] = []
     cluster.start().addBoth(done.append)
     return done
 
 
-def states(cluster: Cluster) -> dict[str, str]:
+def states(cluster: Mesh) -> dict[str, str]:
     return {link.url: link.state for link in cluster.links}
 
 

@@ -1,4 +1,4 @@
-"""The mesh in memory: Cluster.receive (in-order apply, holes, repeats, lost history, ops)
+"""The mesh in memory: Mesh.receive (in-order apply, holes, repeats, lost history, ops)
 and when a publish is acknowledged (a fake wire into receiving Clusters)."""
 
 import json
@@ -8,9 +8,9 @@ from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
 from pushup.backplane import ChannelOp
-from pushup.backplane.mesh.mesh import REPAIR_EVERY, Cluster
-from pushup.backplane.mesh.peers import CORK
-from pushup.backplane.mesh.wire import Batch, decode_batch, encode_repair, unpack_batch
+from pushup.backplane.mesh.mesh import REPAIR_EVERY, Mesh
+from pushup.backplane.mesh.outbound import CORK
+from pushup.backplane.mesh.wire import Batch, encode_repair, unpack_batch
 from pushup.config import Config
 from pushup.core.cursor import Cursor
 from pushup.core.follow import Applied, Hole
@@ -42,7 +42,7 @@ def node():
     clock.advance(1_700_000_000)
     store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
     service = Service(store, clock, 120)
-    return Cluster(service, Config(cluster_secret="s"), clock, http=None)
+    return Mesh(service, Config(cluster_secret="s"), clock, http=None)
 
 
 def msg(seq, *channels):
@@ -109,12 +109,12 @@ class _Answer:
 
 
 class Wire(Pipe):
-    """A link's connection to a peer's Cluster, held by the test (see pipe.Pipe)."""
+    """A link's connection to a peer's Mesh, held by the test (see pipe.Pipe)."""
 
 
-def _peer(name: str, clock: Clock, per_channel: int = 100) -> Cluster:
+def _peer(name: str, clock: Clock, per_channel: int = 100) -> Mesh:
     store = Store(Retention(3600 * S, 3600 * S, per_channel, 10**9), Origin(name, 0))
-    return Cluster(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
+    return Mesh(Service(store, clock, 120), Config(cluster_secret="s"), clock, http=None)
 
 
 def mesh(peers: int = 1, **settings) -> tuple[Node, list[Wire]]:
@@ -124,13 +124,13 @@ def mesh(peers: int = 1, **settings) -> tuple[Node, list[Wire]]:
     urls = tuple(f"http://p{i}" for i in range(peers))
     node = Node(Config(node_id="a", cluster_secret="s", peer=urls, **settings), clock)
     wires = [Wire(_peer(f"p{i}", clock)) for i in range(peers)]
-    for link, wire in zip(node.cluster.links, wires, strict=True):
+    for link, wire in zip(node.mesh.links, wires, strict=True):
         link.http, link.dial = wire, wire.dial
     node.start()
     clock.advance(0)  # each link says hello (an empty batch)...
     for wire in wires:
         wire.deliver()  # ...and its peer answers: up
-    assert all(link.state == "up" for link in node.cluster.links)
+    assert all(link.state == "up" for link in node.mesh.links)
     return node, wires
 
 
@@ -226,7 +226,7 @@ def test_the_first_of_two_peers_to_hold_it_is_enough():
 
 def test_publishes_waiting_together_are_answered_in_order_as_the_peer_confirms():
     node, [wire] = mesh()
-    node.cluster.links[0].cork = 0  # the second batch leaves before the first's answer
+    node.mesh.links[0].outbound.cork = 0  # the second batch leaves before the first's answer
     order: list[int] = []
     first = publish(node, 1)
     node.reactor.advance(0)  # the first batch is on the wire...
@@ -264,7 +264,7 @@ def test_with_every_peer_down_a_publish_is_answered_202_at_once_not_after_the_ti
         if answered(pending) is not None:
             break
     # ...until the link gives the peer up (DOWN_AFTER quick failures), not 10 s
-    assert node.cluster.links[0].state == "down"
+    assert node.mesh.links[0].state == "down"
     assert answered(pending).status == 202 and node.reactor.seconds() - started < 2
     again = publish(node, 2)  # the state is known: no wait at all
     assert isinstance(again, Response) and again.status == 202
@@ -275,11 +275,11 @@ def test_a_peer_that_refuses_us_does_not_count():
     refusing.status = 401
     pending = publish(node, 1)
     node.reactor.advance(0)
-    assert node.cluster.links[1].state == "refused" and answered(pending) is None
+    assert node.mesh.links[1].state == "refused" and answered(pending) is None
     good.dead = True  # the only peer that counts goes down too (its connection drops)
     for _ in range(10):  # the link retries (backoff) before it calls the peer down
         node.reactor.advance(0.1)
-    assert node.cluster.links[0].state == "down" and answered(pending).status == 202
+    assert node.mesh.links[0].state == "down" and answered(pending).status == 202
     assert publish(node, 2).status == 202
 
 
@@ -302,10 +302,10 @@ def test_with_publish_ack_all_every_live_peer_must_hold_it_but_a_down_one_is_not
     pending = publish(node, 2)
     node.reactor.advance(0)
     first.deliver()
-    assert node.cluster.links[1].state == "connecting" and answered(pending) is None
+    assert node.mesh.links[1].state == "connecting" and answered(pending) is None
     for _ in range(10):  # the second peer is called down: the first one is enough now
         node.reactor.advance(0.1)
-    assert node.cluster.links[1].state == "down" and answered(pending).status == 201
+    assert node.mesh.links[1].state == "down" and answered(pending).status == 201
 
 
 # -- repair: a third origin's messages, from a peer that holds them ----------------
@@ -315,7 +315,7 @@ def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
     # This node holds P's messages 1..3; the asker ("asker.x") holds P up to 1.
     node.receive(Batch(P, False, (msg(1), msg(2), msg(3)), ()))
     raw = node.repair(encode_repair("asker.x", {P: 1}))
-    batch = decode_batch(raw)
+    batch = unpack_batch(raw)
     assert batch.origin == P and [m.seq for m in batch.messages] == [2, 3]
     assert not batch.first
     # Nothing more to give: the asker holds all, and our own origin is not given.
@@ -326,9 +326,9 @@ def test_a_peer_answers_a_repair_with_what_it_holds_of_a_third_origin(node):
 def test_a_repair_asked_for_some_origins_answers_only_those_and_the_unknown(node):
     node.receive(Batch(P, False, (msg(1), msg(2)), ()))
     assert node.repair(encode_repair("asker.x", {P: 0, "q.y": 0}, want=["q.y"])) is None
-    batch = decode_batch(node.repair(encode_repair("asker.x", {P: 0}, want=[P])))
+    batch = unpack_batch(node.repair(encode_repair("asker.x", {P: 0}, want=[P])))
     assert [m.seq for m in batch.messages] == [1, 2]
-    batch = decode_batch(node.repair(encode_repair("asker.x", {"q.y": 0}, want=["q.y"])))
+    batch = unpack_batch(node.repair(encode_repair("asker.x", {"q.y": 0}, want=["q.y"])))
     assert [m.seq for m in batch.messages] == [1, 2]  # P: the asker never heard of it
 
 
@@ -352,24 +352,24 @@ def test_repair_asks_only_for_origins_that_did_not_move_since_its_last_round():
     from a peer that read them a moment sooner; one that stopped moving is."""
     node, [wire] = mesh()
     holder = _RepairingPeer(wire.receiver)
-    node.cluster.links[0].http = holder
+    node.mesh.links[0].http = holder
     q = "q.y"
     for seq in (1, 2):  # both origins reach the holder; this node lags on each
         holder.receiver.receive(Batch(P, False, (msg(seq),), ()))
         holder.receiver.receive(Batch(q, False, (Message(q, seq, 1_700_000_000 * S + seq,
                                                          ("c",), b"1"),), ()))
-    node.cluster.receive(Batch(P, False, (msg(1),), ()))
+    node.mesh.receive(Batch(P, False, (msg(1),), ()))
     # The first round: nothing seen before, so all it knows is asked for, and
     # what it never heard of (q) comes too.
     node.reactor.advance(REPAIR_EVERY)
-    assert holder.asked[0]["want"] == [P] and node.cluster.store.horizon_of(P) == 2
-    assert node.cluster.store.horizon_of(q) == 2
-    node.cluster.receive(Batch(P, False, (msg(2), msg(3)), ()))  # P moves here; q does not
+    assert holder.asked[0]["want"] == [P] and node.mesh.store.horizon_of(P) == 2
+    assert node.mesh.store.horizon_of(q) == 2
+    node.mesh.receive(Batch(P, False, (msg(2), msg(3)), ()))  # P moves here; q does not
     holder.receiver.receive(Batch(P, False, (msg(3), msg(4)), ()))
     node.reactor.advance(REPAIR_EVERY)
-    assert holder.asked[-1]["want"] == [q] and node.cluster.store.horizon_of(P) == 3
+    assert holder.asked[-1]["want"] == [q] and node.mesh.store.horizon_of(P) == 3
     node.reactor.advance(REPAIR_EVERY)  # P stood still for a round: now it is asked for
-    assert holder.asked[-1]["want"] == [P, q] and node.cluster.store.horizon_of(P) == 4
+    assert holder.asked[-1]["want"] == [P, q] and node.mesh.store.horizon_of(P) == 4
 
 
 def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
@@ -378,7 +378,7 @@ def test_a_repair_batch_applies_in_order_and_a_repeat_changes_nothing():
     holder, asker = _peer("b", clock), _peer("c", clock)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))
     asker.receive(Batch(P, False, (msg(1), msg(2)), ()))
-    repaired = decode_batch(holder.repair(encode_repair("c.0", asker.store.horizons())))
+    repaired = unpack_batch(holder.repair(encode_repair("c.0", asker.store.horizons())))
     assert asker.receive(repaired) == Applied(5)
     assert asker.receive(repaired) == Applied(5)
     assert asker.store.message_count == 5
@@ -390,5 +390,5 @@ def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():
     clock.advance(1_700_000_000)
     holder = _peer("b", clock, per_channel=2)
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))  # keeps 4, 5
-    batch = decode_batch(holder.repair(encode_repair("c.0", {P: 1})))
+    batch = unpack_batch(holder.repair(encode_repair("c.0", {P: 1})))
     assert batch.first and [m.seq for m in batch.messages] == [4, 5]

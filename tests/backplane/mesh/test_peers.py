@@ -21,25 +21,25 @@ def test_the_channel_op_queue_is_bounded_by_peer_queue_and_drops_the_oldest():
     peer = link(max_ops=load(["serve", "--peer-queue", "2"], {}).peer_queue)
     for name in ("a", "b", "c"):
         peer.add_op(("delete", 0, name))
-    assert [op[2] for op in peer.ops] == ["b", "c"] and peer.dropped_ops == 1
+    assert [op[2] for op in peer.outbound.ops] == ["b", "c"] and peer.outbound.dropped_ops == 1
 
 
 def test_queued_counts_our_messages_the_peer_has_not_confirmed():
     peer = link()
     peer.store.publish([Draft(("x",), b"1"), Draft(("x",), b"2")], 10 * S)
     assert peer.queued == 2 and peer.stats()["state"] == "connecting"
-    peer.after = 1
+    peer.outbound.after = 1
     assert peer.queued == 1 and peer.url == "http://127.0.0.1:1"
 
 
 def _linked(sender: Store, clock: Clock) -> tuple[Store, Pipe, PeerLink]:
-    """A started link from ``sender`` to a receiving node's Cluster, run once."""
-    from pushup.backplane.mesh.mesh import Cluster
+    """A started link from ``sender`` to a receiving node's Mesh, run once."""
+    from pushup.backplane.mesh.mesh import Mesh
     from pushup.config import Config
     from pushup.core.service import Service
 
     receiver_store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("b", 0))
-    receiver = Cluster(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
+    receiver = Mesh(Service(receiver_store, clock, 120), Config(cluster_secret="s"),
                        clock, http=None)
     wire = Pipe(receiver)
     peer = PeerLink("http://b", sender, "s", http=wire, clock=clock, dial=wire.dial)
@@ -110,7 +110,7 @@ def test_a_peer_request_that_gets_no_answer_is_cancelled_on_the_links_clock():
 def test_the_log_tells_each_peer_state_once_and_down_only_after_down_log_after():
     from twisted.logger import globalLogPublisher
 
-    from pushup.backplane.mesh.peers import DOWN_LOG_AFTER
+    from pushup.backplane.mesh.status import DOWN_LOG_AFTER
 
     peer = link()
     clock = peer.clock
@@ -144,3 +144,39 @@ def test_the_log_tells_each_peer_state_once_and_down_only_after_down_log_after()
         assert said == ["info up", "info connecting", "warn down", "info up"]
     finally:
         globalLogPublisher.removeObserver(observe)
+
+
+def test_a_signed_peer_request_is_stamped_by_the_links_clock():
+    """The peer checks the stamp against its own clock: the link stamps with
+    the one it was given (the node's reactor), never the wall clock behind it."""
+    from twisted.internet import defer
+
+    from pushup.backplane.mesh.wire import verify
+
+    class Recording:  # a treq-like client that answers 200 and keeps what it was asked
+        def __init__(self) -> None:
+            self.asked: list[tuple[str, str, dict]] = []
+
+        def request(self, method, url, data=None, headers=None, timeout=None, reactor=None):
+            self.asked.append((method, url, headers))
+
+            class Answer:
+                code = 200
+
+                def content(self):
+                    return defer.succeed(b"{}")
+
+            return defer.succeed(Answer())
+
+    clock = Clock()
+    clock.advance(1000)
+    http = Recording()
+    store = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("me", 0))
+    peer = PeerLink("http://127.0.0.1:1", store, "secret", http=http, clock=clock)
+    answered: list = []
+    peer.request("POST", "/peer/repair", b"{}").addCallback(answered.append)
+    [(method, url, headers)] = http.asked
+    assert answered == [(200, b"{}")] and url == "http://127.0.0.1:1/peer/repair"
+    assert headers["X-PushUp-Time"] == ["1000"]
+    assert verify("secret", "POST", "/peer/repair", headers["X-PushUp-Time"][0], b"{}",
+                  headers["X-PushUp-Signature"][0], now_s=clock.seconds())

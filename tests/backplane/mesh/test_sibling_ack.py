@@ -11,8 +11,8 @@ from __future__ import annotations
 from twisted.internet.task import Clock
 
 from pushup.backplane import Unconfirmed
-from pushup.backplane.mesh.mesh import Cluster
-from pushup.backplane.mesh.peers import SIBLING_WINDOW
+from pushup.backplane.mesh.mesh import Mesh
+from pushup.backplane.mesh.outbound import SIBLING_WINDOW
 from pushup.config import Config
 from pushup.core.model import Draft
 from pushup.core.service import Service
@@ -25,7 +25,7 @@ def _worker(clock: Clock, url: str = "http+unix://c", takes: int | None = None):
     another node), linked and past a first batch ``c`` has acked."""
     sibling = url.startswith("http+unix://")
     config = Config(cluster_secret="s", peer=() if sibling else (url,))
-    b = Cluster(Service(_store("b"), clock, 120), config, clock, http=None,
+    b = Mesh(Service(_store("b"), clock, 120), config, clock, http=None,
                 siblings=(url,) if sibling else ())
     c = _cluster(clock, name="c")
     pipe = Pipe(c, unix=sibling, kernel=True, takes=takes)
@@ -39,7 +39,7 @@ def _worker(clock: Clock, url: str = "http+unix://c", takes: int | None = None):
     return b, c, pipe
 
 
-def _publish(b: Cluster, text: bytes) -> list:
+def _publish(b: Mesh, text: bytes) -> list:
     answered: list = []
     b.publish([Draft(("x",), text)]).addCallback(answered.append)
     return answered
@@ -59,7 +59,7 @@ def test_the_first_publish_on_a_connection_waits_for_the_siblings_ack():
     """Until the sibling has acked a batch on this connection, it may still
     be catching up (it would refuse the batch): its socket does not count."""
     clock = _clock()
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+    b = Mesh(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
                 http=None, siblings=("http+unix://c",))
     c = _cluster(clock, name="c")
     pipe = Pipe(c, unix=True, kernel=True)
@@ -98,7 +98,7 @@ def test_a_frame_the_socket_took_in_part_waits_for_the_ack():
 def test_the_batches_of_one_read_are_answered_in_one_write():
     clock = _clock()
     b, c, pipe = _worker(clock, url="http://c")
-    b.links[0].cork = 0  # each turn's batch leaves with others in flight
+    b.links[0].outbound.cork = 0  # each turn's batch leaves with others in flight
     for text in (b"1", b"2", b"3"):
         _publish(b, text)
         clock.advance(0)  # each turn's flush: one batch each

@@ -12,8 +12,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from pushup.backplane import ChannelOp
-from pushup.backplane.mesh.mesh import Cluster
-from pushup.backplane.mesh.peers import RELAY_WINDOW, WINDOW, PeerLink
+from pushup.backplane.mesh.mesh import Mesh
+from pushup.backplane.mesh.outbound import WINDOW
+from pushup.backplane.mesh.peers import RELAY_WINDOW, PeerLink
 from pushup.backplane.mesh.stream import (
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -38,8 +39,8 @@ def _store(name: str) -> Store:
     return Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 0))
 
 
-def _cluster(clock: Clock, name: str = "b", secret: str = "s") -> Cluster:
-    return Cluster(Service(_store(name), clock, 120), Config(cluster_secret=secret), clock,
+def _cluster(clock: Clock, name: str = "b", secret: str = "s") -> Mesh:
+    return Mesh(Service(_store(name), clock, 120), Config(cluster_secret=secret), clock,
                    http=None)
 
 
@@ -81,7 +82,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
     a channel op) arrives alone."""
     clock = _clock()
     node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",)), clock)
-    node.cluster.ready = True
+    node.mesh.ready = True
     transport = StringTransport()
     http = node.front.buildProtocol(None)
     transport.protocol = http
@@ -111,7 +112,7 @@ def test_the_upgrade_and_every_frame_read_one_byte_at_a_time_apply_once_in_order
     feed(stream)
     assert frames(transport.value()) == [b"a2", b"a4", b"a5"]
     assert _held(node.service.store) == [b"0", b"1", b"2", b"3", b"4"]
-    assert node.cluster.refused == 0
+    assert node.mesh.refused == 0
 
 
 def _upgraded(node: Node, clock: Clock) -> tuple[object, StringTransport]:
@@ -126,7 +127,7 @@ def _upgraded(node: Node, clock: Clock) -> tuple[object, StringTransport]:
 
 def _mesh_node(clock: Clock, **kw) -> Node:
     node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",), **kw), clock)
-    node.cluster.ready = True
+    node.mesh.ready = True
     return node
 
 
@@ -185,14 +186,16 @@ def test_a_drain_leaves_peer_streams_open_until_the_peers_flushed_then_closes_th
     assert transport.disconnecting
 
 
-def test_a_node_without_a_mesh_refuses_the_stream_request_as_any_peer_request():
+def test_a_node_without_a_mesh_refuses_the_stream_request_as_an_unknown_path():
+    """No engine mounts ``/peer/`` on a lone node: the request is a path it
+    does not serve (404, as HAProxy's front answers it), never an upgrade."""
     node = Node(Config(node_id="b"), _clock())
     transport = StringTransport()
     http = node.front.buildProtocol(None)
     transport.protocol = http
     http.makeConnection(transport)
     http.dataReceived(request_head("b") + frame(b"h" + NONCE_C))
-    assert transport.value().startswith(b"HTTP/1.1 401 ")
+    assert transport.value().startswith(b"HTTP/1.1 404 ")
     assert transport.protocol is http
 
 
@@ -246,14 +249,14 @@ def test_a_reconnect_in_the_middle_of_a_window_loses_nothing_and_repeats_nothing
     clock.advance(0)
     pipe.deliver()
     assert link.state == "up"
-    link.cork = 0  # each turn's batch leaves with others in flight
+    link.outbound.cork = 0  # each turn's batch leaves with others in flight
     for i in range(4):  # four batches in flight, one per reactor turn
         _published(sender, clock, 3)
         if i == 3:
             link.add_op(ChannelOp("delete", "gone", sender.own_seq))
         link.poke()
         clock.advance(0)
-    assert len(pipe.held) == 4 and len(link._window) == 4
+    assert len(pipe.held) == 4 and len(link.outbound.in_flight) == 4
     # The peer reads the first two batches, answers them; the connection
     # breaks before the answers arrive.
     sent = pipe.ct.value()
@@ -262,7 +265,7 @@ def test_a_reconnect_in_the_middle_of_a_window_loses_nothing_and_repeats_nothing
     assert receiver.store.horizon_of(sender.origin_name) == 6
     pipe.ct.clear()
     pipe.dead = True
-    assert link.after == 0 and link.state == "connecting" and not link._window
+    assert link.after == 0 and link.state == "connecting" and not link.outbound.in_flight
     pipe.dead = False
     clock.advance(0)  # the first failure after success: reconnect at once
     pipe.deliver()
@@ -281,13 +284,13 @@ def test_a_peer_that_stops_reading_holds_a_window_at_most_and_is_down_after_the_
         _published(sender, clock, 10)
         link.poke()
         clock.advance(0)
-    assert len(pipe.held) == WINDOW and len(link._window) == WINDOW
+    assert len(pipe.held) == WINDOW and len(link.outbound.in_flight) == WINDOW
     assert link.queued == 500 and link.state == "up"
     clock.advance(link.timeout)
     assert pipe.ct.disconnecting  # the link aborts the connection...
     pipe.notice()
     assert link.state == "down" and pipe.ct is None  # ...and calls the peer down
-    assert link.after == 0 and not link._window
+    assert link.after == 0 and not link.outbound.in_flight
 
 
 def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_order(
@@ -316,7 +319,7 @@ def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_or
     # holes answer batches sent before the rewind and are ignored.
     pipe.deliver()
     assert pipe.posts - posts == 3 + 6  # the three, then 11 messages again, two a batch
-    assert link.after == 11 and link.settled and link.state == "up" and link._stale == 0
+    assert link.after == 11 and link.settled and link.state == "up" and link.outbound.stale == 0
     assert _held(fresh.store) == [b"%d" % i for i in range(5)] + [b"%d" % i for i in range(6)]
 
 
@@ -348,7 +351,7 @@ def test_a_peer_restarted_empty_gets_everything_again_though_nothing_new_was_pub
 def _worker_with_sibling(clock: Clock):
     """Worker ``b`` of a node, its sibling ``c`` behind a Unix-socket pipe, and
     node ``a`` linked to ``b`` over TCP (as another machine reaches one worker)."""
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+    b = Mesh(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
                 http=None, siblings=("http+unix://c",))
     c = _cluster(clock, name="c")
     to_c = Pipe(c, unix=True)
@@ -365,7 +368,7 @@ def _worker_with_sibling(clock: Clock):
     to_b.deliver()
     to_c.deliver()  # a's hello, relayed
     assert b.siblings[0].state == "up" and link.state == "up"
-    assert b.siblings[0]._relays == 0 and b.siblings[0].unrelayed == 0
+    assert b.siblings[0]._stream.relays == 0 and b.siblings[0].unrelayed == 0
     return a, b, c, link, to_b, to_c
 
 
@@ -381,14 +384,14 @@ def test_a_worker_relays_to_its_sibling_what_another_node_sent_it_in_order():
     assert [f[:1] for f in frames(to_c.ct.value())].count(b"r") >= 3
     to_c.deliver()
     assert _held(c.store) == [b"%d" % (i % 4) for i in range(12)]
-    assert c.store.message_count == 12 and b.siblings[0]._relays == 0
+    assert c.store.message_count == 12 and b.siblings[0]._stream.relays == 0
 
 
 def test_what_a_sibling_sends_is_not_relayed_on():
     """A batch on a Unix socket came from a sibling, which sends its own to
     every sibling itself: relaying it would only repeat it."""
     clock = _clock()
-    b = Cluster(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
+    b = Mesh(Service(_store("b"), clock, 120), Config(cluster_secret="s"), clock,
                 http=None, siblings=("http+unix://c",))
     b.ready = True
     relayed = []

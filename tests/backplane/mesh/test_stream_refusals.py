@@ -14,7 +14,7 @@ import struct
 import pytest
 from twisted.internet.testing import StringTransport
 
-from pushup.backplane.mesh.mesh import Cluster
+from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.stream import PeerStream, proof, request_head
 from pushup.backplane.mesh.wire import Batch, pack_batch
 from pushup.config import Config
@@ -32,7 +32,7 @@ from tests.backplane.mesh.test_stream import (
 )
 
 
-def _opened(receiver: Cluster) -> tuple[PeerStream, StringTransport]:
+def _opened(receiver: Mesh) -> tuple[PeerStream, StringTransport]:
     """A stream into ``receiver`` past its handshake (the dialer knows the secret)."""
     stream, wire = PeerStream(receiver), StringTransport()
     stream.makeConnection(wire)
@@ -49,7 +49,7 @@ def test_a_stranger_announcing_a_long_first_frame_is_closed_at_its_length_prefix
     with it is not kept (a batch-sized frame would be buffered whole)."""
     clock = _clock()
     node = Node(Config(node_id="b", cluster_secret="s", peer=("http://p",)), clock)
-    node.cluster.ready = True
+    node.mesh.ready = True
     transport = StringTransport()
     http = node.front.buildProtocol(None)
     http.makeConnection(transport)
@@ -59,7 +59,7 @@ def test_a_stranger_announcing_a_long_first_frame_is_closed_at_its_length_prefix
     http.dataReceived(struct.pack("!I", 16 * 1024 * 1024 - 1) + b"x" * 65536)
     assert transport.disconnecting
     assert frames(transport.value())[-1].startswith(b"ea frame of 16777215 bytes")
-    assert node.cluster.refused == 1
+    assert node.mesh.refused == 1
     http.dataReceived(b"x" * 65536)  # read before the close took effect
     assert http._upgraded_to._unprocessed == b""
 

@@ -1,4 +1,5 @@
-"""A worker's command line (pushup/ops/workers.py) says its supervisor's settings:
+"""pushup/ops/workers.py (its supervisor on real processes: tests/cluster/test_workers*.py):
+a worker's command line says its supervisor's settings:
 read back by the config loader, it is the same configuration."""
 from __future__ import annotations
 

@@ -1,0 +1,103 @@
+"""pushup/backplane/redis/engine.py against a real redis-server on the real reactor:
+Redis's log is the cluster's one order and a node's cache a copy of it. Two engines
+(two nodes) on one Redis: a publish on either is numbered by the log and reaches
+both stores in that order; without Redis nothing is acknowledged; a Redis that comes
+back empty is a new epoch, counted, and the old log is marked lost.
+(The same on real `pushup serve` processes: tests/cluster/test_redis_engine.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from pushup.backplane.redis.engine import LOG, META, RedisEngine
+from pushup.config import Config
+from pushup.core import errors
+from pushup.core.model import Draft, Origin, Query
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+from tests.real_reactor import failure_of, reactor, run_until, wait_for
+
+S = 1_000_000  # µs
+
+
+@pytest.fixture
+def engine(redis_server) -> Iterator[Callable[..., RedisEngine]]:
+    """``engine(name)``: a started RedisEngine on ``redis_server`` (a node named
+    ``name``), loaded; all are stopped at teardown, and no timer may outlive them."""
+    made: list[RedisEngine] = []
+
+    def make(name: str, url: str | None = None) -> RedisEngine:
+        store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 1))
+        made.append(RedisEngine(Service(store, reactor, 60.0),
+                                Config(node_id=name, engine=url or redis_server.url),
+                                reactor))
+        wait_for(made[-1].start(), 10.0)
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.service.drain()  # its sweep's timer goes too
+        wait_for(e.stop(0))
+    reactor.iterate(0)  # aborted transports close on the next turn
+    assert not reactor.getDelayedCalls(), reactor.getDelayedCalls()
+
+
+def ids_held(e: RedisEngine, channel: str) -> list[str]:
+    return [m.id for m in e.store.query(Query((channel,), 0, None, 1000)).messages]
+
+
+def publish(e: RedisEngine, channel: str, *datas: bytes) -> list[str]:
+    return [m.id for m in wait_for(e.publish([Draft((channel,), d) for d in datas]))]
+
+
+def test_the_log_numbers_every_publish_and_both_nodes_hold_it_in_that_order(
+        engine, redis_server):
+    a, b = engine("a"), engine("b")
+    assert a.origin == b.origin and a.origin.startswith("p0.")
+    first = publish(a, "c", b"1", b"2")
+    assert ids_held(a, "c") == first  # stored when acknowledged: the next poll here has it
+    second = publish(b, "c", b"3")
+    third = publish(a, "c", b"4")
+    assert [i.rsplit("-", 1)[1] for i in first + second + third] == ["1", "2", "3", "4"]
+    for e in (a, b):
+        run_until(lambda e=e: len(ids_held(e, "c")) == 4, 10.0, "the tail")
+        assert ids_held(e, "c") == first + second + third
+    assert redis_server.cli("XLEN", LOG) == 4
+    assert int(redis_server.cli("HGET", META, "s")) == 4
+
+
+def test_without_redis_nothing_is_acknowledged(engine, redis_server):
+    a = engine("a")
+    publish(a, "c", b"1")
+    redis_server.kill()
+    run_until(lambda: not a.stats()["redis"]["up"], 10.0, "the loss noticed")
+    assert isinstance(failure_of(a.publish([Draft(("c",), b"2")])), errors.EngineUnavailable)
+    assert isinstance(failure_of(a.probe()), errors.EngineUnavailable)
+    assert ids_held(a, "c") == [f"{a.origin}-1"]
+
+
+def test_a_redis_back_empty_is_a_new_epoch_and_the_old_log_is_lost(engine, redis_server):
+    a = engine("a")
+    old = a.origin
+    publish(a, "c", b"1")
+    redis_server.kill()
+    run_until(lambda: not a.stats()["redis"]["up"], 10.0, "the loss noticed")
+    redis_server.restart()  # empty: what it acknowledged is gone
+    run_until(lambda: a.stats()["redis"]["up"] and a.ready, 15.0, "Redis back")
+    ids = wait_for(a.publish([Draft(("c",), b"2")]), 10.0)
+    new = ids[0].origin
+    assert new != old and ids[0].seq == 1
+    # the publish's answer names the new log; the node moves to it as it resyncs
+    run_until(lambda: a.origin == new, 10.0, "the node on the new log")
+    assert a.lost_epochs == 1
+    assert a.store.lost_of(old) is not None  # a reader behind it gets its gap
+
+
+def test_stats_name_redis_without_its_password(engine, redis_server):
+    a = engine("a")
+    stats = a.stats()
+    assert stats["engine"] == "redis" and stats["peers"] == []
+    assert stats["redis"]["up"] and stats["redis"]["origin"] == a.origin
+    assert stats["redis"]["url"] == f"redis://127.0.0.1:{redis_server.port}/0"
