@@ -124,7 +124,7 @@ demo: cluster-packages
 PROFILE ?= quick
 RESULTS ?=
 loadtest: setup
-	$(PY) -m loadtest.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)$(if $(BUDGET), --budget $(BUDGET))
+	$(PY) -m loadtest.paper.run --profile $(PROFILE)$(if $(filter 1 yes true,$(RESULTS)), --results)$(if $(BUDGET), --budget $(BUDGET))
 
 # The seeds rerun on PushUp (issue 11): select/poll/epoll under idle held polls, and
 # fan-out over a private veth with MTU and tbf caps (needs root). PROFILE=smoke|full

@@ -41,17 +41,22 @@ from pushup.core.model import Draft, Message
 from pushup.core.service import Service
 
 
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """A request to an engine's own endpoints (under its mount's prefix), as sent."""
+class EngineRequest(Protocol):
+    """A request to an engine's own endpoints (under its mount's prefix), as the
+    HTTP front read it (its ``Request`` is one)."""
 
-    method: str
-    path: str  # the whole path, prefix included
-    headers: Mapping[bytes, bytes]  # lower-case names, as the HTTP front read them
-    body: bytes
+    @property
+    def method(self) -> bytes: ...
+
+    @property
+    def path(self) -> bytes:
+        """The whole path, prefix included."""
+
+    @property
+    def body(self) -> bytes: ...
 
     def header(self, name: bytes) -> str:
-        return self.headers.get(name, b"").decode("latin-1")
+        """A header's value as text ('' when absent); ``name`` in lower case."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IProtocol
 from twisted.python.failure import Failure
 
-from pushup.backplane import Backplane, EngineRequest, ExternalEngine, Mount, Unconfirmed
+from pushup.backplane import Backplane, ExternalEngine, Mount, Unconfirmed
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.cursor import Cursor
@@ -123,7 +123,7 @@ class Handlers:
         upgrade it: the engine's, when its mount has one for this path."""
         if self._mounted is not None and request.path.startswith(self._mounted):
             assert self.mount is not None
-            return self.mount.upgrade(self._engine_request(request))
+            return self.mount.upgrade(request)
         return None
 
     def too_large(self, path: bytes) -> PushUpError:
@@ -357,13 +357,8 @@ class Handlers:
     def _mounted_endpoint(self, request: Request) -> Response:
         """An engine's own endpoint (its mount's), answered as the engine says."""
         assert self.mount is not None
-        answer = self.mount.answer(self._engine_request(request), self.service.now() / 1e6)
+        answer = self.mount.answer(request, self.service.now() / 1e6)
         return Response(answer.status, answer.body)
-
-    @staticmethod
-    def _engine_request(request: Request) -> EngineRequest:
-        return EngineRequest(request.method.decode(), request.path.decode("latin-1"),
-                             request.headers, request.body)
 
 
 _PREFLIGHT = Response(204, headers=(

@@ -93,7 +93,7 @@ def test_without_a_cgroup_hierarchy_it_runs_unbudgeted_and_says_so(tmp_path: Pat
 
 
 def test_the_load_test_runner_budgets_each_node_and_removes_the_groups(tmp_path: Path) -> None:
-    from loadtest.run import Server
+    from loadtest.paper.run import Server
 
     run = f"test-run-{os.getpid()}"
     server = Server("elp", 2, 10, tmp_path, budget=0.1, run=run)

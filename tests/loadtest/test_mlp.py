@@ -1,4 +1,4 @@
-"""The MLP baseline (loadtest/mlp.py) over real HTTP on a real loopback port."""
+"""The MLP baseline (loadtest/paper/mlp.py) over real HTTP on a real loopback port."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from loadtest.mlp import make_server
+from loadtest.paper.mlp import make_server
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Where ``loadtest.run`` writes: scratch by default, the committed results only when asked.
+"""Where ``loadtest.paper.run`` writes: scratch by default, the committed results only when asked.
 
 ``make loadtest`` (the quick profile) used to overwrite loadtest/results/quick.
 These tests check the runner's path logic and ``main`` itself with the load
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from loadtest import run
+from loadtest.paper import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ def _make_loadtest_command(*assignments: str) -> list[str]:
     r = subprocess.run(["make", "-n", "loadtest", *assignments], cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    lines = [line for line in r.stdout.splitlines() if "loadtest.run" in line]
+    lines = [line for line in r.stdout.splitlines() if "loadtest.paper.run" in line]
     assert len(lines) == 1, r.stdout
     return shlex.split(lines[0])
 
@@ -96,5 +96,5 @@ def test_make_loadtest_writes_scratch_unless_results_is_set() -> None:
     assert args[-1] == "--results" and "--profile" in args
     # and what the runner makes of the default command line: the scratch folder
     default = _make_loadtest_command()
-    argv = default[default.index("loadtest.run") + 1:]
+    argv = default[default.index("loadtest.paper.run") + 1:]
     assert run.output_dir(run.parse_args(argv)) == ROOT / "loadtest" / "out" / "quick"

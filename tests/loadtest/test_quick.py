@@ -1,6 +1,6 @@
 """The quick profile at tiny scale, for real: a PushUp node, Locust, the counters.
 
-Runs ``python -m loadtest.run`` in a subprocess (Locust is never imported
+Runs ``python -m loadtest.paper.run`` in a subprocess (Locust is never imported
 into this process) with a few subscribers and a few seconds per point, then
 checks that every metric is present and sane.
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(90)
 def test_quick_profile_tiny(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "loadtest.run", "--profile", "quick", "--modes", "elp",
+        [sys.executable, "-m", "loadtest.paper.run", "--profile", "quick", "--modes", "elp",
          "--cc", "3", "--intervals", "2", "--conns", "8", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=80)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -50,17 +50,18 @@ class MeshEndpoints:
         raise unsigned()
 
     def upgrade(self, request: EngineRequest) -> IProtocol | None:
-        if (request.method, request.path) == ("GET", STREAM_PATH) \
+        if (request.method, request.path) == (b"GET", STREAM_PATH.encode()) \
                 and request.header(b"upgrade").lower() == "pushup-peer":
             return PeerStream(self.mesh)
         return None
 
     def answer(self, request: EngineRequest, now: float) -> EngineAnswer:
         mesh = self.mesh
-        endpoint = (request.method, request.path)
+        method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
+        endpoint = (method, path)
         if endpoint not in (("GET", "/peer/snapshot"), ("POST", "/peer/repair")):
-            raise errors.NotFound(f"no such path: {request.path[:100]}")
-        if not (mesh.secret and verify(mesh.secret, request.method, request.path,
+            raise errors.NotFound(f"no such path: {path[:100]}")
+        if not (mesh.secret and verify(mesh.secret, method, path,
                                        request.header(b"x-pushup-time"), request.body,
                                        request.header(b"x-pushup-signature"), now)):
             mesh.refused += 1

@@ -1,6 +1,6 @@
 """MLP: the paper's multithreaded long-polling baseline, on PushUp's own core.
 
-    python -m loadtest.mlp [--host 127.0.0.1] [--port 8090] [--max-timeout 120]
+    python -m loadtest.paper.mlp [--host 127.0.0.1] [--port 8090] [--max-timeout 120]
 
 One thread per connection (stdlib ``ThreadingHTTPServer``; with HTTP/1.1
 keep-alive a long-polling client holds one connection, so this is one thread

@@ -1,6 +1,6 @@
-"""Locust users for the paper's evaluation (locustfile; run by loadtest.run).
+"""Locust users for the paper's evaluation (locustfile; run by loadtest.paper.run).
 
-    locust -f loadtest/users.py --headless --host http://127.0.0.1:8080 \
+    locust -f loadtest/paper/users.py --headless --host http://127.0.0.1:8080 \
            LongPollUser PublisherUser -u 101 -r 100 -t 60s
 
 - ``LongPollUser`` (ELP and MLP): re-polls at once with its cursor after every

@@ -1,6 +1,6 @@
 """Rerun the paper's evaluation (section 4) against PushUp with real Locust.
 
-    python -m loadtest.run --profile quick|paper|scale|nodes-locust [--nodes 1,2,4]
+    python -m loadtest.paper.run --profile quick|paper|scale|nodes-locust [--nodes 1,2,4]
                            [--out DIR | --results] [--budget CORES] [--engine mesh|redis]
                            [--modes cp,mlp,elp] [--cc 10,100,1000]
                            [--intervals 10,20,30,40,50] [--conns 500,...,16000]
@@ -39,7 +39,7 @@ SMU and server CPU by sampling the server processes once a second; the load
 generator's CPU (every Locust process) beside every point.
 
 Output in DIR: results.jsonl (one line per point), raw/ (Locust CSVs and
-logs), report.md and PNG figures (written by loadtest.report). DIR is
+logs), report.md and PNG figures (written by loadtest.paper.report). DIR is
 ``--out DIR`` if given; else the scratch folder loadtest/out/<profile>
 (git-ignored); with ``--results``, loadtest/results/<profile>, the committed
 results (``make loadtest RESULTS=1``). A run never replaces the committed
@@ -70,7 +70,7 @@ from deploy.processes import wait_healthy
 from loadtest.cgroups import CpuBudgets
 from loadtest.netcount import NetCountUnavailable, PortCounter, Traffic, available
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 USERS = Path(__file__).resolve().parent / "users.py"
 EDGE = 2.0  # an NT window runs from EDGE s after one publish to EDGE s after the next
 
@@ -171,7 +171,7 @@ def get_stats(url: str) -> dict[str, Any]:
 
 
 class Server:
-    """The server under test: ELP (pushup serve), MLP (loadtest.mlp), or N nodes."""
+    """The server under test: ELP (pushup serve), MLP (loadtest.paper.mlp), or N nodes."""
 
     def __init__(self, mode: str, nodes: int, users: int, workdir: Path, budget: float = 0.0,
                  engine: str = "mesh", run: str = "") -> None:
@@ -205,7 +205,7 @@ class Server:
             self.inner_ports = list(self.cluster.node_ports)
             return self
         if self.mode == "mlp":
-            argv = [sys.executable, "-m", "loadtest.mlp", "--port", "0"]
+            argv = [sys.executable, "-m", "loadtest.paper.mlp", "--port", "0"]
         else:
             argv = [sys.executable, "-m", "pushup", "serve", "--port", "0", "--node-id", "elp",
                     "--max-connections", "20000", "--log-level", "warn"]
@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
     if not args.no_report:
-        from loadtest.report import write_report
+        from loadtest.paper.report import write_report
 
         write_report(out)
         print(f"report: {out / 'report.md'}", flush=True)
