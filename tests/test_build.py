@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pushup
-from pushup._build import COMPILED, compiled_of, decide, record_of, record_text
+from pushup._build import COMPILED, INTERPRETED, compiled_of, decide, record_of, record_text
 from tests.toolkit import needs_compiled
 
 ROOT = Path(pushup.__file__).resolve().parent.parent
@@ -131,3 +131,15 @@ def test_without_a_c_compiler_the_build_is_the_interpreted_package() -> None:
     assert done.stdout.strip() == pushup.__version__
     assert [line for line in done.stderr.splitlines() if line.startswith("pushup build:")] == \
         ["pushup build: interpreted: no C compiler (/nonexistent/cc)"]
+
+
+def test_every_module_of_the_compilable_layers_is_compiled_or_says_why_not() -> None:
+    """core/ and http/ are the layers mypyc compiles: a module added to either
+    must join COMPILED or name its reason in INTERPRETED, never both."""
+    layers = [ROOT / "pushup" / "core", ROOT / "pushup" / "http"]
+    modules = {f"pushup.{p.parent.name}.{p.stem}" for layer in layers
+               for p in layer.glob("*.py") if p.stem != "__init__"}
+    assert set(COMPILED) & set(INTERPRETED) == set()
+    assert modules - set(COMPILED) - set(INTERPRETED) == set()
+    assert set(INTERPRETED) - modules == set()  # no reason kept for a module that is gone
+    assert all(reason.strip() for reason in INTERPRETED.values())
