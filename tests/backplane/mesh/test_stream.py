@@ -7,6 +7,7 @@ says so)."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -293,13 +294,9 @@ def test_a_peer_that_stops_reading_holds_a_window_at_most_and_is_down_after_the_
     assert link.after == 0 and not link.outbound.in_flight
 
 
-def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_order(
-        monkeypatch):
-    """A peer that lost our history (a fresh node behind the same URL) answers
-    each of three pipelined batches with a hole: the link rewinds once, to
-    what it expects, ignores the answers to the other two, and resends."""
-    monkeypatch.setattr("pushup.backplane.mesh.wire.BATCH", 2)
-    clock = _clock()
+def _five_held_then_the_peer_restarts_empty(clock: Clock) -> tuple[Any, Any, Any, Mesh]:
+    """A link whose peer held 5 of our messages, then a new, empty process
+    behind the same address: (sender, pipe, link, the new process)."""
     sender, receiver, pipe, link = _linked(clock)
     link.start()
     clock.advance(0)
@@ -311,6 +308,17 @@ def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_or
     pipe.dead = True
     pipe.receiver = fresh = _cluster(clock)
     pipe.dead = False
+    return sender, pipe, link, fresh
+
+
+def test_a_hole_with_batches_in_flight_rewinds_once_and_resends_everything_in_order(
+        monkeypatch):
+    """A peer that lost our history (a fresh node behind the same URL) answers
+    each of three pipelined batches with a hole: the link rewinds once, to
+    what it expects, ignores the answers to the other two, and resends."""
+    monkeypatch.setattr("pushup.backplane.mesh.wire.BATCH", 2)
+    clock = _clock()
+    sender, pipe, link, fresh = _five_held_then_the_peer_restarts_empty(clock)
     _published(sender, clock, 6)
     clock.advance(0)  # reconnect at once
     posts = pipe.posts
@@ -328,17 +336,7 @@ def test_a_peer_restarted_empty_gets_everything_again_though_nothing_new_was_pub
     to the new connection's hello (an empty batch) says so, and the link
     resends from there, not from what the old process had acknowledged."""
     clock = _clock()
-    sender, receiver, pipe, link = _linked(clock)
-    link.start()
-    clock.advance(0)
-    _published(sender, clock, 5)
-    link.poke()
-    clock.advance(0)
-    pipe.deliver()
-    assert link.after == 5 and receiver.store.message_count == 5
-    pipe.dead = True
-    pipe.receiver = fresh = _cluster(clock)
-    pipe.dead = False
+    _, pipe, link, fresh = _five_held_then_the_peer_restarts_empty(clock)
     clock.advance(0)  # reconnect at once
     pipe.deliver()
     assert _held(fresh.store) == [b"%d" % i for i in range(5)]
