@@ -82,7 +82,6 @@ class Handlers:
         self.backplane = backplane
         # The engine's own endpoints (the mesh's), every path under its prefix.
         self.mount = mount
-        self._mounted = mount.prefix if mount is not None else None
         self._stats = stats
         self._metrics = metrics
         self._parse_subscribe = _parse_subscribe(config)
@@ -110,10 +109,10 @@ class Handlers:
     def admit(self, method: bytes, path: bytes, headers: dict[bytes, bytes]) -> int | Response:
         """Before the body: the most body bytes this request may bring, or the
         answer that refuses it unread (e.g. an engine's request nobody signed)."""
-        if self._mounted is not None and path.startswith(self._mounted):
-            assert self.mount is not None
+        mount = self._mount_of(path)
+        if mount is not None:
             try:
-                return self.mount.admit(method, path, headers)
+                return mount.admit(method, path, headers)
             except PushUpError as e:
                 return error_response(e, close=True)
         return self.config.max_body_bytes
@@ -121,17 +120,18 @@ class Handlers:
     def upgrade(self, request: Request) -> IProtocol | None:
         """The protocol that takes over this connection, for a request to
         upgrade it: the engine's, when its mount has one for this path."""
-        if self._mounted is not None and request.path.startswith(self._mounted):
-            assert self.mount is not None
-            return self.mount.upgrade(request)
-        return None
+        mount = self._mount_of(request.path)
+        return None if mount is None else mount.upgrade(request)
 
     def too_large(self, path: bytes) -> PushUpError:
-        limit = self.config.max_body_bytes
-        if self._mounted is not None and path.startswith(self._mounted):
-            assert self.mount is not None
-            limit = self.mount.body_limit
+        mount = self._mount_of(path)
+        limit = self.config.max_body_bytes if mount is None else mount.body_limit
         return errors.TooLarge(f"the request body is over {limit} bytes")
+
+    def _mount_of(self, path: bytes) -> Mount | None:
+        """The engine's mount, when ``path`` is one of its endpoints."""
+        mount = self.mount
+        return mount if mount is not None and path.startswith(mount.prefix) else None
 
     def handle(self, request: Request, client: Client) -> Outcome:
         """The answer to ``request`` (``client`` is who a held subscribe answers).
@@ -142,8 +142,10 @@ class Handlers:
         try:
             if request.method == b"OPTIONS" and self.config.cors_origin:
                 return _PREFLIGHT
-            if self._mounted is not None and request.path.startswith(self._mounted):
-                return self._mounted_endpoint(request)
+            mount = self._mount_of(request.path)
+            if mount is not None:
+                answer = mount.answer(request, self.service.now() / 1e6)
+                return Response(answer.status, answer.body)
             handlers, params = self._route(request.path)
             handler = handlers.get(request.method)
             if handler is None:
@@ -353,12 +355,6 @@ class Handlers:
     def client_js(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         """The browser client (clients/js/ in the repository)."""
         return _CLIENT_JS
-
-    def _mounted_endpoint(self, request: Request) -> Response:
-        """An engine's own endpoint (its mount's), answered as the engine says."""
-        assert self.mount is not None
-        answer = self.mount.answer(request, self.service.now() / 1e6)
-        return Response(answer.status, answer.body)
 
 
 _PREFLIGHT = Response(204, headers=(
