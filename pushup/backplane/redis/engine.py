@@ -430,8 +430,11 @@ class RedisEngine:
         """Log entries, in order, into the store: the log is whole, so a jump
         in sequence is history trimmed before we read it (a gap)."""
         run: list[Entry] = []
+        held = self.store.horizon_of(self.origin)
         for ident, fields in entries:
             seq = int(ident[:-2])  # "<seq>-0"
+            if seq <= held:  # e.g. our own publish, applied when Redis answered: not parsed
+                continue
             f = dict(zip(fields[::2], fields[1::2], strict=True))
             ts = int(f[b"t"])
             if f[b"k"] == b"m":
