@@ -74,6 +74,16 @@ def _linked(clock: Clock, secret: str = "s", receiver_secret: str = "s"):
     return sender, receiver, pipe, link
 
 
+def _linked_up(clock: Clock):
+    """``_linked``, started, its handshake done: the link is up."""
+    sender, receiver, pipe, link = _linked(clock)
+    link.start()
+    clock.advance(0)
+    pipe.deliver()
+    assert link.state == "up"
+    return sender, receiver, pipe, link
+
+
 # -- frames split at every byte -------------------------------------------------
 
 
@@ -245,11 +255,7 @@ def test_a_replayed_handshake_is_refused_and_nothing_is_applied():
 
 def test_a_reconnect_in_the_middle_of_a_window_loses_nothing_and_repeats_nothing():
     clock = _clock()
-    sender, receiver, pipe, link = _linked(clock)
-    link.start()
-    clock.advance(0)
-    pipe.deliver()
-    assert link.state == "up"
+    sender, receiver, pipe, link = _linked_up(clock)
     link.outbound.cork = 0  # each turn's batch leaves with others in flight
     for i in range(4):  # four batches in flight, one per reactor turn
         _published(sender, clock, 3)

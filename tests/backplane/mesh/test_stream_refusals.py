@@ -26,7 +26,7 @@ from tests.backplane.mesh.test_stream import (
     _clock,
     _cluster,
     _held,
-    _linked,
+    _linked_up,
     _published,
     frame,
 )
@@ -95,11 +95,7 @@ def test_an_answer_past_what_was_ever_published_closes_the_link_and_counts_nothi
     """The peer was sent one message; an ack (or a hole) far past it cannot be
     true, and a 201 must not count it as held."""
     clock = _clock()
-    sender, receiver, pipe, link = _linked(clock)
-    link.start()
-    clock.advance(0)
-    pipe.deliver()
-    assert link.state == "up"
+    sender, receiver, pipe, link = _linked_up(clock)
     _published(sender, clock, 1)
     link.poke()
     pipe.client.dataReceived(frame(answer))  # the peer's answer, not what it holds
@@ -111,11 +107,7 @@ def test_a_peer_sending_the_dialer_a_frame_longer_than_any_answer_is_dropped_at_
     """A dialer reads a challenge and short answers, never a batch: whoever
     answers at the peer's address cannot make it buffer a batch-sized frame."""
     clock = _clock()
-    sender, receiver, pipe, link = _linked(clock)
-    link.start()
-    clock.advance(0)
-    pipe.deliver()
-    assert link.state == "up"
+    sender, receiver, pipe, link = _linked_up(clock)
     pipe.client.dataReceived(struct.pack("!I", 16 * 1024 * 1024 - 1) + b"x" * 65536)
     assert pipe.ct.disconnecting
     assert pipe.client._unprocessed == b""
