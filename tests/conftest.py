@@ -106,9 +106,12 @@ class _Transport(StringTransport):
 class Conn:
     """One client connection to a node: write bytes, read responses."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(self, harness: Harness, kind: type[_Transport] | None = None) -> None:
+        """``kind``: the client's transport (default ``_Transport``; a subclass
+        for a client that behaves otherwise, e.g. never reads)."""
         self.harness = harness
-        self.transport = _Transport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        self.transport = (kind or _Transport)(
+            peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
         self.protocol = harness.node.front.buildProtocol(self.transport.getPeer())
         self.protocol.makeConnection(self.transport)
         self.lost = False
@@ -182,8 +185,8 @@ class Harness:
     def service(self) -> Any:
         return self.node.service
 
-    def connect(self) -> Conn:
-        conn = Conn(self)
+    def connect(self, kind: type[_Transport] | None = None) -> Conn:
+        conn = Conn(self, kind)
         self.conns.append(conn)
         return conn
 

@@ -304,12 +304,7 @@ def test_a_stream_that_ends_while_its_client_reads_nothing_is_aborted(make_node,
     paused (its output under the transport's high-water mark): after the end."""
     node = make_node(subscribe_secret="s" * 32, send_timeout=8)
     token = tokens.issue("s" * 32, ["a"], node.clock.seconds() + 60)
-    conn = Conn.__new__(Conn)
-    conn.harness, conn.lost, conn.sent, conn._heads = node, False, [], []
-    conn.transport = _NeverReads(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
-    conn.protocol = node.node.front.buildProtocol(conn.transport.getPeer())
-    conn.protocol.makeConnection(conn.transport)
-    node.conns.append(conn)
+    conn = node.connect(_NeverReads)
     conn.protocol.dataReceived(b"GET /subscribe?channels=a&token=%s HTTP/1.1\r\nHost: x\r\n"
                                b"Accept: text/event-stream\r\n\r\n" % token.encode())
     node.turn()
@@ -330,12 +325,7 @@ def test_a_stream_that_ends_while_its_client_reads_nothing_is_aborted(make_node,
 
 def test_a_closing_connection_whose_output_moves_gets_the_send_timeout_again(make_node):
     node = make_node(send_timeout=8)
-    conn = Conn.__new__(Conn)
-    conn.harness, conn.lost, conn.sent, conn._heads = node, False, [], []
-    conn.transport = _NeverReads(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
-    conn.protocol = node.node.front.buildProtocol(conn.transport.getPeer())
-    conn.protocol.makeConnection(conn.transport)
-    node.conns.append(conn)
+    conn = node.connect(_NeverReads)
     conn.protocol.dataReceived(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert conn.transport.disconnecting
     node.clock.advance(5)
