@@ -6,16 +6,20 @@ import socket
 import time
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, parse_raw_response, uniq
+
+from tests.e2e.support import (
+    assert_error,
+    assert_json_ok,
+    parse_raw_response,
+    response_complete,
+    serving,
+    uniq,
+)
 
 
 @pytest.fixture(scope="module")
-def small(request):
-    from pushup_e2e import _Nodes
-    nodes = _Nodes()
-    n = nodes("--max-body-bytes", "1000")
-    yield n
-    nodes.close()
+def small():
+    yield from serving("--max-body-bytes", "1000")
 
 
 def assert_4xx_or_closed(buf: bytes):
@@ -183,7 +187,6 @@ def chunked(body: bytes, size: int = 100) -> bytes:
 
 
 def read_response(s: socket.socket, timeout: float = 10.0) -> bytes:
-    from pushup_e2e import response_complete
     s.settimeout(timeout)
     buf = b""
     deadline = time.monotonic() + timeout
