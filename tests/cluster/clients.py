@@ -7,6 +7,7 @@ Standard library only; process helpers (ports, waits) are ``tests/toolkit.py``'s
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import random
@@ -15,14 +16,15 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from tests.toolkit import NETWORK_ERRORS, wait_until
 
-__all__ = ["NETWORK_ERRORS", "Poller", "Publisher", "check_exactly_once", "expected_for",
-           "jrequest", "merge_published", "open_held_poll", "peers_idle", "publish",
-           "publish_batch", "request", "retained", "stats", "subscribe", "uniq",
-           "wait_clients_have", "wait_until", "wait_waiting"]
+__all__ = ["NETWORK_ERRORS", "Poller", "Publisher", "check_exactly_once",
+           "expected_for", "jrequest", "merge_published", "open_held_poll",
+           "peers_idle", "polling", "publish", "publish_batch", "published_by", "request",
+           "retained", "stats", "subscribe", "uniq", "wait_clients_have", "wait_until",
+           "wait_waiting"]
 
 
 # -- plain HTTP --------------------------------------------------------------
@@ -281,6 +283,38 @@ class Publisher(threading.Thread):
                     time.sleep(self.pace)
         except BaseException as e:  # noqa: BLE001
             self.errors.append(f"publisher crashed: {e!r}")
+
+
+@contextlib.contextmanager
+def polling(clients: Sequence[Poller], drain_rounds: int = 0,
+            may_fail: bool = False) -> Iterator[Sequence[Poller]]:
+    """The ``clients`` poll while the block runs; after it they are finished, even
+    when it failed. When it did not: each polls ``drain_rounds`` more times with
+    its final cursor, so that a late duplicate shows, and (unless ``may_fail``, a
+    test where a node dies under them) none had a failed poll."""
+    for c in clients:
+        c.start()
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            c.finish()
+    for c in clients:
+        c.drain(rounds=drain_rounds)
+    if not may_fail:
+        for c in clients:
+            assert not c.failures, (c.name, c.failures[:5])
+
+
+def published_by(publishers: Sequence[Publisher], timeout: float = 60) -> dict[str, set[str]]:
+    """Runs the ``publishers`` to their end (each within ``timeout`` s, without an
+    error) and returns what they published: id -> its channels."""
+    for p in publishers:
+        p.start()
+    for p in publishers:
+        p.join(timeout)
+        assert not p.is_alive() and not p.errors, (p.name, p.errors[:3])
+    return merge_published(publishers)
 
 
 def merge_published(publishers: Iterable[Publisher]) -> dict[str, set[str]]:
