@@ -7,6 +7,7 @@ Standard library only; process helpers (ports, waits) are ``tests/toolkit.py``'s
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import random
@@ -15,14 +16,16 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from tests.toolkit import NETWORK_ERRORS, wait_until
 
-__all__ = ["NETWORK_ERRORS", "Poller", "Publisher", "check_exactly_once", "expected_for",
-           "jrequest", "merge_published", "open_held_poll", "peers_idle", "publish",
-           "publish_batch", "request", "retained", "stats", "subscribe", "uniq",
-           "wait_clients_have", "wait_until", "wait_waiting"]
+__all__ = ["NETWORK_ERRORS", "Poller", "Publisher", "answered", "check_exactly_once",
+           "comes_within", "expected_for", "jrequest", "merge_published", "open_held_poll",
+           "peers_idle", "polling", "publish", "publish_batch", "published_by", "request",
+           "retained", "stats", "subscribe", "uniq", "wait_clients_have", "wait_until",
+           "wait_waiting"]
 
 
 # -- plain HTTP --------------------------------------------------------------
@@ -76,6 +79,21 @@ def publish_batch(base: str, messages: Sequence[tuple[Sequence[str], object]]) -
     status, body = jrequest("POST", base + "/publish", payload)
     assert status == 201, (base, status, body)
     return body["messages"]
+
+
+def answered(failures: list[str], url: str,
+             call: Callable[[], tuple[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The body of the 200 that ``call()`` (a request to ``url``) got; None, with the
+    failure noted in ``failures``, when it got no answer or another status."""
+    try:
+        status, body = call()
+    except NETWORK_ERRORS as e:
+        failures.append(f"{url}: {e!r}")
+        return None
+    if status != 200:
+        failures.append(f"{url}: {status} {body}")
+        return None
+    return body
 
 
 def subscribe(base: str, channels: Iterable[str], since: str | None = None,
@@ -147,13 +165,9 @@ class Poller(threading.Thread):
 
     def poll_once(self, url: str, timeout: float) -> int | None:
         """One poll; returns the number of messages, or None on failure."""
-        try:
-            status, body = subscribe(url, self.channels, self.cursor, timeout, self.limit)
-        except NETWORK_ERRORS as e:
-            self.failures.append(f"{url}: {e!r}")
-            return None
-        if status != 200:
-            self.failures.append(f"{url}: {status} {body}")
+        body = answered(self.failures, url, lambda: subscribe(
+            url, self.channels, self.cursor, timeout, self.limit))
+        if body is None:
             return None
         msgs = body.get("messages", [])
         ids = [m["id"] for m in msgs]
@@ -283,6 +297,38 @@ class Publisher(threading.Thread):
             self.errors.append(f"publisher crashed: {e!r}")
 
 
+@contextlib.contextmanager
+def polling(clients: Sequence[Poller], drain_rounds: int = 0,
+            may_fail: bool = False) -> Iterator[Sequence[Poller]]:
+    """The ``clients`` poll while the block runs; after it they are finished, even
+    when it failed. When it did not: each polls ``drain_rounds`` more times with
+    its final cursor, so that a late duplicate shows, and (unless ``may_fail``, a
+    test where a node dies under them) none had a failed poll."""
+    for c in clients:
+        c.start()
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            c.finish()
+    for c in clients:
+        c.drain(rounds=drain_rounds)
+    if not may_fail:
+        for c in clients:
+            assert not c.failures, (c.name, c.failures[:5])
+
+
+def published_by(publishers: Sequence[Publisher], timeout: float = 60) -> dict[str, set[str]]:
+    """Runs the ``publishers`` to their end (each within ``timeout`` s, without an
+    error) and returns what they published: id -> its channels."""
+    for p in publishers:
+        p.start()
+    for p in publishers:
+        p.join(timeout)
+        assert not p.is_alive() and not p.errors, (p.name, p.errors[:3])
+    return merge_published(publishers)
+
+
 def merge_published(publishers: Iterable[Publisher]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for p in publishers:
@@ -312,9 +358,16 @@ def check_exactly_once(clients: Sequence[Poller], published: dict[str, set[str]]
 def wait_clients_have(clients: Sequence[Poller], published: dict[str, set[str]],
                       timeout: float) -> bool:
     """Bounded wait until every client holds every id it should (no assert)."""
+    return comes_within(
+        lambda: all(c.has(expected_for(published, c.channels)) for c in clients), timeout)
+
+
+def comes_within(done: Callable[[], bool], timeout: float) -> bool:
+    """Bounded wait for ``done()``; whether it came. No assert: the exact check that
+    follows says what is missing (``wait_until`` is the wait that fails by itself)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(c.has(expected_for(published, c.channels)) for c in clients):
+        if done():
             return True
         time.sleep(0.05)
     return False

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deploy.processes import NETWORK_ERRORS, wait_until
+from tests.cluster.clients import answered, comes_within
 
 DELAYED_S = 1.0  # a message delivered this long after its 201 counts as delayed
 
@@ -165,13 +166,9 @@ class Subscriber(threading.Thread):
         """One poll; logs what it brought and returns the new cursor (None: failed)."""
         q = urllib.parse.urlencode({"channels": ",".join(self.channels), "since": since,
                                     "timeout": str(timeout), "limit": str(self.limit)})
-        try:
-            status, body = call("GET", f"{url}/subscribe?{q}", timeout=timeout + 10)
-        except NETWORK_ERRORS as e:
-            self.failures.append(f"{url}: {e!r}")
-            return None
-        if status != 200:
-            self.failures.append(f"{url}: {status} {body}")
+        body = answered(self.failures, url,
+                        lambda: call("GET", f"{url}/subscribe?{q}", timeout=timeout + 10))
+        if body is None:
             return None
         now = time.monotonic()
         with self.lock:
@@ -234,12 +231,8 @@ def keys_for(acked: dict[Key, Attempt], channels: Sequence[str]) -> set[Key]:
 def wait_delivered(history: History, subscribers: Sequence[Subscriber], timeout: float) -> bool:
     """Bounded wait until every subscriber holds every acknowledged message."""
     acked = history.acked()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(s.holds(keys_for(acked, s.channels)) for s in subscribers):
-            return True
-        time.sleep(0.05)
-    return False
+    return comes_within(
+        lambda: all(s.holds(keys_for(acked, s.channels)) for s in subscribers), timeout)
 
 
 @dataclass

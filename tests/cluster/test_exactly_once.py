@@ -7,8 +7,9 @@ from tests.cluster.clients import (
     Poller,
     Publisher,
     check_exactly_once,
-    merge_published,
     peers_idle,
+    polling,
+    published_by,
     uniq,
     wait_clients_have,
     wait_until,
@@ -27,28 +28,14 @@ def test_round_robin_clients_get_every_message_of_their_channels_exactly_once(cl
         # HAProxy only, the rest alternate between HAProxy and the nodes.
         urls = direct if k % 2 == 0 else front if k % 3 == 1 else [*front, *direct]
         clients.append(Poller(f"client{k}", urls, mine, timeout=2, limit=5))
-    for c in clients:
-        c.start()
     publishers = [Publisher(f"pub{k}", [*direct, *front], channels, 150, seed=k)
                   for k in range(3)]
-    for p in publishers:
-        p.start()
-    for p in publishers:
-        p.join(60)
-        assert not p.is_alive(), f"{p.name} did not finish"
-    try:
-        for p in publishers:
-            assert not p.errors, p.errors
-        published = merge_published(publishers)
+    with polling(clients):
+        published = published_by(publishers)
         assert len(published) == 450
         assert {m.split(".")[0] for m in published} == {"node1", "node2", "node3"}
         wait_clients_have(clients, published, 30)
         wait_until(lambda: peers_idle(cluster.bases), 20, 0.1, "peer queues empty")
-    finally:
-        for c in clients:
-            c.finish()
-    for c in clients:
-        assert not c.failures, (c.name, c.failures[:5])
     check_exactly_once(clients, published)
     # The clients really were spread: each made many polls.
     assert all(c.polls >= 10 for c in clients), [(c.name, c.polls) for c in clients]

@@ -21,9 +21,10 @@ from tests.cluster.clients import (
     Publisher,
     check_exactly_once,
     jrequest,
-    merge_published,
+    polling,
     publish,
     publish_batch,
+    published_by,
     request,
     retained,
     stats,
@@ -64,28 +65,16 @@ def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clien
     for k in range(9):
         urls = c.bases if k % 3 else [c.front_url, *c.bases]
         clients.append(Poller(f"client{k}", urls, rng.sample(channels, 2), timeout=2, limit=5))
-    for client in clients:
-        client.start()
     publishers = [Publisher(f"pub{k}", [*c.bases, c.front_url], channels, 120, seed=k)
                   for k in range(3)]
-    for p in publishers:
-        p.start()
-    for p in publishers:
-        p.join(60)
-        assert not p.is_alive() and not p.errors, (p.name, p.errors[:3])
-    try:
-        published = merge_published(publishers)
+    with polling(clients):
+        published = published_by(publishers)
         assert len(published) == 360
         # One log: every id is of the same origin, numbered 1..360 with no hole.
         origins = {m.rsplit("-", 1)[0] for m in published}
         assert len(origins) == 1 and next(iter(origins)).startswith("p0.")
         assert sorted(int(m.rsplit("-", 1)[1]) for m in published) == list(range(1, 361))
         wait_clients_have(clients, published, 30)
-    finally:
-        for client in clients:
-            client.finish()
-    for client in clients:
-        assert not client.failures, (client.name, client.failures[:5])
     check_exactly_once(clients, published)
     # Each node read every message from the log, whichever node accepted it.
     for base in c.bases:

@@ -17,7 +17,8 @@ from tests.cluster.clients import (
     Publisher,
     check_exactly_once,
     jrequest,
-    merge_published,
+    polling,
+    published_by,
     stats,
     subscribe,
     uniq,
@@ -51,29 +52,15 @@ def test_workers_share_one_port_exactly_once_and_drain_on_sigterm(workers):
     channels = [uniq(f"w{k}") for k in range(5)]
     clients = [Poller(f"client{k}", [base], rng.sample(channels, rng.randint(2, 3)),
                       timeout=2, limit=5) for k in range(6)]
-    for c in clients:
-        c.start()
     pubs = [Publisher(f"pub{k}", [base], channels, 50, seed=60 + k) for k in range(2)]
-    for p in pubs:
-        p.start()
-    try:
-        for p in pubs:
-            p.join(60)
-            assert not p.is_alive() and not p.errors, p.errors
-        published = merge_published(pubs)
+    # Four more polls each with the final cursors after: a late duplicate would show
+    # (each lands on either worker).
+    with polling(clients, drain_rounds=4):
+        published = published_by(pubs)
         assert len(published) == 100
         origins = {m.rsplit("-", 1)[0] for m in published}
         assert len(origins) == 2, f"publishes did not reach both workers: {origins}"
         wait_clients_have(clients, published, 30)
-    finally:
-        for c in clients:
-            c.finish()
-    # A few more polls with the final cursors: a late duplicate would show
-    # (each lands on either worker).
-    for c in clients:
-        c.drain(rounds=4)
-    for c in clients:
-        assert not c.failures, (c.name, c.failures[:5])
     check_exactly_once(clients, published)
 
     # -- SIGTERM with polls held on both workers -----------------------------

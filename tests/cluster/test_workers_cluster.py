@@ -17,7 +17,8 @@ from tests.cluster.clients import (
     Publisher,
     check_exactly_once,
     jrequest,
-    merge_published,
+    polling,
+    published_by,
     retained,
     stats,
     uniq,
@@ -41,24 +42,12 @@ def _exactly_once_through_the_front(c: LocalCluster, seed: int) -> None:
     channels = [uniq(f"wc{k}") for k in range(4)]
     clients = [Poller(f"client{k}", urls, rng.sample(channels, 2), timeout=2, limit=5)
                for k in range(6)]
-    for client in clients:
-        client.start()
     pubs = [Publisher(f"pub{k}", urls, channels, 60, seed=seed + k) for k in range(3)]
-    try:
-        for p in pubs:
-            p.start()
-        for p in pubs:
-            p.join(60)
-            assert not p.is_alive() and not p.errors, p.errors
-        published = merge_published(pubs)
+    with polling(clients, drain_rounds=3):  # a late duplicate, on any node, would show
+        published = published_by(pubs)
         assert len(published) == 180
         wait_clients_have(clients, published, 30)
-    finally:
-        for client in clients:
-            client.finish()
     for client in clients:
-        client.drain(rounds=3)  # a late duplicate, on any node, would show
-        assert not client.failures, (client.name, client.failures[:5])
         assert not client.violations, (client.name, client.violations[:5])
     check_exactly_once(clients, published)
     # Publishes reached all four workers (two per node): each took some.

@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, q, uniq, wait_until
+
+from tests.e2e.support import assert_error, assert_json_ok, q, uniq, wait_until
 
 
 class Stamp:

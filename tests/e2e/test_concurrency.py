@@ -7,7 +7,8 @@ import struct
 import time
 
 import pytest
-from pushup_e2e import (
+
+from tests.e2e.support import (
     assert_error,
     assert_json_ok,
     parse_raw_response,

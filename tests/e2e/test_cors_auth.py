@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, q, uniq
+
+from tests.e2e.support import assert_error, assert_json_ok, q, serving, uniq
 
 ORIGIN = "https://app.example.com"
 ACAO = "Access-Control-Allow-Origin"
@@ -10,11 +11,7 @@ ACAO = "Access-Control-Allow-Origin"
 
 @pytest.fixture(scope="module")
 def cors_node():
-    from pushup_e2e import _Nodes
-    nodes = _Nodes()
-    n = nodes("--cors-origin", ORIGIN, "--publish-token", "tok", token="tok")
-    yield n
-    nodes.close()
+    yield from serving("--cors-origin", ORIGIN, "--publish-token", "tok", token="tok")
 
 
 def test_cors_header_on_every_response(cors_node):
@@ -72,11 +69,7 @@ def test_without_cors_origin_no_header_and_options_405(node):
 
 @pytest.fixture(scope="module")
 def auth_node():
-    from pushup_e2e import _Nodes
-    nodes = _Nodes()
-    n = nodes("--publish-token", "s3cret")
-    yield n
-    nodes.close()
+    yield from serving("--publish-token", "s3cret")
 
 
 BAD_AUTH = [None, "Bearer wrong", "Bearer", "Basic czNjcmV0", "s3cret",

@@ -9,7 +9,7 @@ import signal
 import socket
 import time
 
-from pushup_e2e import free_port, spawn, uniq, wait_until
+from tests.e2e.support import free_port, spawn, uniq, wait_until
 
 
 def connect_refused(port: int) -> bool:

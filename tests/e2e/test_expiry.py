@@ -1,7 +1,7 @@
 """A real node expires channels named by pull subscribes, with no other traffic."""
 from __future__ import annotations
 
-from pushup_e2e import uniq, wait_until
+from tests.e2e.support import uniq, wait_until
 
 
 def test_channels_named_by_pull_subscribes_expire_without_other_traffic(start_node):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-from pushup_e2e import parse_raw_response, read_many, wait_until
+from tests.e2e.support import parse_raw_response, read_many, wait_until
 
 TRICKLERS = 300
 FLOOD = 600

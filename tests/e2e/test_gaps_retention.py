@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from pushup_e2e import assert_json_ok, uniq, wait_until
+
+from tests.e2e.support import assert_json_ok, serving, uniq, wait_until
 
 
 def ids(body):
@@ -10,12 +11,8 @@ def ids(body):
 
 
 @pytest.fixture(scope="module")
-def capped(request):
-    from pushup_e2e import _Nodes
-    nodes = _Nodes()
-    n = nodes("--max-messages-per-channel", "3")
-    yield n
-    nodes.close()
+def capped():
+    yield from serving("--max-messages-per-channel", "3")
 
 
 def test_since_zero_after_evictions_has_gap(capped):

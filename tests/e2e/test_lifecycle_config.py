@@ -8,7 +8,8 @@ import socket
 import time
 
 import pytest
-from pushup_e2e import (
+
+from tests.e2e.support import (
     assert_error,
     assert_json_ok,
     free_port,

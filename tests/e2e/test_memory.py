@@ -11,7 +11,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from pushup_e2e import q, wait_until
+
+from tests.e2e.support import q, wait_until
 
 DATA = 60_000  # bytes of each message
 ROUNDS = 3

@@ -6,7 +6,8 @@ import re
 import time
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, uniq
+
+from tests.e2e.support import assert_error, assert_json_ok, uniq
 
 TS_RE = re.compile(rb'"timestamp":\s*(-?\d+\.\d+)\s*[,}]')
 

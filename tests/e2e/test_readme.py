@@ -12,7 +12,8 @@ import venv
 from pathlib import Path
 
 import pytest
-from pushup_e2e import ROOT, clean_env
+
+from tests.e2e.support import ROOT, clean_env
 
 README = ROOT / "README.md"
 HOST = "localhost:8080"  # where the walkthrough expects `make run`'s node

@@ -6,7 +6,8 @@ import signal
 import subprocess
 
 import pytest
-from pushup_e2e import PUSHUP, clean_env, free_port, run_cli, spawn, stop, uniq
+
+from tests.e2e.support import PUSHUP, clean_env, free_port, run_cli, spawn, stop, uniq
 
 
 @pytest.fixture

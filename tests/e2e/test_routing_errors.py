@@ -4,7 +4,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, uniq
+
+from tests.e2e.support import assert_error, assert_json_ok, uniq
 
 
 @pytest.mark.parametrize("path", ["//", "/nope", "/publish/extra", "/subscribe/x",

@@ -9,8 +9,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from pushup_e2e import LISTEN_RE, PUSHUP, ROOT, Node, clean_env, run_cli, spawn, uniq
-
+from tests.e2e.support import LISTEN_RE, PUSHUP, ROOT, Node, clean_env, run_cli, spawn, uniq
 from tests.toolkit import children
 
 

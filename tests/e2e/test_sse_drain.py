@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from pushup_e2e import uniq
-
+from tests.e2e.support import uniq
 from tests.sse_client import SSE, data_of
 
 

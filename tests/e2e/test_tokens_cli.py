@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 import tomllib
 
 import pytest
-from pushup_e2e import ROOT, assert_error, run_cli, uniq
 
 from pushup._build import COMPILED
+from tests.e2e.support import ROOT, assert_error, run_cli, stop, uniq
 from tests.toolkit import needs_compiled
 
 SECRET = "e2e-subscribe-secret-0123456789abcdef"
@@ -95,10 +96,6 @@ def test_an_unknown_pushup_variable_is_a_warning_and_the_node_serves(start_node)
 
 
 def test_json_logs_are_one_object_a_line(start_node):
-    import json
-
-    from pushup_e2e import stop
-
     node = start_node("--log-format", "json")
     assert stop(node) == 0
     lines = [line for line in node.stderr_lines if line.strip()]

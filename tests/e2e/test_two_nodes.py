@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from pushup_e2e import assert_error, assert_json_ok, free_port, spawn, stop, uniq, wait_until
+
+from tests.e2e.support import assert_error, assert_json_ok, free_port, spawn, stop, uniq, wait_until
 
 
 class Cluster:

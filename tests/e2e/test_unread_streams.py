@@ -11,7 +11,8 @@ import socket
 import time
 
 import jwt
-from pushup_e2e import uniq
+
+from tests.e2e.support import uniq
 
 SECRET = "s" * 32
 

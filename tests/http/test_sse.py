@@ -46,6 +46,16 @@ def ended(conn) -> bool:
     return body(conn)[1] and conn.transport.disconnecting
 
 
+def assert_still_streaming_after(node, conn, seconds: float) -> None:
+    """`seconds` after it opened, the stream of channel "a" still carries a message
+    published then, and has not ended."""
+    node.turn()
+    node.clock.advance(seconds)
+    node.publish("a", "in time")
+    node.turn()
+    assert data_of(events(conn)) == ["in time"] and not ended(conn)
+
+
 def test_each_message_is_an_event_whose_id_is_the_cursor_after_it(node):
     node.publish("a", 1)
     node.publish("a", 2)
@@ -180,11 +190,7 @@ def test_until_in_the_past_streams_what_is_before_it_then_ends(node):
 def test_a_stream_ends_when_until_passes(node):
     until = node.clock.seconds() + 30
     conn = stream(node, "a", until=f"{until:.6f}")
-    node.turn()
-    node.clock.advance(10)
-    node.publish("a", "in time")
-    node.turn()
-    assert data_of(events(conn)) == ["in time"] and not ended(conn)
+    assert_still_streaming_after(node, conn, 10)
     node.clock.advance(21)
     node.turn()
     assert events(conn)[-1]["event"] == "end"
@@ -269,11 +275,7 @@ def test_a_stream_ends_when_its_token_expires(make_node):
     node = make_node(subscribe_secret="s" * 32)
     token = tokens.issue("s" * 32, ["a"], node.clock.seconds() + 60)
     conn = stream(node, "a", token=token)
-    node.turn()
-    node.clock.advance(59)
-    node.publish("a", "in time")
-    node.turn()
-    assert data_of(events(conn)) == ["in time"] and not ended(conn)
+    assert_still_streaming_after(node, conn, 59)
     node.clock.advance(1)
     expired = events(conn)[-1]
     assert expired["event"] == "expired"
