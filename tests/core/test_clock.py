@@ -22,7 +22,7 @@ def test_an_alarm_holds_one_timer_for_many_deadlines_and_fires_at_the_earliest()
     clock = TaskClock()
     fired: list[int] = []
     alarm = Alarm(clock, fired.append)
-    for deadline in (5_000_000, 3_000_000, 4_000_000, 3_000_000):
+    for deadline in (5_000_000, 3_000_000, 4_000_000, 6_000_000):
         alarm.set(deadline, micros(clock.seconds()))
     assert [call.getTime() for call in clock.getDelayedCalls() if call.active()] == [3.0]
     clock.advance(2.999999)
