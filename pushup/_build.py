@@ -65,6 +65,8 @@ COMPILED = (
 )
 # What stays interpreted, and why (as black keeps its exclusions).
 INTERPRETED = {
+    "pushup.core.clock": "typing Protocols, and Alarm, called only from the interpreted "
+                         "Service, a few times per hold, publish or sweep",
     "pushup.core.errors": "a compiled exception class loses its class-level status and code",
     "pushup.core.idempotency": "Replayed subclasses list, which mypyc cannot compile",
     "pushup.core.service": "tests replace its methods to count calls (issue 29 compiles it)",

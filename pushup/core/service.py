@@ -1,11 +1,11 @@
 """The node's behaviour over time: publish, hold, answer, expire, drain.
 
 ``Service`` owns the store, the hub and the counters, and is driven by an
-injected clock (``IReactorTime``, typed as ``Clock``): one timer for every subscriber timeout,
-one for retention. It answers a subscriber with a ``Delivery``, a value (the
-query, the store's result, the channels closed): equal queries in one fan-out
-share one ``Delivery`` object, so the HTTP layer, which renders it, renders it
-once. It parses no HTTP and writes no bytes.
+injected clock (``IReactorTime``, typed as :class:`pushup.core.clock.Clock`):
+one timer for every subscriber timeout, one for retention. It answers a
+subscriber with a ``Delivery``, a value (the query, the store's result, the
+channels closed): equal queries in one fan-out share one ``Delivery`` object,
+so the HTTP layer, which renders it, renders it once. It parses no HTTP and writes no bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from pushup.core.channels import ChannelOp
+from pushup.core.clock import Alarm, Clock, DelayedCall, micros
 from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
 from pushup.core.follow import Applied, Entry, Followed, Hole, LoggedOp, Place, Skip, place
@@ -26,23 +27,6 @@ from pushup.core.store import Channel, Result, Store
 
 SLICE = 1000  # subscribers answered per reactor turn during a fan-out (~20 ms)
 SWEEP_GRAIN = 250_000  # retention runs at most every 0.25 s
-
-
-class DelayedCall(Protocol):
-    """What ``Clock.callLater`` returns (Twisted's ``DelayedCall``, as far as we use it)."""
-
-    def active(self) -> bool: ...
-
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    """The injected clock: Twisted's ``IReactorTime`` (the reactor, or ``task.Clock``)."""
-
-    def seconds(self) -> float: ...
-
-    def callLater(self, delay: float, f: Callable[..., object],  # noqa: N802 (Twisted's)
-                  *args: object) -> DelayedCall: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,32 +55,6 @@ class Subscriber(Protocol):
         do not read this client's next request until ``Service.on_fanout_done``
         listeners run (they run at the end of every fan-out, held or not).
         """
-
-
-class Alarm:
-    """One timer that fires ``callback(deadline)`` no later than asked."""
-
-    def __init__(self, clock: Clock, callback: Callable[[int], None]) -> None:
-        self._clock = clock
-        self._callback = callback
-        self._call: DelayedCall | None = None
-        self._at = 0
-
-    def set(self, deadline: int | None, now: int) -> None:
-        """Fire at ``deadline`` (µs) unless already due earlier; None disarms."""
-        call = self._call
-        if call is not None and call.active():
-            if deadline is not None and self._at <= deadline:
-                return
-            call.cancel()
-        self._call = None
-        if deadline is not None:
-            self._at = deadline
-            self._call = self._clock.callLater(max(0, deadline - now) / 1e6, self._fire)
-
-    def _fire(self) -> None:
-        self._call = None
-        self._callback(self._at)
 
 
 class Service:
@@ -136,7 +94,7 @@ class Service:
         self._arriving: DelayedCall | None = None
 
     def now(self) -> int:
-        return round(self.clock.seconds() * 1_000_000)
+        return micros(self.clock.seconds())
 
     # -- publishing --------------------------------------------------------
 
@@ -264,7 +222,7 @@ class Service:
         if result.messages or result.gap or timeout <= 0 or self.draining or past_until:
             self.counters.delivered += len(result.messages)
             return Delivery(query, result)
-        waiter = Waiter(query, now + round(min(timeout, self.max_timeout) * 1e6), who)
+        waiter = Waiter(query, now + micros(min(timeout, self.max_timeout)), who)
         self.hub.add(waiter)
         # (Retention's timer needs nothing here: holding changes no store deadline,
         # and a channel this poll created armed it above.)

@@ -11,13 +11,14 @@ one connection is ``protocol``'s.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IAddress
 from twisted.internet.protocol import Factory, Protocol
 
 from pushup.core import errors
+from pushup.core.clock import Clock
 from pushup.core.counters import Counters
 from pushup.http.exchange import Writer
 from pushup.http.phase import Answering
@@ -56,7 +57,7 @@ class Front(Factory):
 
     noisy = False
 
-    def __init__(self, app: App, writer: Writer, counters: Counters, clock: Any, *,
+    def __init__(self, app: App, writer: Writer, counters: Counters, clock: Clock, *,
                  limit: int, max_target: int, header_timeout: float,
                  keepalive_timeout: float, send_timeout: float, max_event_id: int = 0) -> None:
         self.app = app

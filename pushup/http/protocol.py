@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 
 from pushup._twisted import write_now
 from pushup.core import errors
+from pushup.core.clock import DelayedCall
 from pushup.core.errors import PushUpError
 from pushup.core.service import Delivery
 from pushup.http import framing, phase
@@ -33,7 +34,7 @@ from pushup.http.exchange import Held, Pending, Request, Response, error_respons
 from pushup.http.framing import CLOSE, CLOSE_DELIMITED, REFUSAL, Queued, StreamFraming
 from pushup.http.incoming import HEADERS_TOO_LARGE, Incoming, Refuse
 from pushup.http.phase import Answer, Answering, Read, answering_one, finished
-from pushup.http.seams import Connection, Host, Timer
+from pushup.http.seams import Connection, Host
 from pushup.http.upgrade import Upgraded, hand_over, switching_protocols
 
 log = Logger()
@@ -95,7 +96,7 @@ class HTTPProtocol(Protocol):
         self._input_paused = False  # read-ahead past PIPELINE_BYTES: resumed once answered
         self._waiting: Callable[[], None] | None = None  # a held request's cancel
         self._blocked_since: float | None = None  # output not taken by the client
-        self._timer: Timer | None = None
+        self._timer: DelayedCall | None = None
         self._stamp = 0.0  # last read or answer
         self._terms = REFUSAL  # those of the request being answered
         self._cors: bytes | None = None  # the current request's CORS lines (Writer.cors_for)

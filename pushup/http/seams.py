@@ -1,6 +1,7 @@
 """What the HTTP front is written against, as typing Protocols: the handlers
-(``App``), the front as its connections see it (``Host``), and the parts of
-Twisted's transport and delayed call a connection uses.
+(``App``), the front as its connections see it (``Host``), and the part of
+Twisted's transport a connection uses (its clock and timers are the core's
+:mod:`pushup.core.clock`).
 
 Twisted spells its interfaces with zope; mypyc, which compiles the front,
 reads them without mypy-zope, so the front names what it uses here and
@@ -15,6 +16,7 @@ from typing import Protocol as TypingProtocol
 
 from twisted.internet.interfaces import IProtocol
 
+from pushup.core.clock import Clock
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
 from pushup.http.exchange import Held, Pending, Request, Response, Writer
@@ -41,7 +43,7 @@ class Host(TypingProtocol):
     app: App
     writer: Writer
     counters: Counters
-    clock: Any  # an IReactorTime
+    clock: Clock
     max_target: int
     max_event_id: int
     header_timeout: float
@@ -51,18 +53,6 @@ class Host(TypingProtocol):
     held: list[Any]  # the connections a fan-out answered, released at its end
 
     def lost(self, protocol: Any) -> None: ...
-
-
-class Timer(TypingProtocol):
-    """What ``clock.callLater`` returns, as far as a connection uses it (Twisted's
-    ``IDelayedCall``, spelled as a typing Protocol so that mypyc, which reads zope
-    interfaces without mypy-zope, types it the same)."""
-
-    def active(self) -> bool: ...
-
-    def cancel(self) -> None: ...
-
-    def getTime(self) -> float: ...  # noqa: N802 (Twisted's)
 
 
 class Connection(TypingProtocol):

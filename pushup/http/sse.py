@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Protocol
 
+from pushup.core.clock import DelayedCall
 from pushup.core.cursor import PREFIX, Cursor
 from pushup.core.errors import BadRequest, Unauthorized
 from pushup.core.hub import Waiter
 from pushup.core.model import Now, Query
-from pushup.core.service import DelayedCall, Delivery, Service
+from pushup.core.service import Delivery, Service
 from pushup.core.store import Result
 from pushup.http.exchange import error_body
 from pushup.http.params import MAX_CURSOR_CHARS

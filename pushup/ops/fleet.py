@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pushup.ops import timing
-from pushup.ops.metrics import FIGURES, engine_gauge
+from pushup.ops.metrics import FIGURES, Column, engine_gauge, family_of, labelled
 
 BOARD_ENV = "PUSHUP_WORKER_BOARD"  # "FD:INDEX:COUNT" of the inherited board
 HALF = 32 * 1024  # bytes for one copy of a worker's figures
@@ -185,8 +185,7 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         stats, workers = self.stats, self.stats["workers"]
         for key, name, kind, text in FIGURES:
-            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            yield family(name, text + ", all workers", value=stats[key])
+            yield family_of(kind)(name, text + ", all workers", value=stats[key])
         yield CounterMetricFamily("process_cpu_seconds", "CPU seconds of every worker",
                                   value=stats["cpu_seconds"])
         yield GaugeMetricFamily("process_resident_memory_bytes", "Resident memory, all workers",
@@ -196,33 +195,33 @@ class _Collector:
         if stats["timings"]:
             yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
-        up = GaugeMetricFamily("pushup_worker_up", "1 while the worker writes its figures",
-                               labels=["worker"])
-        restarts = CounterMetricFamily("pushup_worker_restarts", "Times the worker restarted",
-                                       labels=["worker"])
-        for w in workers:
-            up.add_metric([str(w["worker"])], 1 if w["up"] else 0)
-            restarts.add_metric([str(w["worker"])], w["restarts"])
-        yield from (up, restarts)
+        yield from labelled(["worker"], WORKER_COLUMNS,
+                            (([str(w["worker"])], w) for w in workers))
         for key, name, kind, text in FIGURES:
             if key == "uptime_s":
                 continue
             per = name.replace("pushup_", "pushup_worker_", 1)
-            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            metric = family(per, text + ", per worker", labels=["worker"])
+            metric = family_of(kind)(per, text + ", per worker", labels=["worker"])
             for w in workers:
                 if kind == "counter" or w["up"]:
                     metric.add_metric([str(w["worker"])], w[key])
             yield metric
-        queued = GaugeMetricFamily("pushup_worker_peer_queued", "Messages queued for a sibling",
-                                   labels=["worker", "peer"])
-        peer_up = GaugeMetricFamily("pushup_worker_peer_up", "1 if the sibling link is up",
-                                    labels=["worker", "peer"])
-        for w in workers:
-            for p in w["peers"] if w["up"] else ():
-                queued.add_metric([str(w["worker"]), p["url"]], p["queued"])
-                peer_up.add_metric([str(w["worker"]), p["url"]], 1 if p["state"] == "up" else 0)
-        yield from (queued, peer_up)
+        yield from labelled(["worker", "peer"], SIBLING_COLUMNS,
+                            (([str(w["worker"]), p["url"]], p)
+                             for w in workers if w["up"] for p in w["peers"]))
+
+
+WORKER_COLUMNS: tuple[Column, ...] = (
+    ("gauge", "pushup_worker_up", "1 while the worker writes its figures",
+     lambda w: 1 if w["up"] else 0),
+    ("counter", "pushup_worker_restarts", "Times the worker restarted", lambda w: w["restarts"]),
+)
+SIBLING_COLUMNS: tuple[Column, ...] = (
+    ("gauge", "pushup_worker_peer_queued", "Messages queued for a sibling",
+     lambda p: p["queued"]),
+    ("gauge", "pushup_worker_peer_up", "1 if the sibling link is up",
+     lambda p: 1 if p["state"] == "up" else 0),
+)
 
 
 def mine_peers(workers: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:

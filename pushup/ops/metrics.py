@@ -8,7 +8,7 @@ is a label (peers are configured), a channel name never is.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -74,24 +74,43 @@ class Collector:
                                                  if k in ("up", "horizon", "lost_epochs")})
         yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
-        queued = GaugeMetricFamily("pushup_peer_queued", "Messages queued for a peer",
-                                   labels=["peer"])
-        sent = CounterMetricFamily("pushup_peer_sent", "Messages delivered to a peer",
-                                   labels=["peer"])
-        up = GaugeMetricFamily("pushup_peer_up", "1 if the peer link is up", labels=["peer"])
+        peers = stats["peers"]
+        yield from labelled(["peer"], PEER_COLUMNS, (([peer["url"]], peer) for peer in peers))
         state = GaugeMetricFamily("pushup_peer_state", "1 for the peer link's state "
                                   "(connecting, up, down, refused), 0 for the others",
                                   labels=["peer", "state"])
-        for peer in stats["peers"]:
-            queued.add_metric([peer["url"]], peer["queued"])
-            sent.add_metric([peer["url"]], peer["sent"])
-            up.add_metric([peer["url"]], 1 if peer["state"] == "up" else 0)
+        for peer in peers:
             for name in PEER_STATES:
                 state.add_metric([peer["url"], name], 1 if peer["state"] == name else 0)
-        yield from (queued, sent, up, state)
+        yield state
 
 
 PEER_STATES = ("connecting", "up", "down", "refused")
+# (kind, Prometheus name, help, the figure of one row): a family labelled per row
+Column = tuple[str, str, str, Callable[[dict[str, Any]], float]]
+PEER_COLUMNS: tuple[Column, ...] = (
+    ("gauge", "pushup_peer_queued", "Messages queued for a peer", lambda p: p["queued"]),
+    ("counter", "pushup_peer_sent", "Messages delivered to a peer", lambda p: p["sent"]),
+    ("gauge", "pushup_peer_up", "1 if the peer link is up",
+     lambda p: 1 if p["state"] == "up" else 0),
+)
+
+
+def family_of(kind: str) -> type[CounterMetricFamily] | type[GaugeMetricFamily]:
+    """The metric family class of a figure's kind ("counter" or "gauge")."""
+    return CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+
+
+def labelled(label_names: list[str], columns: Sequence[Column],
+             rows: Iterable[tuple[list[str], dict[str, Any]]]) -> list[Metric]:
+    """A family per column, labelled ``label_names``, with a sample per row
+    (the row's label values, its figures): a table of peers or workers."""
+    families = [(family_of(kind)(name, text, labels=label_names), figure)
+                for kind, name, text, figure in columns]
+    for labels, row in rows:
+        for family, figure in families:
+            family.add_metric(labels, figure(row))
+    return [family for family, _ in families]
 
 
 def engine_gauge(stats: dict[str, Any]) -> GaugeMetricFamily:
@@ -103,8 +122,7 @@ def engine_gauge(stats: dict[str, Any]) -> GaugeMetricFamily:
 
 def _families(figures: Any, values: dict[str, Any]) -> Iterator[Metric]:
     for key, name, kind, text in figures:
-        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        yield family(name, text, value=values[key])
+        yield family_of(kind)(name, text, value=values[key])
 
 
 def registry_for(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from twisted.internet.interfaces import IProtocol
 from twisted.python.failure import Failure
 
+from pushup.core.clock import Clock
 from pushup.core.errors import PushUpError
 from pushup.core.service import Delivery
 from pushup.http.exchange import Held, Pending, Request, Response, error_response
@@ -73,7 +74,7 @@ class Row:
 class Timings:
     """This process's histograms and answer counts (see the module docstring)."""
 
-    def __init__(self, clock: Any) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.publish = Histogram()
         self.lag = Histogram()

@@ -13,9 +13,9 @@ from collections import deque
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from pushup.backplane import Unconfirmed
+from pushup.core.clock import Clock, DelayedCall
 from pushup.core.model import Message
 
 
@@ -28,13 +28,13 @@ class Acks:
     publish answered. One timer, for the oldest deadline, serves them all.
     """
 
-    def __init__(self, clock: IReactorTime, timeout: float) -> None:
+    def __init__(self, clock: Clock, timeout: float) -> None:
         self.clock = clock
         self.timeout = timeout
         self.unconfirmed = 0  # publishes answered Unconfirmed (for /stats)
         self._waiting: deque[tuple[int, float, defer.Deferred[list[Message]],
                                    list[Message]]] = deque()
-        self._timer: IDelayedCall | None = None
+        self._timer: DelayedCall | None = None
 
     def __len__(self) -> int:
         return len(self._waiting)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from pushup.backplane import trouble
+from pushup.core.clock import Clock
 
 # The namespace log filters and JSON log lines name (``ops.logs.quiet_siblings``):
 # the link's lines keep it, wherever the code that writes them lives.
@@ -31,7 +31,7 @@ LinkState = Literal["connecting", "up", "down", "refused"]
 class PeerStatus:
     """One peer's state as shown, and the log lines that follow it."""
 
-    def __init__(self, url: str, clock: IReactorTime) -> None:
+    def __init__(self, url: str, clock: Clock) -> None:
         self.url = url
         self.clock = clock
         self.state: LinkState = "connecting"
