@@ -41,6 +41,11 @@ class Origins:
         self._parsed: dict[str, tuple[str, int] | None] = {}
         self.newest: dict[str, int] = {}  # node id -> its newest epoch known
         self.retired: set[str] = set()
+        # Origins a cursor names only for the channels that hold their messages
+        # (a Redis partition's log: a node holds dozens, a channel lives in
+        # one), and how many origins outside them the horizon holds past 0.
+        self.scoped: set[str] = set()
+        self.live_unscoped = 0
 
     def horizon_of(self, origin: str) -> int:
         """How far (seq) the store holds ``origin`` without a hole; 0 if unknown."""
@@ -59,9 +64,19 @@ class Origins:
         if origin not in self.horizon:
             self.horizon[origin] = 0
             self.note(origin)
-        if seq > self.horizon[origin]:
+        have = self.horizon[origin]
+        if seq > have:
+            if have == 0 and origin not in self.scoped:
+                self.live_unscoped += 1
             self.horizon[origin] = seq
             self.changes.origin(origin)
+
+    def scope(self, origin: str) -> None:
+        """A cursor names ``origin`` only for the channels holding its messages."""
+        if origin not in self.scoped:
+            self.scoped.add(origin)
+            if self.horizon.get(origin, 0) > 0:
+                self.live_unscoped -= 1
 
     def pass_over(self, origin: str, seq: int) -> None:
         """``seq`` of ``origin`` carries no message: the horizon moves past it,
@@ -71,6 +86,8 @@ class Origins:
             return
         if seq != have + 1:
             raise ValueError(f"{origin}: expected seq {have + 1}, got {seq}")
+        if have == 0 and origin not in self.scoped:
+            self.live_unscoped += 1
         self.horizon[origin] = seq
 
     def skip_to(self, origin: str, seq: int, ts: int) -> None:

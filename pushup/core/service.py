@@ -118,18 +118,19 @@ class Service:
         self.arrived(messages, now)
         return messages
 
-    def publish_logged(self, messages: Sequence[Message], current: bool) -> list[Message]:
+    def publish_logged(self, messages: Sequence[Message], current: bool,
+                       scoped: bool = False) -> list[Message]:
         """This node's own publish as the cluster's log stamped it (the Redis
         engine): counted, and followed now if the log is still the ``current``
         one and they come next in its origin (else the log's tail brings them,
         in order)."""
         self.counters.published += len(messages)
         if current and messages:
-            self.follow(messages[0].origin, messages)
+            self.follow(messages[0].origin, messages, scoped=scoped)
         return list(messages)
 
     def follow(self, origin: str, entries: Iterable[Entry], *, trimmed: bool = False,
-               ) -> Followed:
+               scoped: bool = False) -> Followed:
         """Another origin's entries, in its order: the one way into the store
         for what this node did not stamp itself (:mod:`pushup.core.follow`).
 
@@ -142,11 +143,13 @@ class Service:
         origin is held up to its ``at_seq`` (else a hole too); a ``Skip``
         moves the horizon past history gone everywhere; a ``Remembered`` is
         kept once its last message is held. Held subscribers are answered
-        on the reactor's next turn, as after a publish.
+        on the reactor's next turn, as after a publish. A ``scoped`` origin
+        is named by a cursor only for the channels holding its messages
+        (``Store.know``).
         """
         store = self.store
         now = self.now()
-        store.know(origin)
+        store.know(origin, scoped)
         arrived: list[Message] = []
         hole = False
         for entry in entries:
@@ -212,7 +215,7 @@ class Service:
         (returns the Waiter to ``forget``; ``who.respond`` is called later)."""
         now = self.now()
         if isinstance(query.since, Now):
-            query = replace(query, since=self.store.end())
+            query = replace(query, since=self.store.end(query.channels))
         if self.store.touch(query.channels, now):
             # New channels expire one ttl from now even if nothing else
             # happens: a pull answered below arms no other timer.

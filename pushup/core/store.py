@@ -173,18 +173,21 @@ class Store:
         whole horizon when none is left; it never moves a position back.
         """
         since = q.since
-        if isinstance(since, Cursor) and self.at_end(since):
+        if isinstance(since, Cursor) and self.at_end(since, q.channels):
             return Result((), since, False)
         return self._scan(q)
 
-    def at_end(self, since: Cursor) -> bool:
-        """Whether ``since`` is exactly this store's end, with nothing retired or
-        lost behind it: then a query from it has no message and no gap, and its
-        cursor is ``since`` itself (a re-poll that will be held; issue 18)."""
+    def at_end(self, since: Cursor, channels: Iterable[str] = ()) -> bool:
+        """Whether ``since`` is exactly this store's end for ``channels``, with
+        nothing retired or lost behind it: then a query from it has no message
+        and no gap, and its cursor is ``since`` itself (a re-poll that will be
+        held; issue 18)."""
         horizon = self._horizon
         origins = self._origins
         if origins.retired or len(since.positions) > len(horizon):
             return False
+        if origins.scoped:
+            return self._at_scoped_end(since, channels)
         for origin, seq in since.positions:
             if horizon.get(origin) != seq:
                 return False
@@ -195,6 +198,49 @@ class Store:
             held = since.as_dict()
             return not origins.behind_lost(since, lambda o: held.get(o, 0))
         return True
+
+    def _at_scoped_end(self, since: Cursor, channels: Iterable[str]) -> bool:
+        """:meth:`at_end` where some origins are scoped: ``since`` must name
+        every origin in view (unscoped, or holding messages of ``channels``)
+        at its horizon; a scoped origin out of view may be named anywhere."""
+        horizon = self._horizon
+        origins = self._origins
+        scoped = origins.scoped
+        relevant = self._relevant(channels)
+        named = 0
+        for origin, seq in since.positions:
+            if origin in scoped and origin not in relevant:
+                continue
+            if horizon.get(origin) != seq:
+                return False
+            named += 1
+        live = origins.live_unscoped + sum(
+            1 for o in relevant if o in scoped and horizon.get(o, 0) > 0)
+        if named != live:
+            return False
+        if origins.lost:
+            held = since.as_dict()
+            return not origins.behind_lost(since, lambda o: held.get(o, 0))
+        return True
+
+    def _relevant(self, channels: Iterable[str]) -> set[str]:
+        """The origins holding (or that held) messages of ``channels``."""
+        relevant: set[str] = set()
+        for name in channels:
+            channel = self._channels.find(name)
+            if channel is not None:
+                relevant.update(channel.runs)
+                relevant.update(channel.evicted)
+        return relevant
+
+    def _in_view(self, channels: Iterable[str]) -> list[tuple[str, int]]:
+        """The horizon a cursor for ``channels`` names: every origin, less the
+        scoped ones that hold nothing of these channels."""
+        scoped = self._origins.scoped
+        if not scoped:
+            return list(self._horizon.items())
+        relevant = self._relevant(channels)
+        return [(o, h) for o, h in self._horizon.items() if o not in scoped or o in relevant]
 
     def _scan(self, q: Query) -> Result:
         """:meth:`query` the long way: merge the channels' runs from ``q.since``."""
@@ -229,13 +275,17 @@ class Store:
         for m in left:
             if m.seq <= pending.get(m.origin, m.seq):
                 pending[m.origin] = m.seq
-        updates = [(o, pending[o] - 1 if o in pending else h) for o, h in self._horizon.items()]
+        updates = [(o, pending[o] - 1 if o in pending else h)
+                   for o, h in self._in_view(q.channels)]
         base = since if isinstance(since, Cursor) else Cursor(())
         return Result(tuple(out), self._origins.tidy(base.advanced(updates)), gap)
 
-    def end(self) -> Cursor:
-        """A cursor past everything this node holds or has skipped, every origin."""
-        return self._origins.tidy(Cursor.of(self._horizon))
+    def end(self, channels: Iterable[str] | None = None) -> Cursor:
+        """A cursor past everything this node holds or has skipped, every origin
+        (for ``channels``: less the scoped origins that hold nothing of them)."""
+        if channels is None or not self._origins.scoped:
+            return self._origins.tidy(Cursor.of(self._horizon))
+        return self._origins.tidy(Cursor.of(dict(self._in_view(channels))))
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""
@@ -267,12 +317,16 @@ class Store:
         if self.keys.remember(record, now):
             self._changes.key(record)
 
-    def know(self, origin: str) -> None:
+    def know(self, origin: str, scoped: bool = False) -> None:
         """``origin`` is heard of (even with nothing of it held yet): its node's
         older origins are superseded, and a cursor naming one we do not hold
-        is told of the gap at once (:mod:`pushup.core.origins`)."""
+        is told of the gap at once (:mod:`pushup.core.origins`). A ``scoped``
+        origin is named by a cursor only for the channels that hold its
+        messages (a Redis partition: a channel lives in one of dozens)."""
         if origin not in self._horizon:
             self._origins.raise_horizon(origin, 0)
+        if scoped:
+            self._origins.scope(origin)
 
     def skip_to(self, origin: str, seq: int, ts: int) -> None:
         """``origin``'s history up to ``seq`` (last stamped ``ts``) is gone

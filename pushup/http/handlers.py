@@ -265,7 +265,7 @@ class Handlers:
             # the head a GET would get now: never held, nothing counted as
             # delivered, no channel created (HEAD is safe)
             if isinstance(query.since, Now):
-                query = replace(query, since=self.service.store.end())
+                query = replace(query, since=self.service.store.end(query.channels))
             return Response(200, poll_body(Delivery(query, self.service.store.query(query))))
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)

@@ -123,7 +123,7 @@ class EventStream:
         if isinstance(query.since, Cursor):
             return query.since
         if isinstance(query.since, Now):
-            return self.service.store.end()
+            return self.service.store.end(channels)
         first = self.service.store.query(replace(query, channels=channels, until=None, limit=0))
         self._gap = first.gap
         return first.cursor

@@ -373,3 +373,61 @@ def test_another_nodes_channel_operation_leaves_the_channel_as_that_node_did():
     s.apply_op(ChannelOp("delete", "room", 5), T0 + 6 * S)
     s.apply_op(ChannelOp("delete", "room", 6), T0 + 6 * S)  # again: nothing to do
     assert s.channel("room") is None and s.channel_count == 0
+
+
+# -- scoped origins (the Redis engine's partitions) ------------------------------
+
+
+def partitioned():
+    """A store holding two scoped origins (partitions p1 and p2), each with
+    messages of its own channel, and this node's own origin with none."""
+    s = make()
+    for origin in ("p1.e", "p2.e"):
+        s.know(origin, scoped=True)
+    s.apply(Message("p1.e", 1, T0 + 1, ("a",), b"1"), T0)
+    s.apply(Message("p2.e", 1, T0 + 2, ("b",), b"2"), T0)
+    s.apply(Message("p2.e", 2, T0 + 3, ("b",), b"3"), T0)
+    return s
+
+
+def test_a_cursor_names_a_scoped_origin_only_for_the_channels_that_hold_its_messages():
+    s = partitioned()
+    assert read(s, ["a"]).cursor == Cursor((("p1.e", 1),))
+    assert read(s, ["b"]).cursor == Cursor((("p2.e", 2),))
+    assert read(s, ["a", "b"]).cursor == Cursor((("p1.e", 1), ("p2.e", 2)))
+    assert s.end(["a"]) == Cursor((("p1.e", 1),))
+    assert s.end(["quiet"]) == Cursor(())
+    assert s.end() == Cursor((("p1.e", 1), ("p2.e", 2)))  # no channels named: every origin
+
+
+def test_an_unscoped_origin_is_named_by_every_cursor_as_before():
+    s = make()
+    s.apply(Message("peer.x", 1, T0 + 1, ("a",), b"1"), T0)
+    assert read(s, ["b"]).cursor == Cursor((("peer.x", 1),))
+    assert s.end(["b"]) == Cursor((("peer.x", 1),))
+
+
+def test_a_scoped_cursor_at_the_end_is_answered_by_itself_and_misses_nothing_after():
+    s = partitioned()
+    at_end = read(s, ["a"]).cursor
+    assert s.at_end(at_end, ["a"])
+    assert read(s, ["a"], since=at_end) == read(s, ["a"], since=at_end)
+    assert read(s, ["a"], since=at_end).messages == ()
+    # a later message of p2 on "b" is out of view of a reader of "a" ...
+    s.apply(Message("p2.e", 3, T0 + 4, ("b",), b"4"), T0)
+    assert s.at_end(at_end, ["a"])
+    # ... and one on "a" from a partition its cursor never named is listed
+    later = Message("p2.e", 4, T0 + 5, ("a",), b"5")
+    s.apply(later, T0)
+    assert not s.at_end(at_end, ["a"])
+    r = read(s, ["a"], since=at_end)
+    assert r.messages == (later,)
+    assert r.cursor == Cursor((("p1.e", 1), ("p2.e", 4)))
+
+
+def test_a_scoped_end_for_a_quiet_channel_still_lists_its_first_message():
+    s = partitioned()
+    since = s.end(["c"])
+    first = Message("p1.e", 2, T0 + 9, ("c",), b"9")
+    s.apply(first, T0)
+    assert read(s, ["c"], since=since).messages == (first,)
