@@ -39,6 +39,7 @@ class Config:
     peer: tuple[str, ...] = ()
     engine: str = "mesh"
     redis_maxlen: int = 100_000
+    redis_partitions: int = 64
     cluster_secret: str = ""
     publish_token: str = ""
     subscribe_secret: str = ""
@@ -85,6 +86,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "engine": ("what carries the cluster: mesh (peers, --peer) or redis://HOST:PORT[/DB]",
                "ENGINE"),
     "redis_maxlen": ("entries the Redis log keeps (about; older ones are trimmed)", "N"),
+    "redis_partitions": ("channels are hashed over this many partitions of the Redis log, "
+                         "each its own slot; every node of a cluster must say the same", "K"),
     "cluster_secret": ("shared secret peers authenticate with", "S"),
     "publish_token": ("bearer token required to publish and manage channels", "T"),
     "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
@@ -402,12 +405,13 @@ def validate(c: Config) -> Config:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
     if c.engine != "mesh":
         try:
-            parse_url(c.engine)
+            seeds_of(c.engine)
         except ValueError as e:
             raise ConfigError(f"--engine: {e}") from None
         need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
              f"{spelled('engine')} find each other through Redis")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
+    need(1 <= c.redis_partitions <= 1024, "--redis-partitions must be from 1 to 1024")
     need(not c.peer or bool(c.cluster_secret),
          f"{spelled('peer')} needs {spelled('cluster_secret')}: peers always authenticate "
          "each other")
@@ -489,6 +493,20 @@ def parse_url(text: str) -> RedisURL:
                     db=_db(path or "0", bad),
                     username=unquote(parts.username) if parts.username else None,
                     password=unquote(parts.password) if parts.password is not None else None)
+
+
+def seeds_of(engine: str) -> list[RedisURL]:
+    """``--engine redis://HOST:PORT[,HOST:PORT…]``: one Redis, or any nodes of a
+    Redis Cluster to start from (the first URL's user, password and db are
+    every seed's). ValueError as :func:`parse_url`'s."""
+    first, *more = engine.split(",")
+    url = parse_url(first)
+    seeds = [url]
+    for other in more:
+        host = parse_url(f"redis://{other}")
+        seeds.append(RedisURL(host=host.host, port=host.port, db=url.db,
+                              username=url.username, password=url.password))
+    return seeds
 
 
 def _db(text: str, bad: Callable[[str], ValueError]) -> int:

@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from deploy.redis_server import RedisServer
+from pushup.backplane.redis.engine import keys_of
 from tests.cluster.clients import (
     Poller,
     Publisher,
@@ -70,10 +71,16 @@ def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clien
     with polling(clients):
         published = published_by(publishers)
         assert len(published) == 360
-        # One log: every id is of the same origin, numbered 1..360 with no hole.
-        origins = {m.rsplit("-", 1)[0] for m in published}
-        assert len(origins) == 1 and next(iter(origins)).startswith("p0.")
-        assert sorted(int(m.rsplit("-", 1)[1]) for m in published) == list(range(1, 361))
+        # One log per partition: every id is of its channel's partition's
+        # origin, each origin's numbered 1..n with no hole.
+        by_origin: dict[str, list[int]] = {}
+        for m in published:
+            origin, seq = m.rsplit("-", 1)
+            by_origin.setdefault(origin, []).append(int(seq))
+        tags = {keys_of(ch).tag for ch in channels}
+        assert {origin.split(".")[0] for origin in by_origin} <= tags
+        for seqs in by_origin.values():
+            assert sorted(seqs) == list(range(1, len(seqs) + 1))
         wait_clients_have(clients, published, 30)
     check_exactly_once(clients, published)
     # Each node read every message from the log, whichever node accepted it.
@@ -97,7 +104,7 @@ def test_a_publish_is_held_on_every_node_and_a_held_poll_elsewhere_is_answered(
     assert got[0]["messages"][0]["data"] == {"n": 1}
     # The log in Redis holds it under the id the publisher got.
     seq = receipt["id"].rsplit("-", 1)[1]
-    entry = redis_server.cli("XRANGE", "pushup:{p0}:log", f"{seq}-0", f"{seq}-0")
+    entry = redis_server.cli("XRANGE", keys_of(ch).log, f"{seq}-0", f"{seq}-0")
     assert entry and entry[0][0] == f"{seq}-0".encode()
 
 
@@ -196,7 +203,7 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
         c.nodes[1].send_signal(signal.SIGSTOP)  # node 2 reads nothing meanwhile
         try:
             receipts = publish_batch(c.bases[0], [([ch], i) for i in range(200)])
-            head = int(server.cli("XRANGE", "pushup:{p0}:log", "-", "+", "COUNT", 1)[0][0]
+            head = int(server.cli("XRANGE", keys_of(ch).log, "-", "+", "COUNT", 1)[0][0]
                        .split(b"-")[0])
             assert head > 2  # the log no longer holds what node 2 lacks
         finally:
@@ -238,7 +245,7 @@ def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_clus
     assert [m["id"] for m in behind["messages"]] == kept
     redis_server.kill()
     redis_server.restart()  # loads the saved dump: the log ends at message 3
-    assert int(redis_server.cli("HGET", "pushup:{p0}:meta", "s")) == 3
+    assert int(redis_server.cli("HGET", keys_of(ch).meta, "s")) == 3
     new = [publish_once_redis_answers(c.bases[0], ch)["id"]]
     # Sequence numbers 4 and 5 are never reused for another message: a new epoch.
     assert new[0].rsplit("-", 1)[0] != kept[0].rsplit("-", 1)[0]

@@ -1,39 +1,52 @@
-"""The Redis backplane: one ordered log in Redis; every node tails it.
+"""The Redis backplane by partitions: K logs in Redis, each its own origin; every
+node follows them by notification.
 
-The rule: Redis's log is the cluster's one order, and a node's cache is a copy
-of it. A publish is one script call that appends the whole batch to the log
-atomically, giving each message the next sequence number and a timestamp that
-never goes backwards; the 201 is sent once Redis answered. Each node reads the
-log with one blocking ``XREAD`` on a connection of its own into its store, and
-the hub answers held polls from memory: a held poll costs no Redis round trip,
-and no node talks to another.
+The rule: a channel lives in one partition (its name hashed, or the part of it
+in ``{…}``, as Redis Cluster hashes keys), and each partition's log in Redis is
+that partition's one order. A publish is one script call per partition it
+touches, which appends its messages to that partition's log atomically (the
+next sequence numbers, a timestamp that never goes backwards) and notifies
+the nodes with a sharded ``SPUBLISH`` of the entries; the 201 is sent once
+every partition answered. A node ``SSUBSCRIBE``s each partition's notification
+channel, applies what comes in order, and reads the log back (``XRANGE``)
+whenever it cannot be sure it saw everything: after (re)subscribing, after a
+hole in the sequence, after an entry of another epoch. Held polls are
+answered from memory: a held poll costs no Redis round trip.
 
-Keys, all in one cluster slot (``{p0}``):
+Every key of partition T carries the hash tag ``{T}``, so on a Redis Cluster
+a partition is one slot, its script runs on that slot's primary, and the
+partitions spread over the primaries (their tags are chosen so that K
+partitions fall in K even slices of the slot space):
 
-- ``pushup:{p0}:log``: a stream; entry id ``<seq>-0``; fields ``t`` (µs),
+- ``pushup:{T}:log``: a stream; entry id ``<seq>-0``; fields ``t`` (µs),
   ``k`` (``m`` a message, ``o`` a channel operation), ``c`` (channels JSON,
   or the channel's name), ``d`` (the message's data JSON exactly as accepted,
   or the operation as JSON);
-- ``pushup:{p0}:meta``: a hash: ``e`` the log's epoch, ``s`` its last
+- ``pushup:{T}:meta``: a hash: ``e`` the log's epoch, ``s`` its last
   sequence number, ``t`` its last timestamp;
-- ``pushup:{p0}:channels``: a hash of explicit channels, name → JSON
-  ``{"ttl", "expires_at"}``, so they outlive the log's trimming;
-- ``pushup:{p0}:key:<Idempotency-Key>``: a keyed publish, JSON ``{"e": the
-  log's epoch, "f": the body's fingerprint, "s": its first sequence number,
-  "t": its first timestamp, "n": its messages}`` (a batch's messages get
-  consecutive sequence numbers and timestamps: the record's size does not
-  grow with the batch), expiring after the idempotency window. The publish
-  script checks it before it appends, in the same atomic call: a retry, on
-  any node, even one sent while the first attempt still waited in Redis's
-  socket, stores nothing new.
+- ``pushup:{T}:channels``: a hash of the partition's explicit channels,
+  name → JSON ``{"ttl", "expires_at"}``, so they outlive the log's trimming;
+- ``pushup:{T}:key:<Idempotency-Key>``: a keyed publish's part in this
+  partition, JSON ``{"e", "f", "s", "t", "n"}`` (epoch, the whole body's
+  fingerprint, first sequence number and timestamp, count), expiring after
+  the idempotency window, checked in the same atomic call as the append;
+- ``pushup:{T}:n``: the sharded channel the script notifies on, MessagePack
+  ``[epoch, seq, t, k, c, d, seq, t, k, c, d, …]``.
 
-Cursors keep their format: the origin is the log, ``p0.<epoch>``. A new epoch
-means Redis lost what it had acknowledged (restarted empty, or failed over
-to a replica that lags): the node then marks the old origin lost past
-everything it holds, so each client behind it gets ``gap: true`` once, and
-reads the new log from its start. A sequence number that jumps (the log was
-trimmed past a node that was away) is a gap too. Never silence, never a
-duplicate: a node applies the log strictly in order.
+A message goes to the partition of its first channel, whatever its other
+channels: one message, one id, listed once by a reader of several of them,
+and a publish to channels of one partition is atomic. A batch whose messages
+fall in several partitions is one atomic append per partition: if one fails
+the publisher gets no 201, and a retry with its ``Idempotency-Key`` appends
+only what is missing (each partition checks the key for itself).
+
+Cursors keep their format: a partition's origin is ``<tag>.<epoch>``, scoped
+(a cursor names it only for the channels holding its messages). A new epoch
+means Redis lost what it had acknowledged (restarted empty, or failed over to
+a replica that lags): the node marks the old origin lost past everything it
+holds, so each client behind it gets ``gap: true`` once. A sequence number
+that jumps in a log read back (trimmed past a node that was away) is a gap
+too. Never silence, never a duplicate: a node applies each log in order.
 """
 
 from __future__ import annotations
@@ -41,45 +54,35 @@ from __future__ import annotations
 import json
 import secrets
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet import defer, task
+import msgspec
+from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import ChannelOp, OpKind
 from pushup.backplane.redis.client import (
-    RedisConnection,
     RedisError,
     RedisGone,
     RedisNotSent,
     script_sha,
 )
-from pushup.config import Config, parse_url
+from pushup.backplane.redis.cluster import SLOTS, Shards, hash_tag, key_slot
+from pushup.config import Config, seeds_of
 from pushup.core import errors
 from pushup.core.channels import Channel, check_ttl
-from pushup.core.follow import Entry, LoggedOp, Skip
+from pushup.core.follow import Entry, Hole, LoggedOp, Skip
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message, base36, check_channel_name, dumps
 from pushup.core.service import Service
 
 log = Logger()
-PARTITION = "p0"
-LOG = f"pushup:{{{PARTITION}}}:log"
-META = f"pushup:{{{PARTITION}}}:meta"
-CHANNELS = f"pushup:{{{PARTITION}}}:channels"
-KEY = f"pushup:{{{PARTITION}}}:key:"  # + the Idempotency-Key
-PAGE = 1000  # log entries per XRANGE / XREAD reply
-BLOCK_MS = 20_000  # an idle tail asks again this often
+PAGE = 1000  # log entries per XRANGE reply
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
-# After a reply of several entries (the log is busy), the tail waits this long
-# before it reads again, so it reads in batches: each XREAD round trip costs a
-# reading node about as much as applying several entries (measured: ~4 entries
-# a reply without it at 3,700 publishes/s). After a reply of one entry (a
-# quiet log), it reads again at once: no added latency.
-TAIL_LINGER = 0.001
-
+RETRY = 0.5  # seconds before a partition's failed read is tried again
 
 # Both scripts begin by checking the log against the calling node: KEYS log,
 # meta; ARGV the epoch to start, MAXLEN, the epoch the node holds ("" if
@@ -102,18 +105,18 @@ end
 # Returns {epoch, seq}.
 CHECK = _CHECKED + "return {epoch, seq}"
 
-# KEYS: log, meta, channels, and for a keyed publish its key's entry. ARGV
-# after the four above: the body's fingerprint ("" for no key), the window in
-# ms; then per entry: kind ("m" message, "o" operation), c, d. An operation's
-# d is {"op": "create"|"renew"|"delete", "ttl", "expires_at"}. Appends every
-# entry or none; returns {epoch, seq1, ts1, seq2, ts2, ...}, or an error
-# before writing anything if a create names an explicit channel that exists.
-# A key already used in this epoch appends nothing: it returns the first
-# attempt's reply with "again" at its end, or the error REUSED if that
-# attempt had another body.
+# KEYS: log, meta, channels, the notification channel, and for a keyed
+# publish its key's entry. ARGV after the four above: the body's fingerprint
+# ("" for no key), the window in ms; then per entry: kind ("m" message, "o"
+# operation), c, d. An operation's d is {"op": "create"|"renew"|"delete",
+# "ttl", "expires_at"}. Appends every entry or none, then notifies; returns
+# {epoch, seq1, ts1, seq2, ts2, ...}, or an error before writing anything if
+# a create names an explicit channel that exists. A key already used in this
+# epoch appends nothing: it returns the first attempt's reply with "again" at
+# its end, or the error REUSED if that attempt had another body.
 PUBLISH = _CHECKED + """
 if ARGV[5] ~= '' then
-  local prior = redis.call('GET', KEYS[4])
+  local prior = redis.call('GET', KEYS[5])
   if prior then
     local first = cjson.decode(prior)
     if first['e'] == epoch then
@@ -145,6 +148,7 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local last = tonumber(redis.call('HGET', KEYS[2], 't'))
 local out = {epoch}
+local told = {epoch}
 for i = 7, #ARGV, 3 do
   seq = seq + 1
   if now <= last then now = last + 1 end
@@ -162,25 +166,92 @@ for i = 7, #ARGV, 3 do
   end
   out[#out + 1] = seq
   out[#out + 1] = t
+  told[#told + 1] = seq
+  told[#told + 1] = t
+  told[#told + 1] = ARGV[i]
+  told[#told + 1] = ARGV[i + 1]
+  told[#told + 1] = ARGV[i + 2]
 end
 redis.call('HSET', KEYS[2], 's', seq, 't', string.format('%d', last))
 if ARGV[5] ~= '' then
   -- the batch's seqs and times are consecutive: its first of each and its count
   -- (as strings: cjson writes numbers with 14 digits, a timestamp has 16)
-  redis.call('SET', KEYS[4], cjson.encode({e = epoch, f = ARGV[5],
+  redis.call('SET', KEYS[5], cjson.encode({e = epoch, f = ARGV[5],
                                            s = string.format('%d', out[2]), t = out[3],
                                            n = string.format('%d', (#out - 1) / 2)}),
              'PX', ARGV[6])
 end
+redis.call('SPUBLISH', KEYS[4], cmsgpack.pack(told))
 return out
 """
 _PUBLISH_SHA = script_sha(PUBLISH)
 _CHECK_SHA = script_sha(CHECK)
 
+_decode_told = msgspec.msgpack.Decoder(list[Any])
+
 
 def new_epoch() -> str:
     """Milliseconds now in base 36, plus randomness: distinct per (re)start."""
     return base36(time.time_ns() // 1_000_000 * 1296 + secrets.randbelow(1296))
+
+
+def partition_tags(count: int) -> list[str]:
+    """The hash tag of each of ``count`` partitions: ``p<i>``, or ``p<i>-<j>``
+    for the first ``j`` whose slot falls in the ``i``-th of ``count`` even
+    slices of the slot space, so that partitions spread evenly over the
+    primaries of any cluster whose slots are split in even ranges."""
+    tags = []
+    for i in range(count):
+        j = 0
+        while True:
+            tag = f"p{i}" if j == 0 else f"p{i}-{j}"
+            if key_slot(tag) * count // SLOTS == i:
+                break
+            j += 1
+        tags.append(tag)
+    return tags
+
+
+def partition_of(channel: str, count: int) -> int:
+    """The partition a channel lives in: its hash tag's CRC-32, modulo ``count``."""
+    return zlib.crc32(hash_tag(channel).encode()) % count
+
+
+class Partition:
+    """One partition's keys, and how far this node has followed its log."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        prefix = f"pushup:{{{tag}}}:"
+        self.log = prefix + "log"
+        self.meta = prefix + "meta"
+        self.channels = prefix + "channels"
+        self.key = prefix + "key:"  # + the Idempotency-Key
+        self.notify = prefix + "n"
+        self.epoch = ""  # the log's epoch this node holds ("": none yet)
+        self.spare = new_epoch()  # the one to start, should the log need one
+        self.ready = False  # read once from Redis
+        self.reading = False  # a read back is under way ...
+        self.again = False  # ... and another must follow it
+        self.waiting: list[bytes] = []  # notifications that came during the read
+
+    @property
+    def origin(self) -> str:
+        return f"{self.tag}.{self.epoch}"
+
+    def epoch_of(self, reply: list[Any]) -> str:
+        """A script's epoch; once the spare one is taken, make another."""
+        epoch: str = reply[0].decode()
+        if epoch == self.spare:
+            self.spare = new_epoch()
+        return epoch
+
+
+def keys_of(channel: str, partitions: int | None = None) -> Partition:
+    """The keys of the partition ``channel`` lives in, with ``partitions`` of them
+    (default: ``--redis-partitions``'s), to look at a channel's log in Redis."""
+    count = Config().redis_partitions if partitions is None else partitions
+    return Partition(partition_tags(count)[partition_of(channel, count)])
 
 
 class RedisEngine:
@@ -192,23 +263,19 @@ class RedisEngine:
         self.service = service
         self.store = service.store
         self.clock = reactor
-        self.url = parse_url(config.engine)
+        self.seeds = seeds_of(config.engine)
         self.maxlen = config.redis_maxlen
         self.timeout = COMMAND_TIMEOUT
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
-        self.commands = RedisConnection(self.url, reactor)
-        self.tail = RedisConnection(self.url, reactor, quiet=True)  # commands' log tells
-        self.tail.on_connect.append(self._tail_connected)
-        self.epoch = ""  # the log's epoch this node holds ("": none yet)
-        self._spare_epoch = new_epoch()  # the one to start, should the log need one
+        self.shards = Shards(self.seeds, reactor)
+        self.partitions = [Partition(tag) for tag in partition_tags(config.redis_partitions)]
         self.ready = False
         self.stopped = False
         self._loaded: defer.Deferred[None] = defer.Deferred()
-        self.lost_epochs = 0  # times the log was found to have lost what we held
+        self.lost_epochs = 0  # times a log was found to have lost what we held
 
-    @property
-    def origin(self) -> str:
-        return f"{PARTITION}.{self.epoch}"
+    def partition(self, channel: str) -> Partition:
+        return self.partitions[partition_of(channel, len(self.partitions))]
 
     # -- the backplane -------------------------------------------------------
 
@@ -217,11 +284,10 @@ class RedisEngine:
             raise errors.CatchingUp("this node is loading the log from Redis; retry shortly")
 
     def probe(self) -> defer.Deferred[None]:
-        """``/health``'s question: both connections up and a PING answered
-        within ``COMMAND_TIMEOUT`` (a Redis that is paused holds the TCP
-        connection open: only an unanswered command shows it; the timeout
-        drops the connection, so later probes fail at once)."""
-        if not (self.commands.connected and self.tail.connected):
+        """``/health``'s question: every connection up and a PING answered by
+        every primary within ``COMMAND_TIMEOUT`` (a Redis that is paused holds
+        the TCP connection open: only an unanswered command shows it)."""
+        if not self.shards.connected:
             return defer.fail(errors.EngineUnavailable(
                 "Redis is unreachable: this node cannot take publishes"))
 
@@ -232,43 +298,72 @@ class RedisEngine:
                 f"Redis did not answer a PING ({failure.getErrorMessage()}): "
                 "this node cannot take publishes")
 
-        d = self.commands.execute("PING", timeout=self.timeout)
-        d.addCallbacks(lambda _: None, unanswered)
+        d = self.shards.probe(self.timeout)
+        d.addErrback(unanswered)
         return d
 
     def start(self) -> defer.Deferred[None]:
-        self.commands.start()
-        self.tail.start()
+        self.shards.start()
+        for p in self.partitions:
+            self.shards.subscribe(p.notify, lambda payload, p=p: self._notified(p, payload),
+                                  lambda p=p: self._read_back(p))
         return self._loaded
 
     @defer.inlineCallbacks
     def stop(self, grace: float) -> Any:
         """Nothing to hand on: what was acknowledged is in Redis."""
         self.stopped = True
-        yield defer.DeferredList([self.commands.stop(), self.tail.stop()])
+        yield self.shards.stop()
 
     def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
                 ) -> defer.Deferred[list[Message]]:
+        parts: dict[Partition, list[Draft]] = {}
+        for draft in drafts:
+            parts.setdefault(self.partition(draft.channels[0]), []).append(draft)
+        if len(parts) == 1:
+            ((p, mine),) = parts.items()
+            return self._publish_to(p, mine, idem)
+        calls = [self._publish_to(p, mine, idem) for p, mine in parts.items()]
+        d: defer.Deferred[Any] = defer.gatherResults(calls, consumeErrors=True)
+        d.addCallbacks(self._in_draft_order, _first_error, callbackArgs=(drafts, parts))
+        return d
+
+    def _publish_to(self, p: Partition, drafts: Sequence[Draft], idem: Idem | None,
+                    ) -> defer.Deferred[list[Message]]:
         entries: list[bytes | str] = []
         for draft in drafts:
             entries += ["m", dumps(list(draft.channels)), draft.data]
-        d = self._append(entries, idem)
-        d.addCallback(self._published, drafts)
+        d = self._append(p, entries, idem)
+        d.addCallback(self._published, p, drafts)
         return d
 
-    def _published(self, reply: list[Any], drafts: Sequence[Draft]) -> list[Message]:
+    @staticmethod
+    def _in_draft_order(results: list[list[Message]], drafts: Sequence[Draft],
+                        parts: dict[Partition, list[Draft]]) -> list[Message]:
+        """One publish's messages from several partitions, in the order of its drafts
+        (a retry that found every part appended already is a replay)."""
+        by_draft = {id(d): m for mine, got in zip(parts.values(), results, strict=True)
+                    for d, m in zip(mine, got, strict=True)}
+        messages = [by_draft[id(d)] for d in drafts]
+        if all(isinstance(got, Replayed) for got in results):
+            return Replayed(messages)
+        return messages
+
+    def _published(self, reply: list[Any], p: Partition, drafts: Sequence[Draft],
+                   ) -> list[Message]:
         again = reply[-1] == b"again"  # a retry: the first attempt's entries
-        epoch, stamps = self._epoch_of(reply), reply[1:-1] if again else reply[1:]
-        origin = f"{PARTITION}.{epoch}"
+        epoch, stamps = p.epoch_of(reply), reply[1:-1] if again else reply[1:]
+        origin = f"{p.tag}.{epoch}"
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
         if again:
             return Replayed(messages)
         # Our publish, if next in the log, is stored now (the publisher's next
-        # poll here sees it); otherwise the tail brings it in order.
-        messages = self.service.publish_logged(messages, current=epoch == self.epoch)
-        if epoch != self.epoch:
-            self._resync(f"a publish found the log at epoch {epoch}")
+        # poll here sees it); otherwise its notification brings it in order.
+        messages = self.service.publish_logged(messages, current=epoch == p.epoch,
+                                               scoped=True)
+        if epoch != p.epoch:
+            self._read_back(p, f"a publish found the log at epoch {epoch}")
         return messages
 
     def create_channel(self, name: str | None, ttl: int | None) -> defer.Deferred[Channel]:
@@ -287,14 +382,15 @@ class RedisEngine:
     def _operate(self, kind: OpKind, name: str, ttl: int) -> defer.Deferred[Channel]:
         expires_at = self.service.now() + ttl
         op = dumps({"op": kind, "ttl": ttl, "expires_at": expires_at})
-        d = self._append(["o", name, op])
+        p = self.partition(name)
+        d = self._append(p, ["o", name, op])
 
         def done(reply: list[Any]) -> Channel:
-            epoch, seq = self._epoch_of(reply), int(reply[1])
-            if epoch == self.epoch:  # applied now if next, else the tail brings it
-                self.service.follow(self.origin, [self._logged_op(seq, 0, name, op)])
+            epoch, seq = p.epoch_of(reply), int(reply[1])
+            if epoch == p.epoch:  # applied now if next, else its notification brings it
+                self.service.follow(p.origin, [_logged_op(seq, 0, name, op)], scoped=True)
             else:
-                self._resync(f"an operation found the log at epoch {epoch}")
+                self._read_back(p, f"an operation found the log at epoch {epoch}")
             channel = self.store.channel(name)
             if channel is None:  # deleted, or not applied here yet: as the log has it
                 channel = Channel(name, ttl, expires_at - ttl)
@@ -303,110 +399,145 @@ class RedisEngine:
         d.addCallback(done)
         return d
 
-    def _append(self, entries: list[bytes | str], idem: Idem | None = None,
+    def _append(self, p: Partition, entries: list[bytes | str], idem: Idem | None = None,
                 ) -> defer.Deferred[Any]:
-        """Append entries to the log in one script call (all or nothing);
-        with ``idem``, once per key within the window."""
-        if not self.commands.connected:
+        """Append entries to a partition's log in one script call (all or
+        nothing); with ``idem``, once per key within the window."""
+        if not self.shards.connected:
             return defer.fail(errors.EngineUnavailable("Redis is unreachable; nothing was "
                                                        "acknowledged"))
-        keys: tuple[str, ...] = (LOG, META, CHANNELS)
+        keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
-            keys += (KEY + idem.key,)
+            keys += (p.key + idem.key,)
             keyed = (idem.fingerprint, self.key_window_ms)
-        d = self.commands.evalsha(_PUBLISH_SHA, PUBLISH, keys,
-                                  (*self._held(), *keyed, *entries), timeout=self.timeout)
+        d = self.shards.evalsha(_PUBLISH_SHA, PUBLISH, keys,
+                                (*self._held(p), *keyed, *entries), timeout=self.timeout)
         d.addErrback(_unavailable)
         return d
 
-    def _held(self) -> tuple[str, int, str, int]:
+    def _held(self, p: Partition) -> tuple[str, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
-        held = self.store.horizon_of(self.origin) if self.epoch else 0
-        return self._spare_epoch, self.maxlen, self.epoch, held
-
-    def _epoch_of(self, reply: list[Any]) -> str:
-        """A script's epoch; once the spare one is taken, make another."""
-        epoch: str = reply[0].decode()
-        if epoch == self._spare_epoch:
-            self._spare_epoch = new_epoch()
-        return epoch
+        held = self.store.horizon_of(p.origin) if p.epoch else 0
+        return p.spare, self.maxlen, p.epoch, held
 
     def stats(self) -> dict[str, Any]:
         return {"engine": self.engine, "peers": [], "redis": {
-            "url": str(self.url), "up": self.commands.connected and self.tail.connected,
-            "origin": self.origin if self.epoch else None,
-            "horizon": self.store.horizon_of(self.origin),
+            "url": ",".join(str(seed) for seed in self.seeds), "up": self.shards.connected,
+            "cluster": self.shards.clustered, "primaries": self.shards.primaries(),
+            "partitions": len(self.partitions),
+            "horizon": sum(self.store.horizon_of(p.origin) for p in self.partitions
+                           if p.epoch),
             "lost_epochs": self.lost_epochs}}
 
-    # -- the tail ------------------------------------------------------------
+    # -- following the logs --------------------------------------------------
 
-    def _tail_connected(self) -> None:
-        d = self._follow()
-        d.addErrback(self._tail_failed)
+    def _notified(self, p: Partition, payload: bytes) -> None:
+        """A partition's script appended entries: apply them if they come next
+        (else read the log back); during a read back, after it."""
+        if p.reading or not p.ready:
+            p.waiting.append(payload)
+            return
+        self._apply(p, payload)
 
-    def _tail_failed(self, failure: Failure) -> None:
+    def _apply(self, p: Partition, payload: bytes) -> None:
+        told = _decode_told.decode(payload)
+        if told[0] != p.epoch:
+            self._read_back(p, f"a notification of epoch {told[0]}")
+            return
+        origin = p.origin
+        run: list[Entry] = []
+        for i in range(1, len(told), 5):
+            seq, ts, kind, c, d = told[i:i + 5]
+            if kind == "m":
+                run.append(Message(origin, seq, int(ts), tuple(json.loads(c)), d.encode()))
+            else:
+                run.append(_logged_op(seq, int(ts), c, d.encode()))
+        if isinstance(self.service.follow(origin, run, scoped=True), Hole):
+            self._read_back(p, "a notification skipped entries")
+
+    def _read_back(self, p: Partition, why: str = "subscribed") -> None:
+        """Check the partition's epoch and read its log past our horizon; the
+        notifications that come meanwhile are applied after it."""
         if self.stopped:
             return
-        if isinstance(failure.value, RedisGone):
-            log.debug("redis tail: {why}; resuming after reconnecting",
-                     why=failure.getErrorMessage())
-        else:
-            log.failure("redis tail failed; reconnecting", failure=failure)
-        self.tail.drop("the tail failed")
-
-    def _resync(self, why: str) -> None:
-        """Check the log's epoch again: reconnect the tail (it checks first)."""
-        log.info("redis: {why}; checking the log again", why=why)
-        self.tail.drop(why)
+        if p.reading:
+            p.again = True
+            return
+        if p.ready:
+            log.debug("redis {tag}: {why}; reading the log back", tag=p.tag, why=why)
+        p.reading = True
+        d = self._read(p)
+        d.addBoth(self._read_done, p)
 
     @defer.inlineCallbacks
-    def _follow(self) -> Any:
-        """Check the epoch, load what we lack, then read the log as it grows."""
-        reply = yield self.tail.evalsha(_CHECK_SHA, CHECK, (LOG, META), self._held(),
-                                        timeout=self.timeout)
-        epoch = self._epoch_of(reply)
-        if epoch != self.epoch:
-            if self.epoch:
-                self._lost_epoch(epoch)
-            self.epoch = epoch
-            yield self._load_channels()
-        yield self._catch_up()
-        if not self.ready:
-            self.ready = True
-            log.info("redis: loaded the log ({origin} up to {seq}); serving",
-                     origin=self.origin, seq=self.store.horizon_of(self.origin))
-            self._loaded.callback(None)
-        while not self.stopped:
-            after = self.store.horizon_of(self.origin)
-            reply = yield self.tail.execute(
-                "XREAD", "COUNT", PAGE, "BLOCK", BLOCK_MS, "STREAMS", LOG, f"{after}-0",
-                timeout=BLOCK_MS / 1000 + self.timeout)
-            if reply:
-                entries = reply[0][1]
-                self._apply_entries(entries)
-                if 1 < len(entries) < PAGE:
-                    yield task.deferLater(self.clock, TAIL_LINGER, lambda: None)
+    def _read(self, p: Partition) -> Any:
+        reply = yield self.shards.evalsha(_CHECK_SHA, CHECK, (p.log, p.meta), self._held(p),
+                                          timeout=self.timeout)
+        epoch = p.epoch_of(reply)
+        if epoch != p.epoch:
+            if p.epoch:
+                self._lost_epoch(p, epoch)
+            p.epoch = epoch
+            yield self._load_channels(p)
+        while True:
+            after = self.store.horizon_of(p.origin)
+            page = yield self.shards.execute(p.log, "XRANGE", p.log, f"({after}-0", "+",
+                                             "COUNT", PAGE, timeout=self.timeout)
+            if page:
+                self._apply_entries(p, page)
+            if len(page) < PAGE:
+                return
 
-    def _lost_epoch(self, epoch: str) -> None:
+    def _read_done(self, result: Any, p: Partition) -> None:
+        p.reading = False
+        waiting, p.waiting = p.waiting, []
+        if isinstance(result, Failure):
+            if not self.stopped:
+                if isinstance(result.value, RedisGone | RedisError):
+                    log.info("redis {tag}: reading the log failed ({why}); trying again",
+                             tag=p.tag, why=result.getErrorMessage())
+                else:
+                    log.failure("redis {tag}: reading the log failed", result, tag=p.tag)
+                self.clock.callLater(RETRY, self._read_back, p, "a read failed")
+            return
+        if not p.ready:
+            p.ready = True
+            self._check_loaded()
+        for payload in waiting:
+            self._apply(p, payload)
+        if p.again:
+            p.again = False
+            self._read_back(p, "notified during a read")
+
+    def _check_loaded(self) -> None:
+        if not self.ready and all(p.ready for p in self.partitions):
+            self.ready = True
+            log.info("redis: loaded {n} partitions' logs ({held} entries); serving",
+                     n=len(self.partitions),
+                     held=sum(self.store.horizon_of(p.origin) for p in self.partitions))
+            self._loaded.callback(None)
+
+    def _lost_epoch(self, p: Partition, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap."""
         self.lost_epochs += 1
-        old = self.origin
+        old = p.origin
         held = self.store.horizon_of(old)
+        new = f"{p.tag}.{epoch}"
         if held == 0:
             # We read nothing of it: a cursor naming it is told of the gap as
             # one naming any origin lost with a restart (pushup.core.origins).
-            log.warn("redis: the log {old} is gone; now reading {new}", old=old,
-                     new=f"{PARTITION}.{epoch}")
+            log.warn("redis: the log {old} is gone; now reading {new}", old=old, new=new)
             return
-        self.service.follow(old, [Skip(held + 1, self.service.now())])
+        self.service.follow(old, [Skip(held + 1, self.service.now())], scoped=True)
         log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
                  "failed over); now reading {new}; readers behind {old}:{seq} get a gap",
-                 old=old, new=f"{PARTITION}.{epoch}", seq=held)
+                 old=old, new=new, seq=held)
 
     @defer.inlineCallbacks
-    def _load_channels(self) -> Any:
-        raw = yield self.tail.execute("HGETALL", CHANNELS, timeout=self.timeout)
+    def _load_channels(self, p: Partition) -> Any:
+        raw = yield self.shards.execute(p.channels, "HGETALL", p.channels,
+                                        timeout=self.timeout)
         now = self.service.now()
         for name, value in zip(raw[::2], raw[1::2], strict=True):
             op = json.loads(value)
@@ -414,23 +545,12 @@ class RedisEngine:
                 self.service.apply_op(
                     ChannelOp("create", name.decode(), 0, op["ttl"], op["expires_at"]), now)
 
-    @defer.inlineCallbacks
-    def _catch_up(self) -> Any:
-        """Read what the log holds past our horizon, a page at a time."""
-        while True:
-            after = self.store.horizon_of(self.origin)
-            page = yield self.tail.execute("XRANGE", LOG, f"({after}-0", "+", "COUNT", PAGE,
-                                           timeout=self.timeout)
-            if page:
-                self._apply_entries(page)
-            if len(page) < PAGE:
-                return
-
-    def _apply_entries(self, entries: list[Any]) -> None:
-        """Log entries, in order, into the store: the log is whole, so a jump
-        in sequence is history trimmed before we read it (a gap)."""
+    def _apply_entries(self, p: Partition, entries: list[Any]) -> None:
+        """Log entries read back, in order, into the store: the log is whole,
+        so a jump in sequence is history trimmed before we read it (a gap)."""
         run: list[Entry] = []
-        held = self.store.horizon_of(self.origin)
+        origin = p.origin
+        held = self.store.horizon_of(origin)
         for ident, fields in entries:
             seq = int(ident[:-2])  # "<seq>-0"
             if seq <= held:  # e.g. our own publish, applied when Redis answered: not parsed
@@ -438,16 +558,24 @@ class RedisEngine:
             f = dict(zip(fields[::2], fields[1::2], strict=True))
             ts = int(f[b"t"])
             if f[b"k"] == b"m":
-                run.append(Message(self.origin, seq, ts, tuple(json.loads(f[b"c"])), f[b"d"]))
+                run.append(Message(origin, seq, ts, tuple(json.loads(f[b"c"])), f[b"d"]))
             else:
-                run.append(self._logged_op(seq, ts, f[b"c"].decode(), f[b"d"]))
-        self.service.follow(self.origin, run, trimmed=True)
+                run.append(_logged_op(seq, ts, f[b"c"].decode(), f[b"d"]))
+        self.service.follow(origin, run, trimmed=True, scoped=True)
 
-    @staticmethod
-    def _logged_op(seq: int, ts: int, name: str, raw: bytes) -> LoggedOp:
-        """The log's entry ``seq`` is a channel operation: it carries no message."""
-        op = json.loads(raw)
-        return LoggedOp(seq, ts, ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]))
+
+def _logged_op(seq: int, ts: int, name: str, raw: bytes | str) -> LoggedOp:
+    """The log's entry ``seq`` is a channel operation: it carries no message."""
+    op = json.loads(raw)
+    return LoggedOp(seq, ts, ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]))
+
+
+def _first_error(failure: Failure) -> Failure:
+    """A publish over several partitions failed: the first partition's failure."""
+    if isinstance(failure.value, defer.FirstError):
+        sub: Failure = failure.value.subFailure
+        return sub
+    return failure
 
 
 def _unavailable(failure: Failure) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pushup.backplane.redis.engine import LOG, META, RedisEngine
+from pushup.backplane.redis.engine import RedisEngine
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.model import Draft, Origin, Query
@@ -48,6 +48,11 @@ def ids_held(e: RedisEngine, channel: str) -> list[str]:
     return [m.id for m in e.store.query(Query((channel,), 0, None, 1000)).messages]
 
 
+def origin(e: RedisEngine, channel: str = "c") -> str:
+    """The origin of the partition ``channel`` lives in, as node ``e`` holds it."""
+    return e.partition(channel).origin
+
+
 def publish(e: RedisEngine, channel: str, *datas: bytes) -> list[str]:
     return [m.id for m in wait_for(e.publish([Draft((channel,), d) for d in datas]))]
 
@@ -55,7 +60,7 @@ def publish(e: RedisEngine, channel: str, *datas: bytes) -> list[str]:
 def test_the_log_numbers_every_publish_and_both_nodes_hold_it_in_that_order(
         engine, redis_server):
     a, b = engine("a"), engine("b")
-    assert a.origin == b.origin and a.origin.startswith("p0.")
+    assert origin(a) == origin(b) and origin(a).startswith(a.partition("c").tag + ".")
     first = publish(a, "c", b"1", b"2")
     assert ids_held(a, "c") == first  # stored when acknowledged: the next poll here has it
     second = publish(b, "c", b"3")
@@ -64,8 +69,8 @@ def test_the_log_numbers_every_publish_and_both_nodes_hold_it_in_that_order(
     for e in (a, b):
         run_until(lambda e=e: len(ids_held(e, "c")) == 4, 10.0, "the tail")
         assert ids_held(e, "c") == first + second + third
-    assert redis_server.cli("XLEN", LOG) == 4
-    assert int(redis_server.cli("HGET", META, "s")) == 4
+    assert redis_server.cli("XLEN", a.partition("c").log) == 4
+    assert int(redis_server.cli("HGET", a.partition("c").meta, "s")) == 4
 
 
 def test_without_redis_nothing_is_acknowledged(engine, redis_server):
@@ -75,12 +80,12 @@ def test_without_redis_nothing_is_acknowledged(engine, redis_server):
     run_until(lambda: not a.stats()["redis"]["up"], 10.0, "the loss noticed")
     assert isinstance(failure_of(a.publish([Draft(("c",), b"2")])), errors.EngineUnavailable)
     assert isinstance(failure_of(a.probe()), errors.EngineUnavailable)
-    assert ids_held(a, "c") == [f"{a.origin}-1"]
+    assert ids_held(a, "c") == [f"{origin(a)}-1"]
 
 
 def test_a_redis_back_empty_is_a_new_epoch_and_the_old_log_is_lost(engine, redis_server):
     a = engine("a")
-    old = a.origin
+    old = origin(a)
     publish(a, "c", b"1")
     redis_server.kill()
     run_until(lambda: not a.stats()["redis"]["up"], 10.0, "the loss noticed")
@@ -90,7 +95,7 @@ def test_a_redis_back_empty_is_a_new_epoch_and_the_old_log_is_lost(engine, redis
     new = ids[0].origin
     assert new != old and ids[0].seq == 1
     # the publish's answer names the new log; the node moves to it as it resyncs
-    run_until(lambda: a.origin == new, 10.0, "the node on the new log")
+    run_until(lambda: origin(a) == new, 10.0, "the node on the new log")
     assert a.lost_epochs == 1
     assert a.store.lost_of(old) is not None  # a reader behind it gets its gap
 
@@ -99,5 +104,5 @@ def test_stats_name_redis_without_its_password(engine, redis_server):
     a = engine("a")
     stats = a.stats()
     assert stats["engine"] == "redis" and stats["peers"] == []
-    assert stats["redis"]["up"] and stats["redis"]["origin"] == a.origin
+    assert stats["redis"]["up"] and stats["redis"]["partitions"] == len(a.partitions)
     assert stats["redis"]["url"] == f"redis://127.0.0.1:{redis_server.port}/0"

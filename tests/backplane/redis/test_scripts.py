@@ -6,13 +6,16 @@ import json
 import hiredis
 import pytest
 
-from pushup.backplane.redis.engine import CHANNELS, CHECK, KEY, LOG, META, PUBLISH
+from pushup.backplane.redis.engine import CHECK, PUBLISH, Partition
+
+P = Partition("p0")  # one partition's keys: each script runs on one
+LOG, META, CHANNELS, KEY = P.log, P.meta, P.channels, P.key
 
 
 def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000, key=None,
             fingerprint="f1", window_ms=60_000):
     flat = [x for entry in entries for x in entry]
-    keys = [LOG, META, CHANNELS] + ([KEY + key] if key is not None else [])
+    keys = [LOG, META, CHANNELS, P.notify] + ([KEY + key] if key is not None else [])
     keyed = [fingerprint, window_ms] if key is not None else ["", 0]
     return redis.cli("EVAL", PUBLISH, len(keys), *keys, epoch, maxlen, held_epoch, held,
                      *keyed, *flat)
@@ -117,3 +120,31 @@ def test_a_record_an_earlier_version_wrote_still_answers_its_retry(redis_server)
     again = publish(redis_server, "e1", 2, msg(1), msg(2), key="old")
     assert again == [*first, b"again"]
     assert redis_server.cli("XLEN", LOG) == 2
+
+
+def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_does_not(
+        redis_server):
+    import socket
+
+    import msgspec
+
+    from deploy.redis_server import encode
+
+    with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as sub:
+        sub.sendall(encode(("SSUBSCRIBE", P.notify)))
+        reader = hiredis.Reader()
+
+        def next_reply():
+            while (reply := reader.gets()) is False:
+                reader.feed(sub.recv(65536))
+            return reply
+
+        assert next_reply() == [b"ssubscribe", P.notify.encode(), 1]
+        first = publish(redis_server, "", 0, msg(1, "a", "b"), op("create", "room"), key="k")
+        publish(redis_server, "e1", 2, msg(1, "a", "b"), op("create", "room"), key="k")
+        publish(redis_server, "e1", 2, msg(3))
+        told = [msgspec.msgpack.decode(next_reply()[2]) for _ in range(2)]
+    (m_seq, m_ts), (o_seq, o_ts) = zip(first[1::2], first[2::2], strict=True)
+    assert told[0] == ["e1", m_seq, m_ts.decode(), "m", '["a", "b"]', "1",
+                       o_seq, o_ts.decode(), "o", "room", op("create", "room")[2]]
+    assert told[1][:2] == ["e1", 3]  # the retry appended nothing and told no one
