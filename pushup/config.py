@@ -83,8 +83,9 @@ _HELP: dict[str, tuple[str, str | None]] = {
                 "--data-dir, else HOSTNAME-PORT (random with --port 0), so a restart keeps "
                 "it", "ID"),
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
-    "engine": ("what carries the cluster: mesh (peers, --peer) or redis://HOST:PORT[/DB]",
-               "ENGINE"),
+    "engine": ("what carries the cluster: mesh (peers, --peer) or "
+               "redis://HOST:PORT[,HOST:PORT...][/DB] (one redis-server, or seeds of a "
+               "Redis Cluster)", "ENGINE"),
     "redis_maxlen": ("entries the Redis log keeps (about; older ones are trimmed)", "N"),
     "redis_partitions": ("channels are hashed over this many partitions of the Redis log, "
                          "each its own slot; every node of a cluster must say the same", "K"),
@@ -405,7 +406,7 @@ def validate(c: Config) -> Config:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
     if c.engine != "mesh":
         try:
-            seeds_of(c.engine)
+            parse_seeds(c.engine)
         except ValueError as e:
             raise ConfigError(f"--engine: {e}") from None
         need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
@@ -452,7 +453,8 @@ class RedisURL:
         return f"redis://{host}:{self.port}/{self.db}"
 
 
-_URL_FORMS = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or unix:///PATH[?db=N]"
+_URL_FORMS = (
+    "redis://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][/DB] or unix:///PATH[?db=N]")
 
 
 def parse_url(text: str) -> RedisURL:
@@ -495,17 +497,25 @@ def parse_url(text: str) -> RedisURL:
                     password=unquote(parts.password) if parts.password is not None else None)
 
 
-def seeds_of(engine: str) -> list[RedisURL]:
-    """``--engine redis://HOST:PORT[,HOST:PORT…]``: one Redis, or any nodes of a
-    Redis Cluster to start from (the first URL's user, password and db are
-    every seed's). ValueError as :func:`parse_url`'s."""
-    first, *more = engine.split(",")
-    url = parse_url(first)
-    seeds = [url]
-    for other in more:
-        host = parse_url(f"redis://{other}")
-        seeds.append(RedisURL(host=host.host, port=host.port, db=url.db,
-                              username=url.username, password=url.password))
+def parse_seeds(text: str) -> list[RedisURL]:
+    """The Redis nodes ``--engine`` names: ``redis://[[user]:password@]HOST:PORT[,HOST:PORT
+    ...][/db]`` (one redis-server, or seeds of one Redis Cluster: the same user, password
+    and db for all), or one URL ``parse_url`` takes.
+
+    Raises ValueError with a one-line message (credentials masked) for anything else.
+    """
+    head, sep, rest = text.partition("://")
+    if not sep or head != "redis" or "," not in rest:
+        return [parse_url(text)]
+    userinfo, at, hosts = rest.rpartition("@")
+    hosts, slash, db = hosts.partition("/")
+    prefix = f"redis://{userinfo}{at}"
+    seeds = []
+    for host in hosts.split(","):
+        if not host:
+            raise ValueError(f"bad Redis URL list {'redis://' + hosts!r}: an empty HOST:PORT "
+                             "between commas")
+        seeds.append(parse_url(f"{prefix}{host}{slash}{db}"))
     return seeds
 
 

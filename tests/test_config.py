@@ -6,7 +6,15 @@ import os
 
 import pytest
 
-from pushup.config import Config, ConfigError, build_parser, load, unknown_environment
+from pushup.config import (
+    Config,
+    ConfigError,
+    RedisURL,
+    build_parser,
+    load,
+    parse_seeds,
+    unknown_environment,
+)
 
 
 def files(**contents: str):
@@ -349,3 +357,18 @@ def test_cors_origin_takes_several_origins_repeated_or_as_a_comma_list():
 def test_a_cors_origin_that_no_browser_sends_is_refused(given, why):
     with pytest.raises(ConfigError, match=why):
         serve("--cors-origin", given)
+
+
+def test_the_redis_engine_takes_one_url_or_several_seeds():
+    assert parse_seeds("redis://10.0.0.5:6380/2") == [RedisURL("10.0.0.5", 6380, db=2)]
+    assert parse_seeds("unix:///run/redis.sock") == [RedisURL(path="/run/redis.sock")]
+    assert parse_seeds("redis://alice:p%40ss@10.0.0.1:7000,10.0.0.2,[::1]:7002/0") == [
+        RedisURL("10.0.0.1", 7000, username="alice", password="p@ss"),
+        RedisURL("10.0.0.2", 6379, username="alice", password="p@ss"),
+        RedisURL("::1", 7002, username="alice", password="p@ss")]
+    assert parse_seeds("redis://a:1,b:2/3") == [RedisURL("a", 1, db=3), RedisURL("b", 2, db=3)]
+    seeds = "redis://127.0.0.1:7000,127.0.0.1:7001"
+    assert serve("--engine", seeds).engine == seeds
+    assert "an empty HOST:PORT between commas" in refused("--engine", "redis://a:1,,b:2")
+    assert "Port could not be cast" in refused("--engine", "redis://:secret@a:1,b:x")
+    assert "secret" not in refused("--engine", "redis://:secret@a:1,b:x")

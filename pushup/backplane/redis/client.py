@@ -12,6 +12,9 @@ Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is 
 ``RedisGone`` means no reply will come (the command may or may not have run),
 ``RedisTimeout`` is the ``RedisGone`` of a command that outlived its ``timeout``, and
 ``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
+
+``RedisPubSubProtocol`` is the same connection in sharded pub/sub mode, where Redis
+also sends arrays no command asked for (cluster.py's subscriber connections).
 """
 
 from __future__ import annotations
@@ -67,6 +70,14 @@ class RedisNotSent(RedisGone):
 def script_sha(script: str | bytes) -> str:
     """The SHA1 Redis names ``script`` by (what EVALSHA takes)."""
     return hashlib.sha1(script.encode() if isinstance(script, str) else script).hexdigest()
+
+
+def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
+    """The client endpoint dialling ``url`` (TCP, or its Unix socket)."""
+    if url.path is not None:
+        return UNIXClientEndpoint(reactor, url.path,  # type: ignore[no-untyped-call]
+                                  timeout=timeout)
+    return client_endpoint(reactor, url.host, url.port, timeout=timeout)
 
 
 # --- one connection -----------------------------------------------------------------
@@ -181,16 +192,23 @@ class RedisProtocol(Protocol):
                 return
             if reply is _INCOMPLETE:
                 return
-            if not self._waiting:
-                self.abort("a reply from Redis that no command asked for")
+            if not self._deliver(reply):
                 return
-            waiting = self._waiting.popleft()
-            if waiting.called:
-                continue  # it timed out; the connection is being dropped anyway
-            if isinstance(reply, RedisError):
-                waiting.errback(reply)
-            else:
-                waiting.callback(reply)
+
+    def _deliver(self, reply: Any) -> bool:
+        """Fire the oldest waiting command with ``reply``; False if the connection is
+        being dropped for it (no command asked for it)."""
+        if not self._waiting:
+            self.abort("a reply from Redis that no command asked for")
+            return False
+        waiting = self._waiting.popleft()
+        if waiting.called:
+            return True  # it timed out; the connection is being dropped anyway
+        if isinstance(reply, RedisError):
+            waiting.errback(reply)
+        else:
+            waiting.callback(reply)
+        return True
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closed = True
@@ -201,6 +219,67 @@ class RedisProtocol(Protocol):
             if not command.called:
                 command.errback(RedisGone(why))
         self.lost.callback(None)
+
+
+# --- one connection in sharded pub/sub mode -----------------------------------------
+
+PushHandler = Callable[[bytes, bytes, Any], None]  # (kind, channel, payload or count)
+PUSHED_KINDS = frozenset({b"ssubscribe", b"sunsubscribe", b"smessage"})
+
+
+class RedisPubSubProtocol(RedisProtocol):
+    """One connection in RESP2 sharded pub/sub mode (SSUBSCRIBE), where Redis sends
+    arrays nobody asked for.
+
+    Every ``ssubscribe``/``sunsubscribe``/``smessage`` array goes to ``on_push(kind,
+    channel, payload or count)`` in the order Redis sent it, whether it answers our
+    command or Redis pushed it (a ``sunsubscribe`` when the channel's slot moved to
+    another node). Any other reply (an error such as ``MOVED`` for SSUBSCRIBE, PING's
+    ``pong``) fires the oldest waiting command, as in ``RedisProtocol``.
+    """
+
+    def __init__(self, clock: Any, on_push: PushHandler, **handshake: Any) -> None:
+        super().__init__(clock, **handshake)
+        self._on_push = on_push
+        # per waiting command, in the same order: the array that answers it, if any
+        self._answers: deque[tuple[bytes, bytes] | None] = deque()
+
+    def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
+        return self._send(None, args, timeout)
+
+    def ssubscribe(self, channel: bytes) -> Deferred[Any]:
+        """SSUBSCRIBE one channel. Fires with Redis's confirmation (which ``on_push``
+        also gets), or fails with its error reply (``MOVED``, ``CLUSTERDOWN``)."""
+        return self._send((b"ssubscribe", channel), ("SSUBSCRIBE", channel), None)
+
+    def sunsubscribe(self, channel: bytes) -> Deferred[Any]:
+        return self._send((b"sunsubscribe", channel), ("SUNSUBSCRIBE", channel), None)
+
+    def _send(self, answer: tuple[bytes, bytes] | None, args: tuple[Arg, ...],
+              timeout: float | None) -> Deferred[Any]:
+        sent = super().execute(*args, timeout=timeout)
+        if not sent.called:  # written: a reply is owed
+            self._answers.append(answer)
+        return sent
+
+    def _deliver(self, reply: Any) -> bool:
+        if isinstance(reply, list) and len(reply) == 3 and reply[0] in PUSHED_KINDS:
+            kind, channel = reply[0], reply[1]
+            if self._answers and self._answers[0] == (kind, channel):
+                self._answers.popleft()
+                super()._deliver(reply)
+            try:
+                self._on_push(kind, channel, reply[2])
+            except Exception:
+                log.failure("redis: a pub/sub listener failed")
+            return True
+        if self._answers:
+            self._answers.popleft()
+        return super()._deliver(reply)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._answers.clear()
+        super().connectionLost(reason)
 
 
 # --- a connection that comes back ---------------------------------------------------
@@ -215,14 +294,19 @@ class RedisConnection:
     """
 
     def __init__(self, url: RedisURL | str, reactor: Any, *,
-                 connect_timeout: float = HANDSHAKE_TIMEOUT, quiet: bool = False) -> None:
+                 connect_timeout: float = HANDSHAKE_TIMEOUT, quiet: bool = False,
+                 on_push: PushHandler | None = None) -> None:
         """``reactor`` provides IReactorTime and IReactorTCP (IReactorUNIX for unix://).
+
+        ``on_push``: a pub/sub connection (``RedisPubSubProtocol``, see ``pubsub``)
+        whose pushed arrays go to ``on_push``.
 
         The log tells each change of state once (up, lost, unreachable and why);
         ``quiet``: at debug level only (a second connection to the same Redis,
         whose changes the first one tells already).
         """
         self.url = parse_url(url) if isinstance(url, str) else url
+        self._on_push = on_push
         self._say = log.debug if quiet else None
         self.connected = False
         self.on_connect: list[Callable[[], object]] = []
@@ -272,6 +356,12 @@ class RedisConnection:
             return defer.fail(RedisNotSent(f"not connected to {self.url}"))
         return self._protocol.execute(*args, timeout=timeout)
 
+    @property
+    def pubsub(self) -> RedisPubSubProtocol | None:
+        """The current connection's protocol, when up and made with ``on_push``."""
+        protocol = self._protocol if self.connected else None
+        return protocol if isinstance(protocol, RedisPubSubProtocol) else None
+
     def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Arg], args: Sequence[Arg],
                 *, timeout: float | None = None) -> Deferred[Any]:
         """EVALSHA ``sha``; if Redis lacks the script (restarted empty, or SCRIPT FLUSH),
@@ -292,19 +382,16 @@ class RedisConnection:
         return self.execute("EVALSHA", sha, numkeys, *keys, *args,
                             timeout=timeout).addErrback(fallback)
 
-    def _endpoint(self) -> Any:
-        url, timeout = self.url, self._connect_timeout
-        if url.path is not None:
-            return UNIXClientEndpoint(self._reactor, url.path,  # type: ignore[no-untyped-call]
-                                      timeout=timeout)
-        return client_endpoint(self._reactor, url.host, url.port, timeout=timeout)
-
     def _connect(self) -> None:
         self._retry = None
         url = self.url
-        protocol = RedisProtocol(self._reactor, password=url.password, db=url.db,
-                                 username=url.username, handshake_timeout=self._connect_timeout)
-        attempt: Deferred[Any] = connectProtocol(self._endpoint(), protocol)  # type: ignore[no-untyped-call]
+        handshake: dict[str, Any] = dict(password=url.password, db=url.db,
+                                         username=url.username,
+                                         handshake_timeout=self._connect_timeout)
+        protocol = (RedisProtocol(self._reactor, **handshake) if self._on_push is None
+                    else RedisPubSubProtocol(self._reactor, self._on_push, **handshake))
+        endpoint = redis_endpoint(self._reactor, url, self._connect_timeout)
+        attempt: Deferred[Any] = connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
         self._attempt = attempt
         attempt.addCallback(self._made)
         attempt.addCallbacks(self._ready, self._failed)

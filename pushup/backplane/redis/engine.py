@@ -70,8 +70,8 @@ from pushup.backplane.redis.client import (
     RedisNotSent,
     script_sha,
 )
-from pushup.backplane.redis.cluster import SLOTS, Shards, hash_tag, key_slot
-from pushup.config import Config, seeds_of
+from pushup.backplane.redis.cluster import SLOTS, Shards, key_slot
+from pushup.config import Config, parse_seeds
 from pushup.core import errors
 from pushup.core.channels import Channel, check_ttl
 from pushup.core.follow import Entry, Hole, LoggedOp, Skip
@@ -212,6 +212,17 @@ def partition_tags(count: int) -> list[str]:
     return tags
 
 
+def hash_tag(name: str) -> str:
+    """What of a name is hashed, by Redis Cluster's rule: the part between its
+    first ``{`` and the next ``}`` if that is not empty, else the whole name."""
+    start = name.find("{")
+    if start >= 0:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return name[start + 1:end]
+    return name
+
+
 def partition_of(channel: str, count: int) -> int:
     """The partition a channel lives in: its hash tag's CRC-32, modulo ``count``."""
     return zlib.crc32(hash_tag(channel).encode()) % count
@@ -263,7 +274,7 @@ class RedisEngine:
         self.service = service
         self.store = service.store
         self.clock = reactor
-        self.seeds = seeds_of(config.engine)
+        self.seeds = parse_seeds(config.engine)
         self.maxlen = config.redis_maxlen
         self.timeout = COMMAND_TIMEOUT
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
