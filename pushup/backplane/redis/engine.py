@@ -56,6 +56,7 @@ import secrets
 import time
 import zlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -283,7 +284,7 @@ class RedisEngine:
         self.ready = False
         self.stopped = False
         self._loaded: defer.Deferred[None] = defer.Deferred()
-        self.lost_epochs = 0  # times a log was found to have lost what we held
+        self.lost_epochs = 0  # times a log was found to have lost entries we held
 
     def partition(self, channel: str) -> Partition:
         return self.partitions[partition_of(channel, len(self.partitions))]
@@ -316,8 +317,8 @@ class RedisEngine:
     def start(self) -> defer.Deferred[None]:
         self.shards.start()
         for p in self.partitions:
-            self.shards.subscribe(p.notify, lambda payload, p=p: self._notified(p, payload),
-                                  lambda p=p: self._read_back(p))
+            self.shards.subscribe(p.notify, partial(self._notified, p),
+                                  partial(self._read_back, p))
         return self._loaded
 
     @defer.inlineCallbacks
@@ -531,7 +532,6 @@ class RedisEngine:
 
     def _lost_epoch(self, p: Partition, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap."""
-        self.lost_epochs += 1
         old = p.origin
         held = self.store.horizon_of(old)
         new = f"{p.tag}.{epoch}"
@@ -540,6 +540,7 @@ class RedisEngine:
             # one naming any origin lost with a restart (pushup.core.origins).
             log.warn("redis: the log {old} is gone; now reading {new}", old=old, new=new)
             return
+        self.lost_epochs += 1
         self.service.follow(old, [Skip(held + 1, self.service.now())], scoped=True)
         log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
                  "failed over); now reading {new}; readers behind {old}:{seq} get a gap",
