@@ -414,10 +414,8 @@ class RedisEngine:
     def _append(self, p: Partition, entries: list[bytes | str], idem: Idem | None = None,
                 ) -> defer.Deferred[Any]:
         """Append entries to a partition's log in one script call (all or
-        nothing); with ``idem``, once per key within the window."""
-        if not self.shards.connected:
-            return defer.fail(errors.EngineUnavailable("Redis is unreachable; nothing was "
-                                                       "acknowledged"))
+        nothing); with ``idem``, once per key within the window. (A command
+        connection that is down fails it at once, ``RedisNotSent``: 503.)"""
         keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
