@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.launch import LocalCluster
-from pushup.backplane.redis.engine import META
+from pushup.backplane.redis.engine import Partition, partition_tags
+from pushup.config import Config
 
 from . import procfs
 from .cluster import NODE_ARGS, Control, _lag_sampler, _wait, bench_cluster_fanout
@@ -143,7 +144,9 @@ def _settled(engine: str, c: LocalCluster, nodes: list[Control]) -> bool:
     if engine == "mesh":
         return all(p["queued"] == 0 for x in nodes for p in x.stats()["peers"])
     assert c.redis is not None
-    last = int(c.redis.cli("HGET", META, "s") or 0)
+    # every partition's last sequence number, summed: what each node's horizon sums
+    last = sum(int(c.redis.cli("HGET", Partition(tag).meta, "s") or 0)
+               for tag in partition_tags(Config().redis_partitions))
     return all(x.stats()["redis"]["horizon"] >= last for x in nodes)
 
 

@@ -505,9 +505,8 @@ class Shards:
             if address not in owners:
                 del self._primaries[address]
                 primary.stop()
-        if before != self.primaries():
-            log.info("redis {name}: {kind} of {primaries}", name=self._name,
-                     kind="a cluster" if self.clustered else "one server",
+        if before != self.primaries() and self.clustered:  # (one server: the start line says it)
+            log.info("redis {name}: a cluster of {primaries}", name=self._name,
                      primaries=", ".join(self.primaries()))
         self._last_complaint = ""
         for channel in list(self._subscriptions):

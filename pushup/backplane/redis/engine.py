@@ -285,6 +285,7 @@ class RedisEngine:
         self.stopped = False
         self._loaded: defer.Deferred[None] = defer.Deferred()
         self.lost_epochs = 0  # times a log was found to have lost entries we held
+        self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
 
     def partition(self, channel: str) -> Partition:
         return self.partitions[partition_of(channel, len(self.partitions))]
@@ -519,6 +520,7 @@ class RedisEngine:
         if p.again:
             p.again = False
             self._read_back(p, "notified during a read")
+        self._say_gone()
 
     def _check_loaded(self) -> None:
         if not self.ready and all(p.ready for p in self.partitions):
@@ -529,20 +531,29 @@ class RedisEngine:
             self._loaded.callback(None)
 
     def _lost_epoch(self, p: Partition, epoch: str) -> None:
-        """The log we held is gone: everyone behind its end is told of a gap."""
+        """The log we held is gone: everyone behind its end is told of a gap
+        (logged once for every partition found so in one round of reads)."""
         old = p.origin
         held = self.store.horizon_of(old)
-        new = f"{p.tag}.{epoch}"
+        self._gone.append((old, held))
         if held == 0:
             # We read nothing of it: a cursor naming it is told of the gap as
             # one naming any origin lost with a restart (pushup.core.origins).
-            log.warn("redis: the log {old} is gone; now reading {new}", old=old, new=new)
             return
         self.lost_epochs += 1
         self.service.follow(old, [Skip(held + 1, self.service.now())], scoped=True)
-        log.warn("redis: the log {old} is gone (Redis lost what it held: restarted empty, or "
-                 "failed over); now reading {new}; readers behind {old}:{seq} get a gap",
-                 old=old, new=new, seq=held)
+
+    def _say_gone(self) -> None:
+        """Once no partition is being read: one line for the logs found gone."""
+        if not self._gone or any(p.reading for p in self.partitions):
+            return
+        gone, self._gone = self._gone, []
+        behind = [f"{origin}:{held}" for origin, held in gone if held]
+        log.warn("redis: the log of {n} partitions is gone; Redis lost what it held "
+                 "(restarted empty, or failed over); now reading new epochs; "
+                 "{readers}", n=len(gone),
+                 readers=f"readers behind {', '.join(behind)} get a gap" if behind
+                 else "this node had read nothing of them: no reader has a gap")
 
     @defer.inlineCallbacks
     def _load_channels(self, p: Partition) -> Any:
