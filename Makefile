@@ -70,11 +70,13 @@ run: $(RUN_STAMP) $(BUILT)
 # N nodes (NODES=3) behind HAProxy on loopback, front on PORT (8000); a node that
 # dies is reported and restarted; logs in .cluster/; Ctrl-C stops everything.
 # ENGINE=mesh (peers, the default), redis (a redis-server of its own) or a redis:// URL.
+# BALANCE=channel sends each subscribe by a consistent hash of its channels.
 NODES ?= 3
 ENGINE ?= mesh
 PORT ?= 8000
+BALANCE ?= roundrobin
 cluster: cluster-packages
-	$(PY) deploy/launch.py --nodes $(NODES) --port $(PORT) --engine $(ENGINE)
+	$(PY) deploy/launch.py --nodes $(NODES) --port $(PORT) --engine $(ENGINE) --balance $(BALANCE)
 
 # What running a cluster needs, and no more: the run install, HAProxy, and
 # redis-server for ENGINE=redis (Debian packages installed only when missing).

@@ -2,6 +2,7 @@
 
     python deploy/launch.py [--nodes 3] [--port 8000] [--haproxy-procs 1]
                             [--engine mesh|redis|redis://HOST:PORT] [--logs DIR]
+                            [--balance roundrobin|channel]
                             [--leave-dead] [--web-backend 127.0.0.1:5000]
                             [-- extra pushup flags]
 
@@ -45,16 +46,39 @@ TEMPLATE = HERE / "haproxy.cfg.template"
 ERRORS = HERE / "errors"  # the JSON answers HAProxy gives itself (errorfile)
 
 
+BALANCES = ("roundrobin", "channel")
+
+
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",
-                   host: str = "127.0.0.1") -> str:
-    """The HAProxy configuration for these nodes (see haproxy.cfg.template)."""
+                   host: str = "127.0.0.1", balance: str = "roundrobin") -> str:
+    """The HAProxy configuration for these nodes (see haproxy.cfg.template).
+
+    ``balance="channel"``: a subscribe goes to a node chosen by a consistent
+    hash of its ``channels`` parameter (so a channel's pollers share a node,
+    and with the Redis engine a node holds fewer channels' work), everything
+    else round robin. Any node still answers any request: affinity only
+    saves work, and a node that is down sends its channels elsewhere."""
+    if balance not in BALANCES:
+        raise ValueError(f"balance is one of {', '.join(BALANCES)}")
     servers = "\n".join(f"    server node{i + 1} {host}:{p} check"
                         for i, p in enumerate(node_ports))
     web = (f"backend web\n    server web1 {web_backend}\n" if web_backend else "")
     default = "web" if web_backend else "pushup"
-    return TEMPLATE.read_text().format(front=f"{host}:{front_port}", servers=servers,
+    text = TEMPLATE.read_text().format(front=f"{host}:{front_port}", servers=servers,
                                        web_backend=web, default_backend=default,
                                        errors=ERRORS)
+    if balance == "channel":
+        head, backend = text.split("\nbackend pushup\n", 1)
+        backend, _, rest = backend.partition("\n\n")
+        by_channel = backend.replace("    balance roundrobin\n",
+                                     "    balance url_param channels\n    hash-type consistent\n")
+        head = head.replace("    use_backend pushup if pushup\n",
+                            "    use_backend pushup_by_channel if { path /subscribe }\n"
+                            "    use_backend pushup if pushup\n")
+        text = (f"{head}\nbackend pushup\n{backend}\n\n"
+                f"# Subscribes by channel (deploy/launch.py --balance channel)\n"
+                f"backend pushup_by_channel\n{by_channel}\n\n{rest}")
+    return text
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -92,8 +116,10 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, front_port: int = 0, haproxy_procs: int = 1,
                  node_args: Sequence[str] = (), web_backend: str = "",
                  secret: str = "", workdir: str | None = None, haproxy: bool = True,
-                 engine: str = "mesh", node_env: dict[str, str] | None = None) -> None:
+                 engine: str = "mesh", node_env: dict[str, str] | None = None,
+                 balance: str = "roundrobin") -> None:
         self.node_ports = [free_port() for _ in range(nodes)]
+        self.balance = balance  # HAProxy's: roundrobin, or channel (haproxy_config)
         self.front_port = front_port or free_port()
         self.haproxy_procs = haproxy_procs if haproxy else 0
         self.node_args = list(node_args)
@@ -159,7 +185,7 @@ class LocalCluster:
             if self.haproxy_procs:
                 cfg = self.workdir / "haproxy.cfg"
                 cfg.write_text(haproxy_config(self.front_port, self.node_ports,
-                                              self.web_backend))
+                                              self.web_backend, balance=self.balance))
                 for k in range(self.haproxy_procs):
                     self.haproxies.append(self.spawn_haproxy(k))
                 try:
@@ -419,6 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--web-backend", default="", help="HOST:PORT for non-PushUp paths")
     parser.add_argument("--engine", default="mesh",
                         help="mesh (peers), redis (a redis-server of our own) or a redis:// URL")
+    parser.add_argument("--balance", default="roundrobin", choices=BALANCES,
+                        help="how HAProxy spreads subscribes: roundrobin, or channel (a "
+                             "consistent hash of the channels parameter; publishes stay "
+                             "round robin)")
     parser.add_argument("--logs", default=os.environ.get("PUSHUP_CLUSTER_DIR", str(LOGS)),
                         help="directory of the logs, the last run's removed at start "
                              "(default .cluster/ in the repository)")
@@ -434,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cluster = LocalCluster(args.nodes, args.port, args.haproxy_procs, args.extra,
                            args.web_backend, workdir=str(prepare_logs(Path(args.logs))),
-                           engine=args.engine)
+                           engine=args.engine, balance=args.balance)
 
     def banner() -> list[str]:
         lines = [f"front: {cluster.front_url}"]

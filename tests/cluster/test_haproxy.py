@@ -44,3 +44,23 @@ def test_two_haproxy_processes_share_the_front_port(fresh_cluster):
     assert len(listening) == 2
     for _ in range(20):
         assert publish(c.front_url, [uniq()], 1)["id"]
+
+
+def test_balance_by_channel_keeps_a_channels_subscribes_on_one_node_and_spreads_the_rest(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=True, balance="channel")
+
+    def node_of(method: str, path: str, body: bytes | None = None) -> str:
+        status, headers, _ = request(method, c.front_url + path, body)
+        assert status in (200, 201), (status, path)
+        return headers["x-pushup-node"]
+
+    channels = [uniq(f"affine{k}") for k in range(12)]
+    # each request on a new connection: only the channel decides the node
+    homes = {ch: {node_of("GET", f"/subscribe?channels={ch}&timeout=0") for _ in range(4)}
+             for ch in channels}
+    assert all(len(nodes) == 1 for nodes in homes.values()), homes
+    assert len({next(iter(nodes)) for nodes in homes.values()}) > 1  # channels spread
+    # publishes go round robin, whatever their channel
+    publish_body = b'{"channels":["%s"],"data":1}' % channels[0].encode()
+    assert len({node_of("POST", "/publish", publish_body) for _ in range(6)}) == 3
