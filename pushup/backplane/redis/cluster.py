@@ -107,8 +107,11 @@ class Shards:
         self._known = False  # the topology was read at least once
         self._refreshing = False
         self._refresh_again = False
-        self._refreshed: list[Deferred[None]] = []
+        self._refreshed: list[Deferred[None]] = []  # fire when the read under way is done
+        self._first_read: list[Deferred[None]] = []  # topology_read()'s
         self._retry: Any = None  # the next periodic re-read's IDelayedCall
+        self._asking: Deferred[Any] | None = None  # a topology read's TCP connect ...
+        self._asked: RedisProtocol | None = None  # ... and then its connection
         self._last_complaint = ""
 
     # -- life -------------------------------------------------------------------------
@@ -125,7 +128,7 @@ class Shards:
         if self._known:
             return defer.succeed(None)
         read: Deferred[None] = Deferred()
-        self._refreshed.append(read)
+        self._first_read.append(read)
         return read
 
     def stop(self) -> Deferred[None]:
@@ -134,6 +137,10 @@ class Shards:
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
+        if self._asking is not None:
+            self._asking.cancel()
+        if self._asked is not None:
+            self._asked.abort("stopping")
         primaries, self._primaries = list(self._primaries.values()), {}
         self._owners = [None] * SLOTS
         closed = defer.gatherResults([primary.stop() for primary in primaries])
@@ -393,6 +400,8 @@ class Shards:
             return
         if self._known:  # else they wait for the first topology
             waiters, self._refreshed = self._refreshed, []
+            waiters += self._first_read
+            self._first_read = []
             for waiter in waiters:
                 waiter.callback(None)
         if not self.connected:
@@ -401,7 +410,8 @@ class Shards:
     def _refuse(self, failure: Failure) -> None:
         log.error("redis {name}: {why}", name=self._name, why=failure.getErrorMessage())
         self._running = False
-        waiters, self._refreshed = self._refreshed, []
+        self._refreshed = []  # nothing more will be read
+        waiters, self._first_read = self._first_read, []
         for waiter in waiters:
             waiter.errback(failure)
 
@@ -421,7 +431,7 @@ class Shards:
         if self._known and not self.clustered:
             return  # one redis-server: its connections reconnect by themselves
         for primary in list(self._primaries.values()):
-            if primary.commands.connected:
+            if primary.commands.connected and self._running:
                 try:
                     slots = yield primary.commands.execute("CLUSTER", "SLOTS",
                                                            timeout=ASK_TIMEOUT)
@@ -432,6 +442,8 @@ class Shards:
         tried: set[str] = set()
         last: Exception | None = None
         for url in [*self._nodes, *self._seeds]:
+            if not self._running:
+                return
             if str(url) in tried:
                 continue
             tried.add(str(url))
@@ -461,8 +473,14 @@ class Shards:
         protocol = RedisProtocol(self._reactor, password=url.password, username=url.username,
                                  handshake_timeout=ASK_TIMEOUT)
         endpoint = redis_endpoint(self._reactor, url, ASK_TIMEOUT)
-        yield connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
+        connecting = connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
+        self._asking = connecting
         try:
+            yield connecting
+        finally:
+            self._asking = None
+        try:
+            self._asked = protocol
             yield protocol.ready
             info = yield protocol.execute("INFO", "cluster", timeout=ASK_TIMEOUT)
             if b"cluster_enabled:1" not in info:
@@ -470,6 +488,7 @@ class Shards:
             slots = yield protocol.execute("CLUSTER", "SLOTS", timeout=ASK_TIMEOUT)
             return (True, slots)
         finally:
+            self._asked = None
             protocol.abort("topology read")
 
     def _apply(self, slots: list[Any], asked: RedisURL) -> None:
