@@ -283,6 +283,7 @@ class Shards:
         return up.addBoth(lambda result: (call.active() and call.cancel(), result)[1])
 
     def _commands_up(self, primary: _Primary) -> None:
+        self._stop_rereading()
         waiters, primary.up_waiters = primary.up_waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -345,6 +346,7 @@ class Shards:
             self._refresh_later()
 
     def _subscriber_up(self, primary: _Primary) -> None:
+        self._stop_rereading()
         primary.subscribed.clear()  # a new connection subscribes to nothing
         for channel in list(self._subscriptions):
             if self._owners[key_slot(channel)] == primary.address:
@@ -417,7 +419,17 @@ class Shards:
 
     def _refresh_later(self) -> None:
         if self._running and (self._retry is None or not self._retry.active()):
-            self._retry = self._reactor.callLater(MAX_DELAY, self._refresh)
+            self._retry = self._reactor.callLater(MAX_DELAY, self._refresh_unless_connected)
+
+    def _refresh_unless_connected(self) -> None:
+        if not self.connected:
+            self._refresh()
+
+    def _stop_rereading(self) -> None:
+        """Every connection is up: no periodic re-read (a loss starts it again)."""
+        if self.connected and self._retry is not None and self._retry.active():
+            self._retry.cancel()
+            self._retry = None
 
     def _complain(self, why: str) -> None:
         if why != self._last_complaint:
