@@ -13,14 +13,12 @@ meaning (``RedisNotSent``, ``RedisGone``, ``RedisTimeout``, ``RedisError``).
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import connectProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -31,30 +29,18 @@ from pushup.backplane.redis.client import (
     RedisConnection,
     RedisError,
     RedisNotSent,
-    RedisProtocol,
-    redis_endpoint,
 )
+from pushup.backplane.redis.slots import SLOTS, Topology, address_of, key_slot, read_topology
 from pushup.config import RedisURL
+
+__all__ = ["Shards", "ShardsRefused", "key_slot"]
 
 log = Logger()
 
-SLOTS = 16384
 MAX_REDIRECTS = 5  # MOVED/ASK/TRYAGAIN followed per command before the caller sees it
 ASK_TIMEOUT = 2.0  # seconds for CLUSTER SLOTS/INFO, and for a new primary's connection
 TRYAGAIN_DELAY = 0.05  # seconds before retrying a multi-key command caught mid-migration
 PROBE_TIMEOUT = 2.0
-
-
-def key_slot(key: str | bytes) -> int:
-    """Redis Cluster's slot of ``key``: CRC16/XMODEM of its hash tag (what lies between
-    the first ``{`` and the next ``}``, if not empty), else of the whole key, mod 16384."""
-    data = key.encode() if isinstance(key, str) else key
-    start = data.find(b"{")
-    if start >= 0:
-        end = data.find(b"}", start + 1)
-        if end > start + 1:
-            data = data[start + 1:end]
-    return binascii.crc_hqx(data, 0) % SLOTS
 
 
 class ShardsRefused(Exception):
@@ -101,7 +87,7 @@ class Shards:
         self.clustered = False
         self._owners: list[str | None] = [None] * SLOTS  # primary address by slot
         self._primaries: dict[str, _Primary] = {}  # also ASK targets owning no slot yet
-        self._nodes: list[RedisURL] = []  # every node the last map named, replicas too
+        self._nodes: dict[str, RedisURL] = {}  # every node the last map named, replicas too
         self._subscriptions: dict[bytes, _Subscription] = {}
         self._running = False
         self._known = False  # the topology was read at least once
@@ -110,8 +96,7 @@ class Shards:
         self._refreshed: list[Deferred[None]] = []  # fire when the read under way is done
         self._first_read: list[Deferred[None]] = []  # topology_read()'s
         self._retry: Any = None  # the next periodic re-read's IDelayedCall
-        self._asking: Deferred[Any] | None = None  # a topology read's TCP connect ...
-        self._asked: RedisProtocol | None = None  # ... and then its connection
+        self._reading: Deferred[Any] | None = None  # a read_topology under way
         self._last_complaint = ""
 
     # -- life -------------------------------------------------------------------------
@@ -137,10 +122,8 @@ class Shards:
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
-        if self._asking is not None:
-            self._asking.cancel()
-        if self._asked is not None:
-            self._asked.abort("stopping")
+        if self._reading is not None:
+            self._reading.cancel()
         primaries, self._primaries = list(self._primaries.values()), {}
         self._owners = [None] * SLOTS
         closed = defer.gatherResults([primary.stop() for primary in primaries])
@@ -445,95 +428,46 @@ class Shards:
         for primary in list(self._primaries.values()):
             if primary.commands.connected and self._running:
                 try:
-                    slots = yield primary.commands.execute("CLUSTER", "SLOTS",
+                    reply = yield primary.commands.execute("CLUSTER", "SLOTS",
                                                            timeout=ASK_TIMEOUT)
                 except Exception:
                     continue
-                self._apply(slots, primary.commands.url)
+                self._apply(Topology.from_cluster_slots(reply, primary.commands.url))
                 return
-        tried: set[str] = set()
         last: Exception | None = None
-        for url in [*self._nodes, *self._seeds]:
+        urls = {**self._nodes, **{address_of(seed): seed for seed in self._seeds}}
+        for url in urls.values():
             if not self._running:
                 return
-            if str(url) in tried:
-                continue
-            tried.add(str(url))
+            self._reading = read_topology(self._reactor, url, ASK_TIMEOUT)
             try:
-                clustered, slots = yield self._ask(url)
-            except ShardsRefused:
-                raise
+                topology = yield self._reading
             except Exception as error:
                 last = error
                 continue
-            if clustered:
-                if any(seed.db for seed in self._seeds):
-                    raise ShardsRefused(
-                        f"{url} is a Redis Cluster, which has only database 0: drop the "
-                        "/DB from --engine")
-                self.clustered = True
-                self._apply(slots, url)
-            else:
-                self._apply_single(url if url in self._seeds else self._seeds[0])
+            finally:
+                self._reading = None
+            if topology.clustered and any(seed.db for seed in self._seeds):
+                raise ShardsRefused(f"{url} is a Redis Cluster, which has only database 0: "
+                                    "drop the /DB from --engine")
+            self._apply(topology)
             return
         raise last or RedisNotSent("no Redis to ask")
 
-    @defer.inlineCallbacks
-    def _ask(self, url: RedisURL) -> Generator[Deferred[Any], Any, tuple[bool, Any]]:
-        """(clustered, CLUSTER SLOTS) from ``url``, on a connection of its own (db 0:
-        a cluster refuses SELECT)."""
-        protocol = RedisProtocol(self._reactor, password=url.password, username=url.username,
-                                 handshake_timeout=ASK_TIMEOUT)
-        endpoint = redis_endpoint(self._reactor, url, ASK_TIMEOUT)
-        connecting = connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
-        self._asking = connecting
-        try:
-            yield connecting
-        finally:
-            self._asking = None
-        try:
-            self._asked = protocol
-            yield protocol.ready
-            info = yield protocol.execute("INFO", "cluster", timeout=ASK_TIMEOUT)
-            if b"cluster_enabled:1" not in info:
-                return (False, None)
-            slots = yield protocol.execute("CLUSTER", "SLOTS", timeout=ASK_TIMEOUT)
-            return (True, slots)
-        finally:
-            self._asked = None
-            protocol.abort("topology read")
-
-    def _apply(self, slots: list[Any], asked: RedisURL) -> None:
-        """Take the map of a CLUSTER SLOTS reply: connect to new primaries, close those
-        that own nothing now, move each subscription to its slot's owner."""
-        owners: list[str | None] = [None] * SLOTS
-        nodes: list[RedisURL] = []
-        for start, end, *members in slots:
-            for index, (host, port, *_rest) in enumerate(members):
-                host = host.decode() if host else asked.host  # "": the node asked
-                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                nodes.append(replace(self._seeds[0], host=host, port=int(port), path=None,
-                                     db=0))
-                if index == 0:
-                    owners[start:end + 1] = [address] * (end + 1 - start)
-        self._set_owners(owners)
-        self._nodes = nodes
-
-    def _apply_single(self, url: RedisURL) -> None:
-        address = url.path if url.path is not None else f"{url.host}:{url.port}"
-        self.clustered = False
-        self._set_owners([address] * SLOTS, url)
-
-    def _set_owners(self, owners: list[str | None], single: RedisURL | None = None) -> None:
+    def _apply(self, topology: Topology) -> None:
+        """Take a slot map: connect to new primaries, close those that own nothing now,
+        move each subscription to its slot's owner."""
         before = self.primaries() if self._known else None
-        self._owners = owners
+        self.clustered = topology.clustered
+        self._owners = list(topology.owners)
+        self._nodes = topology.urls
         self._known = True
-        for address in set(owners):
-            if address is None or address in self._primaries:
-                continue
-            self._primary(address, single)
+        for address in set(self._owners):
+            if address is not None and address not in self._primaries:
+                self._primary(address, topology.urls[address])
+        owning = set(self._owners)
         for address, primary in list(self._primaries.items()):
-            if address not in owners:
+            if address not in owning:
                 del self._primaries[address]
                 primary.stop()
         if before != self.primaries():
