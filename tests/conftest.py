@@ -24,6 +24,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
+from deploy.redis_cluster import RedisCluster
 from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.ops.node import Node
@@ -347,3 +348,15 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A fresh Redis Cluster of this test's own: 3 primaries with one replica each
+    (see deploy/redis_cluster.py), every node stopped by PID at teardown."""
+    cluster = RedisCluster(primaries=3, replicas=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

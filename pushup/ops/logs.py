@@ -16,7 +16,7 @@ from importlib.metadata import version
 from typing import Any
 
 from pushup.backplane.mesh.dial import UNIX_SCHEME
-from pushup.config import Config, parse_url
+from pushup.config import Config, parse_seeds
 
 
 def start_logging(level: str, form: str = "text", worker: bool = False) -> None:
@@ -121,7 +121,7 @@ def start_line(config: Config, node_id: str, address: str,
     if engine == "mesh":
         fields["peers"] = list(config.peer)
     elif engine == "redis":  # str() of a Redis URL leaves its credentials out
-        fields["redis"] = str(parse_url(config.engine))
+        fields["redis"] = ",".join(str(seed) for seed in parse_seeds(config.engine))
     if config.admin_port:
         host = f"[{config.admin_host}]" if ":" in config.admin_host else config.admin_host
         fields["admin"] = f"http://{host}:{config.admin_port}"

@@ -13,14 +13,12 @@ meaning (``RedisNotSent``, ``RedisGone``, ``RedisTimeout``, ``RedisError``).
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import connectProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -31,30 +29,18 @@ from pushup.backplane.redis.client import (
     RedisConnection,
     RedisError,
     RedisNotSent,
-    RedisProtocol,
-    redis_endpoint,
 )
+from pushup.backplane.redis.slots import SLOTS, Topology, address_of, key_slot, read_topology
 from pushup.config import RedisURL
+
+__all__ = ["Shards", "ShardsRefused", "key_slot"]
 
 log = Logger()
 
-SLOTS = 16384
 MAX_REDIRECTS = 5  # MOVED/ASK/TRYAGAIN followed per command before the caller sees it
 ASK_TIMEOUT = 2.0  # seconds for CLUSTER SLOTS/INFO, and for a new primary's connection
 TRYAGAIN_DELAY = 0.05  # seconds before retrying a multi-key command caught mid-migration
 PROBE_TIMEOUT = 2.0
-
-
-def key_slot(key: str | bytes) -> int:
-    """Redis Cluster's slot of ``key``: CRC16/XMODEM of its hash tag (what lies between
-    the first ``{`` and the next ``}``, if not empty), else of the whole key, mod 16384."""
-    data = key.encode() if isinstance(key, str) else key
-    start = data.find(b"{")
-    if start >= 0:
-        end = data.find(b"}", start + 1)
-        if end > start + 1:
-            data = data[start + 1:end]
-    return binascii.crc_hqx(data, 0) % SLOTS
 
 
 class ShardsRefused(Exception):
@@ -101,14 +87,16 @@ class Shards:
         self.clustered = False
         self._owners: list[str | None] = [None] * SLOTS  # primary address by slot
         self._primaries: dict[str, _Primary] = {}  # also ASK targets owning no slot yet
-        self._nodes: list[RedisURL] = []  # every node the last map named, replicas too
+        self._nodes: dict[str, RedisURL] = {}  # every node the last map named, replicas too
         self._subscriptions: dict[bytes, _Subscription] = {}
         self._running = False
         self._known = False  # the topology was read at least once
         self._refreshing = False
         self._refresh_again = False
-        self._refreshed: list[Deferred[None]] = []
+        self._refreshed: list[Deferred[None]] = []  # fire when the read under way is done
+        self._first_read: list[Deferred[None]] = []  # topology_read()'s
         self._retry: Any = None  # the next periodic re-read's IDelayedCall
+        self._reading: Deferred[Any] | None = None  # a read_topology under way
         self._last_complaint = ""
 
     # -- life -------------------------------------------------------------------------
@@ -125,7 +113,7 @@ class Shards:
         if self._known:
             return defer.succeed(None)
         read: Deferred[None] = Deferred()
-        self._refreshed.append(read)
+        self._first_read.append(read)
         return read
 
     def stop(self) -> Deferred[None]:
@@ -134,6 +122,8 @@ class Shards:
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
+        if self._reading is not None:
+            self._reading.cancel()
         primaries, self._primaries = list(self._primaries.values()), {}
         self._owners = [None] * SLOTS
         closed = defer.gatherResults([primary.stop() for primary in primaries])
@@ -276,6 +266,7 @@ class Shards:
         return up.addBoth(lambda result: (call.active() and call.cancel(), result)[1])
 
     def _commands_up(self, primary: _Primary) -> None:
+        self._stop_rereading()
         waiters, primary.up_waiters = primary.up_waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -338,6 +329,7 @@ class Shards:
             self._refresh_later()
 
     def _subscriber_up(self, primary: _Primary) -> None:
+        self._stop_rereading()
         primary.subscribed.clear()  # a new connection subscribes to nothing
         for channel in list(self._subscriptions):
             if self._owners[key_slot(channel)] == primary.address:
@@ -393,6 +385,8 @@ class Shards:
             return
         if self._known:  # else they wait for the first topology
             waiters, self._refreshed = self._refreshed, []
+            waiters += self._first_read
+            self._first_read = []
             for waiter in waiters:
                 waiter.callback(None)
         if not self.connected:
@@ -401,13 +395,24 @@ class Shards:
     def _refuse(self, failure: Failure) -> None:
         log.error("redis {name}: {why}", name=self._name, why=failure.getErrorMessage())
         self._running = False
-        waiters, self._refreshed = self._refreshed, []
+        self._refreshed = []  # nothing more will be read
+        waiters, self._first_read = self._first_read, []
         for waiter in waiters:
             waiter.errback(failure)
 
     def _refresh_later(self) -> None:
         if self._running and (self._retry is None or not self._retry.active()):
-            self._retry = self._reactor.callLater(MAX_DELAY, self._refresh)
+            self._retry = self._reactor.callLater(MAX_DELAY, self._refresh_unless_connected)
+
+    def _refresh_unless_connected(self) -> None:
+        if not self.connected:
+            self._refresh()
+
+    def _stop_rereading(self) -> None:
+        """Every connection is up: no periodic re-read (a loss starts it again)."""
+        if self.connected and self._retry is not None and self._retry.active():
+            self._retry.cancel()
+            self._retry = None
 
     def _complain(self, why: str) -> None:
         if why != self._last_complaint:
@@ -421,88 +426,48 @@ class Shards:
         if self._known and not self.clustered:
             return  # one redis-server: its connections reconnect by themselves
         for primary in list(self._primaries.values()):
-            if primary.commands.connected:
+            if primary.commands.connected and self._running:
                 try:
-                    slots = yield primary.commands.execute("CLUSTER", "SLOTS",
+                    reply = yield primary.commands.execute("CLUSTER", "SLOTS",
                                                            timeout=ASK_TIMEOUT)
                 except Exception:
                     continue
-                self._apply(slots, primary.commands.url)
+                self._apply(Topology.from_cluster_slots(reply, primary.commands.url))
                 return
-        tried: set[str] = set()
         last: Exception | None = None
-        for url in [*self._nodes, *self._seeds]:
-            if str(url) in tried:
-                continue
-            tried.add(str(url))
+        urls = {**self._nodes, **{address_of(seed): seed for seed in self._seeds}}
+        for url in urls.values():
+            if not self._running:
+                return
+            self._reading = read_topology(self._reactor, url, ASK_TIMEOUT)
             try:
-                clustered, slots = yield self._ask(url)
-            except ShardsRefused:
-                raise
+                topology = yield self._reading
             except Exception as error:
                 last = error
                 continue
-            if clustered:
-                if any(seed.db for seed in self._seeds):
-                    raise ShardsRefused(
-                        f"{url} is a Redis Cluster, which has only database 0: drop the "
-                        "/DB from --engine")
-                self.clustered = True
-                self._apply(slots, url)
-            else:
-                self._apply_single(url if url in self._seeds else self._seeds[0])
+            finally:
+                self._reading = None
+            if topology.clustered and any(seed.db for seed in self._seeds):
+                raise ShardsRefused(f"{url} is a Redis Cluster, which has only database 0: "
+                                    "drop the /DB from --engine")
+            self._apply(topology)
             return
         raise last or RedisNotSent("no Redis to ask")
 
-    @defer.inlineCallbacks
-    def _ask(self, url: RedisURL) -> Generator[Deferred[Any], Any, tuple[bool, Any]]:
-        """(clustered, CLUSTER SLOTS) from ``url``, on a connection of its own (db 0:
-        a cluster refuses SELECT)."""
-        protocol = RedisProtocol(self._reactor, password=url.password, username=url.username,
-                                 handshake_timeout=ASK_TIMEOUT)
-        endpoint = redis_endpoint(self._reactor, url, ASK_TIMEOUT)
-        yield connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
-        try:
-            yield protocol.ready
-            info = yield protocol.execute("INFO", "cluster", timeout=ASK_TIMEOUT)
-            if b"cluster_enabled:1" not in info:
-                return (False, None)
-            slots = yield protocol.execute("CLUSTER", "SLOTS", timeout=ASK_TIMEOUT)
-            return (True, slots)
-        finally:
-            protocol.abort("topology read")
-
-    def _apply(self, slots: list[Any], asked: RedisURL) -> None:
-        """Take the map of a CLUSTER SLOTS reply: connect to new primaries, close those
-        that own nothing now, move each subscription to its slot's owner."""
-        owners: list[str | None] = [None] * SLOTS
-        nodes: list[RedisURL] = []
-        for start, end, *members in slots:
-            for index, (host, port, *_rest) in enumerate(members):
-                host = host.decode() if host else asked.host  # "": the node asked
-                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                nodes.append(replace(self._seeds[0], host=host, port=int(port), path=None,
-                                     db=0))
-                if index == 0:
-                    owners[start:end + 1] = [address] * (end + 1 - start)
-        self._set_owners(owners)
-        self._nodes = nodes
-
-    def _apply_single(self, url: RedisURL) -> None:
-        address = url.path if url.path is not None else f"{url.host}:{url.port}"
-        self.clustered = False
-        self._set_owners([address] * SLOTS, url)
-
-    def _set_owners(self, owners: list[str | None], single: RedisURL | None = None) -> None:
+    def _apply(self, topology: Topology) -> None:
+        """Take a slot map: connect to new primaries, close those that own nothing now,
+        move each subscription to its slot's owner."""
         before = self.primaries() if self._known else None
-        self._owners = owners
+        self.clustered = topology.clustered
+        self._owners = list(topology.owners)
+        self._nodes = topology.urls
         self._known = True
-        for address in set(owners):
-            if address is None or address in self._primaries:
-                continue
-            self._primary(address, single)
+        for address in set(self._owners):
+            if address is not None and address not in self._primaries:
+                self._primary(address, topology.urls[address])
+        owning = set(self._owners)
         for address, primary in list(self._primaries.items()):
-            if address not in owners:
+            if address not in owning:
                 del self._primaries[address]
                 primary.stop()
         if before != self.primaries() and self.clustered:  # (one server: the start line says it)

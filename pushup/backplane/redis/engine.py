@@ -71,7 +71,8 @@ from pushup.backplane.redis.client import (
     RedisNotSent,
     script_sha,
 )
-from pushup.backplane.redis.cluster import SLOTS, Shards, key_slot
+from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.slots import SLOTS, key_slot
 from pushup.config import Config, parse_seeds
 from pushup.core import errors
 from pushup.core.channels import Channel, check_ttl
