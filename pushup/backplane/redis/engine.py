@@ -60,7 +60,7 @@ from functools import partial
 from typing import Any
 
 import msgspec
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -85,6 +85,7 @@ log = Logger()
 PAGE = 1000  # log entries per XRANGE reply
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
 RETRY = 0.5  # seconds before a partition's failed read is tried again
+PARTITIONS = "pushup:partitions"  # how many partitions the nodes on this Redis use
 
 # Both scripts begin by checking the log against the calling node: KEYS log,
 # meta; ARGV the epoch to start, MAXLEN, the epoch the node holds ("" if
@@ -317,11 +318,39 @@ class RedisEngine:
         return d
 
     def start(self) -> defer.Deferred[None]:
+        """Check that this Redis's partitions are ours, then follow every
+        partition; fires once each was read (fails, and the node never
+        serves, if the nodes already on this Redis use another number)."""
         self.shards.start()
+        d = self._check_partitions()
+        d.addCallbacks(self._follow_all, self._loaded.errback)
+        return self._loaded
+
+    @defer.inlineCallbacks
+    def _check_partitions(self) -> Any:
+        """The first node on a Redis records its number of partitions; every
+        later node must say the same (with another, two nodes would put one
+        channel in two logs). Retried while Redis is unreachable."""
+        count = len(self.partitions)
+        while not self.stopped:
+            try:
+                before = yield self.shards.execute(PARTITIONS, "SET", PARTITIONS, count, "NX",
+                                                   "GET", timeout=self.timeout)
+            except (RedisGone, RedisError):
+                yield task.deferLater(self.clock, RETRY, lambda: None)
+                continue
+            if before is not None and int(before) != count:
+                log.error("redis: this node has --redis-partitions {count}, but the nodes "
+                          "on this Redis use {theirs}; every node must use the same number. "
+                          "Not serving.", count=count, theirs=int(before))
+                raise errors.EngineUnavailable(
+                    f"--redis-partitions {count} differs from this Redis's {int(before)}")
+            return
+
+    def _follow_all(self, _: object) -> None:
         for p in self.partitions:
             self.shards.subscribe(p.notify, partial(self._notified, p),
                                   partial(self._read_back, p))
-        return self._loaded
 
     @defer.inlineCallbacks
     def stop(self, grace: float) -> Any:

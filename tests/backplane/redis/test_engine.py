@@ -28,12 +28,15 @@ def engine(redis_server) -> Iterator[Callable[..., RedisEngine]]:
     ``name``), loaded; all are stopped at teardown, and no timer may outlive them."""
     made: list[RedisEngine] = []
 
-    def make(name: str, url: str | None = None) -> RedisEngine:
+    def make(name: str, url: str | None = None, partitions: int = 64,
+             loaded: bool = True) -> RedisEngine:
         store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 1))
         made.append(RedisEngine(Service(store, reactor, 60.0),
-                                Config(node_id=name, engine=url or redis_server.url),
+                                Config(node_id=name, engine=url or redis_server.url,
+                                       redis_partitions=partitions),
                                 reactor))
-        wait_for(made[-1].start(), 10.0)
+        if loaded:
+            wait_for(made[-1].start(), 10.0)
         return made[-1]
 
     yield make
@@ -106,3 +109,13 @@ def test_stats_name_redis_without_its_password(engine, redis_server):
     assert stats["engine"] == "redis" and stats["peers"] == []
     assert stats["redis"]["up"] and stats["redis"]["partitions"] == len(a.partitions)
     assert stats["redis"]["url"] == f"redis://127.0.0.1:{redis_server.port}/0"
+
+
+def test_a_node_with_another_number_of_partitions_does_not_serve(engine, redis_server):
+    engine("a", partitions=64)
+    b = engine("b", partitions=32, loaded=False)
+    refused = failure_of(b.start())
+    assert isinstance(refused, errors.EngineUnavailable)
+    assert "--redis-partitions 32 differs from this Redis's 64" in str(refused)
+    assert not b.ready
+    assert redis_server.cli("GET", "pushup:partitions") == b"64"
