@@ -285,3 +285,8 @@ def test_after_a_failover_commands_and_subscriptions_reach_the_new_primary(
     run_until(lambda: listeners[channel].messages == [b"after"], WAIT, "a message")
     assert all(listeners[other].synced == 1 for other in channels
                if redis_cluster.owner_of(key_slot(other)) != promoted)
+
+    # a slot nobody serves: the cluster's own error reaches the caller, untouched
+    redis_cluster.cli(promoted, "CLUSTER", "DELSLOTS", key_slot(key))
+    error = failure_of(shards.execute(key, "GET", key))
+    assert isinstance(error, RedisError) and error.message.startswith("CLUSTERDOWN"), error
