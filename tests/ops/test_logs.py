@@ -22,6 +22,8 @@ from importlib.metadata import version
 import pytest
 
 from deploy.redis_server import RedisServer
+from pushup.config import load
+from pushup.ops.logs import start_line
 from tests.toolkit import ServedNode, free_port, wait_until
 
 SECRET = "logs-test-cluster-secret"
@@ -220,3 +222,9 @@ def test_a_lone_nodes_start_line_names_its_engine_as_stats_does_and_its_admin_po
     with urllib.request.urlopen(admin_url + "/metrics", timeout=5) as r:
         assert r.status == 200
     assert node.stop() == 0
+
+
+def test_the_start_line_names_every_redis_seed_without_credentials():
+    config = load(["serve", "--engine", "redis://:hidden@10.0.0.1:7000,10.0.0.2:7001"], {})
+    fields = start_line(config, "n1", "http://127.0.0.1:8080", engine="redis")
+    assert fields["redis"] == "redis://10.0.0.1:7000/0,redis://10.0.0.2:7001/0"

@@ -56,20 +56,25 @@ class Target:
     owner: Callable[[str], int]  # the port of the node owning a key
     cli: Callable[..., Any]  # cli(port, *args)
     primaries: list[int]
+    addresses: list[str]  # as Shards.primaries() names them
 
 
 def target_of(cluster: RedisCluster) -> Target:
+    primaries = cluster.primaries()
     return Target(cluster.seeds, lambda key: cluster.owner_of(key_slot(key)), cluster.cli,
-                  cluster.primaries())
+                  primaries, sorted(f"127.0.0.1:{port}" for port in primaries))
 
 
-@pytest.fixture(params=["server", "cluster"])
+@pytest.fixture(params=["server", "unix", "cluster"])
 def redis(request: pytest.FixtureRequest) -> Target:
     if request.param == "cluster":
         return target_of(request.getfixturevalue("cluster"))
     server: RedisServer = request.getfixturevalue("server")
-    return Target(server.url, lambda key: server.port, lambda port, *args: server.cli(*args),
-                  [server.port])
+    seeds, address = server.url, f"127.0.0.1:{server.port}"
+    if request.param == "unix":
+        seeds, address = f"unix://{server.unix_path}", server.unix_path
+    return Target(seeds, lambda key: server.port, lambda port, *args: server.cli(*args),
+                  [server.port], [address])
 
 
 @pytest.fixture
@@ -158,7 +163,7 @@ def test_key_slot_on_redis_examples(cluster: RedisCluster, key: str) -> None:
 def test_execute_and_evalsha_reach_the_owner_of_any_key(redis: Target, open_shards):
     shards = open_shards(redis.seeds)
     assert shards.clustered == (len(redis.primaries) > 1)
-    assert shards.primaries() == sorted(f"127.0.0.1:{port}" for port in redis.primaries)
+    assert shards.primaries() == redis.addresses
     keys = [f"pushup:{{p{index}}}:seq" for index in range(12)]
     for index, key in enumerate(keys):
         assert wait_for(shards.execute(key, "SET", key, index)) == b"OK"
@@ -285,3 +290,8 @@ def test_after_a_failover_commands_and_subscriptions_reach_the_new_primary(
     run_until(lambda: listeners[channel].messages == [b"after"], WAIT, "a message")
     assert all(listeners[other].synced == 1 for other in channels
                if redis_cluster.owner_of(key_slot(other)) != promoted)
+
+    # a slot nobody serves: the cluster's own error reaches the caller, untouched
+    redis_cluster.cli(promoted, "CLUSTER", "DELSLOTS", key_slot(key))
+    error = failure_of(shards.execute(key, "GET", key))
+    assert isinstance(error, RedisError) and error.message.startswith("CLUSTERDOWN"), error
