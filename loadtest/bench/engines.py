@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.launch import LocalCluster
-from pushup.backplane.redis.engine import Partition, partition_tags
+from pushup.backplane.redis.partitions import Partition, partition_tags
 from pushup.config import Config
 
 from . import procfs
@@ -145,8 +145,8 @@ def _settled(engine: str, c: LocalCluster, nodes: list[Control]) -> bool:
         return all(p["queued"] == 0 for x in nodes for p in x.stats()["peers"])
     assert c.redis is not None
     # every partition's last sequence number, summed: what each node's horizon sums
-    last = sum(int(c.redis.cli("HGET", Partition(tag).meta, "s") or 0)
-               for tag in partition_tags(Config().redis_partitions))
+    last = sum(int(c.redis.cli("HGET", Partition(i, tag).meta, "s") or 0)
+               for i, tag in enumerate(partition_tags(Config().redis_partitions)))
     return all(x.stats()["redis"]["horizon"] >= last for x in nodes)
 
 

@@ -26,7 +26,7 @@ dials TCP.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,6 +122,11 @@ class Backplane(Protocol):
 
     def delete_channel(self, name: str) -> defer.Deferred[None]: ...
 
+    def prepare(self, channels: Iterable[str]) -> defer.Deferred[None] | None:
+        """Before a request reads ``channels``: None when this node holds what
+        they need (always, but for the Redis engine, which follows only what
+        its clients read), else a Deferred that fires once it does."""
+
     def start(self) -> defer.Deferred[None]:
         """Join: load what the cluster holds; the node is healthy after it."""
 
@@ -191,6 +196,9 @@ class Alone:
     def delete_channel(self, name: str) -> defer.Deferred[None]:
         self.service.delete_channel(name)
         return defer.succeed(None)
+
+    def prepare(self, channels: Iterable[str]) -> None:
+        return None
 
     def start(self) -> defer.Deferred[None]:
         return defer.succeed(None)

@@ -40,10 +40,19 @@ class LoggedOp:
     op: ChannelOp
 
 
+@dataclass(frozen=True, slots=True)
+class Passed:
+    """Entry ``seq`` of an origin's log, stamped ``ts``, carries nothing this
+    node stores (the Redis log's note of where a channel has messages)."""
+
+    seq: int
+    ts: int
+
+
 # A ``ChannelOp`` in a run is the mesh's shape: it takes no sequence number
 # and applies once the origin is held up to its ``at_seq``. A ``Remembered``
 # is a keyed publish's record: kept once its last message is held.
-Entry = Message | ChannelOp | LoggedOp | Skip | Remembered
+Entry = Message | ChannelOp | LoggedOp | Passed | Skip | Remembered
 
 
 @dataclass(frozen=True, slots=True)

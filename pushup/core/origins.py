@@ -71,6 +71,14 @@ class Origins:
             self.horizon[origin] = seq
             self.changes.origin(origin)
 
+    def forget(self, origin: str) -> None:
+        """The store no longer holds ``origin`` at all (a partition it stopped
+        following): it leaves the horizon; what was lost of it stays known."""
+        seq = self.horizon.pop(origin, None)
+        if seq and origin not in self.scoped:
+            self.live_unscoped -= 1
+        self.retired.discard(origin)
+
     def scope(self, origin: str) -> None:
         """A cursor names ``origin`` only for the channels holding its messages."""
         if origin not in self.scoped:

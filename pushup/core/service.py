@@ -19,7 +19,7 @@ from pushup.core.channels import ChannelOp
 from pushup.core.clock import Alarm, Clock, DelayedCall, micros
 from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
-from pushup.core.follow import Applied, Entry, Followed, Hole, LoggedOp, Place, Skip, place
+from pushup.core.follow import Applied, Entry, Followed, Hole, LoggedOp, Passed, Place, Skip, place
 from pushup.core.hub import Hub, Waiter
 from pushup.core.idempotency import Idem, replay
 from pushup.core.model import Draft, Message, Now, Query
@@ -154,7 +154,7 @@ class Service:
         hole = False
         for entry in entries:
             horizon = store.horizon_of(origin)
-            if isinstance(entry, Message | LoggedOp):
+            if isinstance(entry, Message | LoggedOp | Passed):
                 where = place(entry.seq, horizon)
                 if where is Place.HELD:
                     continue
@@ -168,7 +168,8 @@ class Service:
                     arrived.append(entry)
                 else:
                     store.pass_over(origin, entry.seq)
-                    self.apply_op(entry.op, now)
+                    if isinstance(entry, LoggedOp):
+                        self.apply_op(entry.op, now)
             elif isinstance(entry, ChannelOp):
                 if entry.at_seq > horizon:
                     hole = True
@@ -182,6 +183,13 @@ class Service:
             self.arrived(arrived, now)
         horizon = store.horizon_of(origin)
         return Hole(horizon + 1) if hole else Applied(horizon)
+
+    def unfollow(self, origin: str, channels: Iterable[str]) -> None:
+        """This node stops following ``origin`` (a Redis partition none of its
+        clients needs any more) and the ``channels`` that live in it: they and
+        its messages leave the store, untold (nothing was lost: following it
+        again reads them again). No client waits on them (the caller's rule)."""
+        self.store.let_go(origin, channels)
 
     def check_open(self) -> None:
         """``ShuttingDown`` (503) once the node drains: no new publish."""

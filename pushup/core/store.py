@@ -337,6 +337,30 @@ class Store:
         """Entry ``seq`` of ``origin`` carries no message (ValueError if not the next)."""
         self._origins.pass_over(origin, seq)
 
+    def let_go(self, origin: str, channels: Iterable[str]) -> None:
+        """Stop holding ``origin`` and ``channels`` (``Service.unfollow``): the
+        channels go with their messages, every other message of ``origin``
+        leaves the channels holding it, and the origin leaves the horizon; no
+        eviction is recorded (nothing was lost)."""
+        for name in channels:
+            if name in self._channels:
+                channel = self._channels.remove(name)
+                for run in channel.runs.values():
+                    for m in list(run):
+                        self._release(m)
+        mine = self._by_origin.get(origin)
+        for m in list(mine) if mine is not None else ():
+            for name in m.channels:
+                holder = self._channels.find(name)
+                if holder is not None and holder.holds(m):
+                    run = holder.runs[origin]
+                    run.remove(m)
+                    if not run:
+                        del holder.runs[origin]
+                    holder.count -= 1
+            self._forget(m)
+        self._origins.forget(origin)
+
     def apply(self, m: Message, now: int) -> bool:
         """Apply another origin's message; False if already applied.
 

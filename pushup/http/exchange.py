@@ -69,10 +69,11 @@ class Held:
 @dataclass(frozen=True, slots=True)
 class Pending:
     """The answer comes later: ``answer`` fires with the Response, e.g. a 201
-    once the backplane acknowledges a publish (a ``Failure`` is a bug: the
-    front logs it and answers 500)."""
+    once the backplane acknowledges a publish, or with a ``Held`` (a poll
+    that waited for its channels to be read, then is held); a ``Failure``
+    is a bug: the front logs it and answers 500."""
 
-    answer: Deferred[Response]
+    answer: Deferred[Response | Held]
 
 
 def error_body(e: PushUpError) -> bytes:

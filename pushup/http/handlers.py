@@ -248,7 +248,7 @@ class Handlers:
         return Draft(channels, data)
 
     def subscribe(self, request: Request, _: tuple[str, ...], client: Client,
-                  ) -> Response | Held:
+                  ) -> Response | Held | Pending:
         self._ready()
         cached = self.parsed_queries.get(request.query)
         parsed = cached or self._parse_subscribe(request.query)
@@ -261,6 +261,16 @@ class Handlers:
             expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
         if cached is None:  # kept only once authorised
             self.parsed_queries.put(request.query, parsed)
+        cold = self.backplane.prepare(query.channels)
+        if cold is not None:  # this node reads the channels first (the Redis engine)
+            later: defer.Deferred[Any] = cold.addCallback(
+                lambda _: self._subscribe(request, query, timeout, client, expires))
+            return Pending(later.addErrback(_error_answer))
+        return self._subscribe(request, query, timeout, client, expires)
+
+    def _subscribe(self, request: Request, query: Query, timeout: float, client: Client,
+                   expires: float | None) -> Response | Held:
+        """:meth:`subscribe` once this node holds what its channels need."""
         if request.method == b"HEAD":
             # the head a GET would get now: never held, nothing counted as
             # delivered, no channel created (HEAD is safe)
@@ -319,10 +329,18 @@ class Handlers:
         return _when(self.backplane.delete_channel(params[0]), lambda _: _NO_CONTENT)
 
     def channel_info(self, request: Request, params: tuple[str, ...], _: Client,
-                     ) -> Response:
+                     ) -> Response | Pending:
         self._authorize(request)
         self._ready()
-        channel = self.service.store.get(params[0])
+        cold = self.backplane.prepare([params[0]])
+        if cold is not None:  # this node reads the channel first (the Redis engine)
+            later: defer.Deferred[Any] = cold.addCallback(
+                lambda _: self._channel_info(params[0]))
+            return Pending(later.addErrback(_error_answer))
+        return self._channel_info(params[0])
+
+    def _channel_info(self, name: str) -> Response:
+        channel = self.service.store.get(name)
         info = {"channel": channel.name, "messages": channel.count,
                 "subscribers": self.service.hub.waiting_on(channel.name)}
         return Response(200, _channel_json(channel, info))
@@ -395,7 +413,8 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
     answered as itself; anything else is a bug the front logs and answers 500.
     """
     if not acknowledged.called:
-        return Pending(acknowledged.addCallback(answer).addErrback(_error_answer))
+        answered: defer.Deferred[Any] = acknowledged.addCallback(answer)
+        return Pending(answered.addErrback(_error_answer))
     done: list[Any] = []  # acknowledged already (a single node): answer now
     acknowledged.addBoth(done.append)
     if isinstance(done[0], Failure):

@@ -81,7 +81,10 @@ ANSWER_MOVES: Final[dict[Answering, dict[Answer, Answering]]] = {
                Answer.PAUSE: _A.PAUSED, Answer.RELEASE: _A.READY, Answer.CLOSE: _A.CLOSING,
                Answer.UPGRADE: _A.UPGRADED, **_GONE},
     _A.HELD: {Answer.ANSWER: _A.READY, Answer.CLOSE: _A.CLOSING, **_GONE},
-    _A.PENDING: {Answer.ANSWER: _A.READY, Answer.CLOSE: _A.CLOSING, **_GONE},
+    # a pending answer may turn out to be a hold, or an event stream (a poll
+    # whose channels the node had to read first)
+    _A.PENDING: {Answer.ANSWER: _A.READY, Answer.HOLD: _A.HELD, Answer.STREAM: _A.STREAMING,
+                 Answer.CLOSE: _A.CLOSING, **_GONE},
     # the stream's own hold comes after it opened
     _A.STREAMING: {Answer.HOLD: _A.STREAMING, Answer.CLOSE: _A.CLOSING, **_GONE},
     # (a request read meanwhile may upgrade the connection: it answers nothing more)

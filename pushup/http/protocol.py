@@ -336,8 +336,16 @@ class HTTPProtocol(Protocol):
         if header == CLOSE and response is not self._incoming.refused_early:
             self.close()
 
-    def _answer_later(self, outcome: Response | Failure) -> None:
-        """A ``Pending`` answer is ready: send it and read on."""
+    def _answer_later(self, outcome: Response | Held | Failure) -> None:
+        """A ``Pending`` answer is ready: send it and read on (or hold: a poll
+        that waited for its channels to be read, or an event stream)."""
+        if isinstance(outcome, Held):
+            self._answering = phase.answer_after(self._answering, Answer.HOLD)
+            if finished(self._answering):  # the client left meanwhile
+                outcome.cancel()
+            else:
+                self._waiting = outcome.cancel
+            return
         if isinstance(outcome, Failure):
             log.failure("unexpected error answering a request", failure=outcome)
             outcome = error_response(PushUpError("the server failed; it keeps serving"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from pushup.backplane.redis.engine import keys_of
+from pushup.backplane.redis.partitions import keys_of
 from tests.cluster.clients import jrequest, request, retained, subscribe, uniq, wait_until
 
 

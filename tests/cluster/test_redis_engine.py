@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from deploy.redis_server import RedisServer
-from pushup.backplane.redis.engine import keys_of
+from pushup.backplane.redis.partitions import keys_of
 from tests.cluster.clients import (
     Poller,
     Publisher,

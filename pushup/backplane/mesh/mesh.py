@@ -28,7 +28,7 @@ sibling shares our machine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -296,6 +296,10 @@ class Mesh:
                 return
 
     # -- starting ------------------------------------------------------------
+
+    def prepare(self, channels: Iterable[str]) -> None:
+        """Every node holds every channel: nothing to read first."""
+        return None
 
     @defer.inlineCallbacks
     def start(self) -> Any:

@@ -1,44 +1,29 @@
-"""The Redis backplane by partitions: K logs in Redis, each its own origin; every
-node follows them by notification.
+"""The Redis backplane: channels in K partitions, each a log in Redis and its
+own origin; a node follows only the partitions its clients need.
 
-The rule: a channel lives in one partition (its name hashed, or the part of it
-in ``{…}``, as Redis Cluster hashes keys), and each partition's log in Redis is
-that partition's one order. A publish is one script call per partition it
-touches, which appends its messages to that partition's log atomically (the
-next sequence numbers, a timestamp that never goes backwards) and notifies
-the nodes with a sharded ``SPUBLISH`` of the entries; the 201 is sent once
-every partition answered. A node ``SSUBSCRIBE``s each partition's notification
-channel, applies what comes in order, and reads the log back (``XRANGE``)
-whenever it cannot be sure it saw everything: after (re)subscribing, after a
-hole in the sequence, after an entry of another epoch. Held polls are
-answered from memory: a held poll costs no Redis round trip.
+The rule: a partition's log in Redis is that partition's one order, and a
+node holds a partition whole or not at all. A publish is one script call
+per partition it touches (``partitions.py``), which appends atomically and
+notifies the partition's followers with a sharded ``SPUBLISH``; the 201 is
+sent once every partition answered. A node follows a partition (subscribes
+to its notifications and reads its log back) from the first request that
+needs it — a poll or an event stream on one of its channels, a read of one
+of its channels — until ``LINGER`` seconds after the last: a request for a
+partition the node does not follow waits for one read from Redis (a cold
+poll), then is answered from memory like every other; a node pays nothing
+for the partitions none of its clients need. It reads a followed
+partition's log back (``XRANGE``) whenever it cannot be sure it saw
+everything: once subscribed (at first and after any reconnection or slot
+move), after a hole in the sequence, after an entry of another epoch.
 
-Every key of partition T carries the hash tag ``{T}``, so on a Redis Cluster
-a partition is one slot, its script runs on that slot's primary, and the
-partitions spread over the primaries (their tags are chosen so that K
-partitions fall in K even slices of the slot space):
-
-- ``pushup:{T}:log``: a stream; entry id ``<seq>-0``; fields ``t`` (µs),
-  ``k`` (``m`` a message, ``o`` a channel operation), ``c`` (channels JSON,
-  or the channel's name), ``d`` (the message's data JSON exactly as accepted,
-  or the operation as JSON);
-- ``pushup:{T}:meta``: a hash: ``e`` the log's epoch, ``s`` its last
-  sequence number, ``t`` its last timestamp;
-- ``pushup:{T}:channels``: a hash of the partition's explicit channels,
-  name → JSON ``{"ttl", "expires_at"}``, so they outlive the log's trimming;
-- ``pushup:{T}:key:<Idempotency-Key>``: a keyed publish's part in this
-  partition, JSON ``{"e", "f", "s", "t", "n"}`` (epoch, the whole body's
-  fingerprint, first sequence number and timestamp, count), expiring after
-  the idempotency window, checked in the same atomic call as the append;
-- ``pushup:{T}:n``: the sharded channel the script notifies on, MessagePack
-  ``[epoch, seq, t, k, c, d, seq, t, k, c, d, …]``.
-
-A message goes to the partition of its first channel, whatever its other
-channels: one message, one id, listed once by a reader of several of them,
-and a publish to channels of one partition is atomic. A batch whose messages
-fall in several partitions is one atomic append per partition: if one fails
-the publisher gets no 201, and a retry with its ``Idempotency-Key`` appends
-only what is missing (each partition checks the key for itself).
+A message goes to the partition of its first channel, whatever its others:
+one message, one id, listed once by a reader of several of its channels.
+Before it is appended, each other channel's partition is told, by a note in
+its own log, that the channel has messages in the first one (``abroad``):
+a node that follows a channel follows those partitions too. A batch whose
+messages fall in several partitions is one atomic append per partition: if
+one fails the publisher gets no 201, and a retry with its
+``Idempotency-Key`` appends only what is missing.
 
 Cursors keep their format: a partition's origin is ``<tag>.<epoch>``, scoped
 (a cursor names it only for the channels holding its messages). A new epoch
@@ -52,33 +37,33 @@ too. Never silence, never a duplicate: a node applies each log in order.
 from __future__ import annotations
 
 import json
-import secrets
-import time
-import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
-import msgspec
 from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import ChannelOp, OpKind
-from pushup.backplane.redis.client import (
-    RedisError,
-    RedisGone,
-    RedisNotSent,
-    script_sha,
-)
+from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.slots import SLOTS, key_slot
+from pushup.backplane.redis.partitions import (
+    CHECK,
+    CHECK_SHA,
+    PUBLISH,
+    PUBLISH_SHA,
+    Partition,
+    decode_told,
+    partition_of,
+    partition_tags,
+)
 from pushup.config import Config, parse_seeds
 from pushup.core import errors
 from pushup.core.channels import Channel, check_ttl
-from pushup.core.follow import Entry, Hole, LoggedOp, Skip
+from pushup.core.follow import Entry, Hole, LoggedOp, Passed, Skip
 from pushup.core.idempotency import Idem, Replayed
-from pushup.core.model import Draft, Message, base36, check_channel_name, dumps
+from pushup.core.model import Draft, Message, check_channel_name, dumps
 from pushup.core.service import Service
 
 log = Logger()
@@ -86,186 +71,11 @@ PAGE = 1000  # log entries per XRANGE reply
 COMMAND_TIMEOUT = 2.0  # seconds Redis has to answer a publish or a check
 RETRY = 0.5  # seconds before a partition's failed read is tried again
 PARTITIONS = "pushup:partitions"  # how many partitions the nodes on this Redis use
-
-# Both scripts begin by checking the log against the calling node: KEYS log,
-# meta; ARGV the epoch to start, MAXLEN, the epoch the node holds ("" if
-# none) and its horizon in it. A log with no meta (Redis restarted empty), or
-# with fewer entries than the node already read (a restart with appendfsync
-# everysec, a failover to a replica that lagged), starts again under a new
-# epoch, so no sequence number is ever reused for another message.
-_CHECKED = """
-local epoch = redis.call('HGET', KEYS[2], 'e')
-local seq = tonumber(redis.call('HGET', KEYS[2], 's') or '0')
-if (not epoch) or (epoch == ARGV[3] and seq < tonumber(ARGV[4])) then
-  epoch = ARGV[1]
-  seq = 0
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[2], 'e', epoch, 's', 0)
-  redis.call('HSETNX', KEYS[2], 't', 0)
-end
-"""
-
-# Returns {epoch, seq}.
-CHECK = _CHECKED + "return {epoch, seq}"
-
-# KEYS: log, meta, channels, the notification channel, and for a keyed
-# publish its key's entry. ARGV after the four above: the body's fingerprint
-# ("" for no key), the window in ms; then per entry: kind ("m" message, "o"
-# operation), c, d. An operation's d is {"op": "create"|"renew"|"delete",
-# "ttl", "expires_at"}. Appends every entry or none, then notifies; returns
-# {epoch, seq1, ts1, seq2, ts2, ...}, or an error before writing anything if
-# a create names an explicit channel that exists. A key already used in this
-# epoch appends nothing: it returns the first attempt's reply with "again" at
-# its end, or the error REUSED if that attempt had another body.
-PUBLISH = _CHECKED + """
-if ARGV[5] ~= '' then
-  local prior = redis.call('GET', KEYS[5])
-  if prior then
-    local first = cjson.decode(prior)
-    if first['e'] == epoch then
-      if first['f'] ~= ARGV[5] then
-        return redis.error_reply('REUSED the key was used for another body')
-      end
-      local out = {epoch}
-      if first['r'] then  -- written by an earlier version: every (seq, ts)
-        for _, v in ipairs(first['r']) do out[#out + 1] = v end
-      else
-        local s, t = tonumber(first['s']), tonumber(first['t'])
-        for j = 0, tonumber(first['n']) - 1 do
-          out[#out + 1] = s + j
-          out[#out + 1] = string.format('%d', t + j)
-        end
-      end
-      out[#out + 1] = 'again'
-      return out
-    end
-  end
-end
-for i = 7, #ARGV, 3 do
-  if ARGV[i] == 'o' and cjson.decode(ARGV[i + 2])['op'] == 'create'
-      and redis.call('HEXISTS', KEYS[3], ARGV[i + 1]) == 1 then
-    return redis.error_reply('EXISTS ' .. ARGV[i + 1])
-  end
-end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local last = tonumber(redis.call('HGET', KEYS[2], 't'))
-local out = {epoch}
-local told = {epoch}
-for i = 7, #ARGV, 3 do
-  seq = seq + 1
-  if now <= last then now = last + 1 end
-  last = now
-  local t = string.format('%d', now)
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], string.format('%d-0', seq),
-             't', t, 'k', ARGV[i], 'c', ARGV[i + 1], 'd', ARGV[i + 2])
-  if ARGV[i] == 'o' then
-    local op = cjson.decode(ARGV[i + 2])
-    if op['op'] == 'delete' then
-      redis.call('HDEL', KEYS[3], ARGV[i + 1])
-    else
-      redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i + 2])
-    end
-  end
-  out[#out + 1] = seq
-  out[#out + 1] = t
-  told[#told + 1] = seq
-  told[#told + 1] = t
-  told[#told + 1] = ARGV[i]
-  told[#told + 1] = ARGV[i + 1]
-  told[#told + 1] = ARGV[i + 2]
-end
-redis.call('HSET', KEYS[2], 's', seq, 't', string.format('%d', last))
-if ARGV[5] ~= '' then
-  -- the batch's seqs and times are consecutive: its first of each and its count
-  -- (as strings: cjson writes numbers with 14 digits, a timestamp has 16)
-  redis.call('SET', KEYS[5], cjson.encode({e = epoch, f = ARGV[5],
-                                           s = string.format('%d', out[2]), t = out[3],
-                                           n = string.format('%d', (#out - 1) / 2)}),
-             'PX', ARGV[6])
-end
-redis.call('SPUBLISH', KEYS[4], cmsgpack.pack(told))
-return out
-"""
-_PUBLISH_SHA = script_sha(PUBLISH)
-_CHECK_SHA = script_sha(CHECK)
-
-_decode_told = msgspec.msgpack.Decoder(list[Any])
-
-
-def new_epoch() -> str:
-    """Milliseconds now in base 36, plus randomness: distinct per (re)start."""
-    return base36(time.time_ns() // 1_000_000 * 1296 + secrets.randbelow(1296))
-
-
-def partition_tags(count: int) -> list[str]:
-    """The hash tag of each of ``count`` partitions: ``p<i>``, or ``p<i>-<j>``
-    for the first ``j`` whose slot falls in the ``i``-th of ``count`` even
-    slices of the slot space, so that partitions spread evenly over the
-    primaries of any cluster whose slots are split in even ranges."""
-    tags = []
-    for i in range(count):
-        j = 0
-        while True:
-            tag = f"p{i}" if j == 0 else f"p{i}-{j}"
-            if key_slot(tag) * count // SLOTS == i:
-                break
-            j += 1
-        tags.append(tag)
-    return tags
-
-
-def hash_tag(name: str) -> str:
-    """What of a name is hashed, by Redis Cluster's rule: the part between its
-    first ``{`` and the next ``}`` if that is not empty, else the whole name."""
-    start = name.find("{")
-    if start >= 0:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return name[start + 1:end]
-    return name
-
-
-def partition_of(channel: str, count: int) -> int:
-    """The partition a channel lives in: its hash tag's CRC-32, modulo ``count``."""
-    return zlib.crc32(hash_tag(channel).encode()) % count
-
-
-class Partition:
-    """One partition's keys, and how far this node has followed its log."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        prefix = f"pushup:{{{tag}}}:"
-        self.log = prefix + "log"
-        self.meta = prefix + "meta"
-        self.channels = prefix + "channels"
-        self.key = prefix + "key:"  # + the Idempotency-Key
-        self.notify = prefix + "n"
-        self.epoch = ""  # the log's epoch this node holds ("": none yet)
-        self.spare = new_epoch()  # the one to start, should the log need one
-        self.ready = False  # read once from Redis
-        self.reading = False  # a read back is under way ...
-        self.again = False  # ... and another must follow it
-        self.waiting: list[bytes] = []  # notifications that came during the read
-
-    @property
-    def origin(self) -> str:
-        return f"{self.tag}.{self.epoch}"
-
-    def epoch_of(self, reply: list[Any]) -> str:
-        """A script's epoch; once the spare one is taken, make another."""
-        epoch: str = reply[0].decode()
-        if epoch == self.spare:
-            self.spare = new_epoch()
-        return epoch
-
-
-def keys_of(channel: str, partitions: int | None = None) -> Partition:
-    """The keys of the partition ``channel`` lives in, with ``partitions`` of them
-    (default: ``--redis-partitions``'s), to look at a channel's log in Redis."""
-    count = Config().redis_partitions if partitions is None else partitions
-    return Partition(partition_tags(count)[partition_of(channel, count)])
+# A partition is followed for this long after the last request that needed
+# it: a long-poll client re-polls within a round trip, and a client hopping
+# between nodes comes back to this one within seconds; 30 s keeps a
+# channel with steady readers followed, and lets one nobody reads go.
+LINGER = 30.0
 
 
 class RedisEngine:
@@ -280,14 +90,16 @@ class RedisEngine:
         self.seeds = parse_seeds(config.engine)
         self.maxlen = config.redis_maxlen
         self.timeout = COMMAND_TIMEOUT
+        self.linger = LINGER
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
         self.shards = Shards(self.seeds, reactor)
-        self.partitions = [Partition(tag) for tag in partition_tags(config.redis_partitions)]
+        self.partitions = [Partition(i, tag) for i, tag in
+                           enumerate(partition_tags(config.redis_partitions))]
         self.ready = False
         self.stopped = False
-        self._loaded: defer.Deferred[None] = defer.Deferred()
         self.lost_epochs = 0  # times a log was found to have lost entries we held
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
+        self._sweeper: Any = None  # the LoopingCall that lets unneeded partitions go
 
     def partition(self, channel: str) -> Partition:
         return self.partitions[partition_of(channel, len(self.partitions))]
@@ -296,7 +108,7 @@ class RedisEngine:
 
     def check_ready(self) -> None:
         if not self.ready:
-            raise errors.CatchingUp("this node is loading the log from Redis; retry shortly")
+            raise errors.CatchingUp("this node is connecting to Redis; retry shortly")
 
     def probe(self) -> defer.Deferred[None]:
         """``/health``'s question: every connection up and a PING answered by
@@ -317,14 +129,21 @@ class RedisEngine:
         d.addErrback(unanswered)
         return d
 
-    def start(self) -> defer.Deferred[None]:
-        """Check that this Redis's partitions are ours, then follow every
-        partition; fires once each was read (fails, and the node never
-        serves, if the nodes already on this Redis use another number)."""
+    @defer.inlineCallbacks
+    def start(self) -> Any:
+        """Reach Redis and check that its partitions are ours: the node
+        serves then, following partitions as requests need them (fails, and
+        the node never serves, if the nodes already on this Redis use
+        another number of partitions)."""
         self.shards.start()
-        d = self._check_partitions()
-        d.addCallbacks(self._follow_all, self._loaded.errback)
-        return self._loaded
+        yield self.shards.topology_read()
+        yield self._check_partitions()
+        self.ready = True
+        self._sweeper = task.LoopingCall(self._let_go_of_unneeded)
+        self._sweeper.clock = self.clock
+        self._sweeper.start(self.linger / 3, now=False)
+        log.info("redis: {n} partitions; serving (a partition is read when a request "
+                 "first needs it)", n=len(self.partitions))
 
     @defer.inlineCallbacks
     def _check_partitions(self) -> Any:
@@ -347,22 +166,119 @@ class RedisEngine:
                     f"--redis-partitions {count} differs from this Redis's {int(before)}")
             return
 
-    def _follow_all(self, _: object) -> None:
-        for p in self.partitions:
-            self.shards.subscribe(p.notify, partial(self._notified, p),
-                                  partial(self._read_back, p))
-
     @defer.inlineCallbacks
     def stop(self, grace: float) -> Any:
         """Nothing to hand on: what was acknowledged is in Redis."""
         self.stopped = True
+        if self._sweeper is not None and self._sweeper.running:
+            self._sweeper.stop()
+        for p in self.partitions:
+            self._fail_waiting(p, errors.ShuttingDown("this node is shutting down"))
         yield self.shards.stop()
+
+    # -- following by interest -----------------------------------------------
+
+    def prepare(self, channels: Iterable[str]) -> defer.Deferred[None] | None:
+        """Make sure this node holds whatever ``channels`` need: None when it
+        does already (a warm request), else a Deferred that fires once it does
+        (a cold one: one read from Redis), or fails with ``EngineUnavailable``
+        if Redis does not answer within ``COMMAND_TIMEOUT``."""
+        now = self.clock.seconds()
+        missing: list[Partition] = []
+        for name in channels:
+            for p in self._needed_for(name):
+                p.needed_at = now
+                p.needed_by.add(name)
+                if not p.ready:
+                    missing.append(p)
+        if not missing:
+            return None
+        d: defer.Deferred[Any] = defer.gatherResults(
+            [self._when_ready(p) for p in dict.fromkeys(missing)], consumeErrors=True)
+        d.addErrback(_first_error)
+        # what is read may name partitions abroad to follow too: ask again
+        d.addCallback(lambda _: self.prepare(channels))
+        return d
+
+    def _needed_for(self, name: str) -> list[Partition]:
+        """The partitions a reader of channel ``name`` needs: its own, and those
+        holding its messages published with an earlier channel (once its own
+        is read, this node knows them)."""
+        home = self.partition(name)
+        return [home, *(self.partitions[i] for i in sorted(home.abroad.get(name, ())))]
+
+    def _when_ready(self, p: Partition) -> defer.Deferred[None]:
+        d: defer.Deferred[None] = defer.Deferred()
+        p.when_ready.append(d)
+        timer = self.clock.callLater(self.timeout, self._too_late, p, d)
+        d.addBoth(_cancel_then, timer)
+        self._follow(p)
+        return d
+
+    def _too_late(self, p: Partition, d: defer.Deferred[None]) -> None:
+        if d in p.when_ready:
+            p.when_ready.remove(d)
+            d.errback(errors.EngineUnavailable(
+                "Redis did not answer in time to read this channel; retry shortly"))
+
+    def _follow(self, p: Partition) -> None:
+        """Subscribe to the partition's notifications (its read back follows)."""
+        if not p.followed and not self.stopped:
+            p.followed = True
+            self.shards.subscribe(p.notify, partial(self._notified, p),
+                                  partial(self._read_back, p))
+
+    def _let_go_of_unneeded(self) -> None:
+        """Every ``linger`` / 3 s: stop following each partition no request
+        needed for ``linger`` seconds and no client waits on."""
+        now = self.clock.seconds()
+        hub = self.service.hub
+        for p in self.partitions:
+            if not p.followed:
+                continue
+            if any(hub.waiting_on(name) for name in p.needed_by):
+                p.needed_at = now
+            elif now - p.needed_at > self.linger and not p.reading and not p.when_ready:
+                self._unfollow(p)
+
+    def _unfollow(self, p: Partition) -> None:
+        self.shards.unsubscribe(p.notify)
+        p.followed = p.ready = False
+        p.waiting = []
+        p.needed_by = set()
+        mine = [name for name in self.store.channel_names()
+                if self.partition(name) is p]
+        self.service.unfollow(p.origin, mine)
+        log.debug("redis {tag}: not needed for {s} s; no longer followed", tag=p.tag,
+                  s=self.linger)
+
+    def _fail_waiting(self, p: Partition, error: Exception) -> None:
+        waiting, p.when_ready = p.when_ready, []
+        for d in waiting:
+            d.errback(error)
+
+    # -- publishing ------------------------------------------------------------
 
     def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
                 ) -> defer.Deferred[list[Message]]:
         parts: dict[Partition, list[Draft]] = {}
+        notes: dict[Partition, list[bytes | str]] = {}
         for draft in drafts:
-            parts.setdefault(self.partition(draft.channels[0]), []).append(draft)
+            home = self.partition(draft.channels[0])
+            parts.setdefault(home, []).append(draft)
+            for name in draft.channels[1:]:
+                there = self.partition(name)
+                if there is not home and home.index not in there.abroad.get(name, ()):
+                    notes.setdefault(there, []).extend(("f", name, str(home.index)))
+        if notes:  # before the messages: a follower of those channels learns where
+            noted = defer.gatherResults([self._append(p, entries)
+                                         for p, entries in notes.items()], consumeErrors=True)
+            noted.addErrback(_first_error)
+            return noted.addCallback(lambda _: self._publish_parts(drafts, parts, idem))
+        return self._publish_parts(drafts, parts, idem)
+
+    def _publish_parts(self, drafts: Sequence[Draft], parts: dict[Partition, list[Draft]],
+                       idem: Idem | None) -> defer.Deferred[list[Message]]:
         if len(parts) == 1:
             ((p, mine),) = parts.items()
             return self._publish_to(p, mine, idem)
@@ -401,11 +317,12 @@ class RedisEngine:
                             d.data) for i, d in enumerate(drafts)]
         if again:
             return Replayed(messages)
-        # Our publish, if next in the log, is stored now (the publisher's next
-        # poll here sees it); otherwise its notification brings it in order.
-        messages = self.service.publish_logged(messages, current=epoch == p.epoch,
-                                               scoped=True)
-        if epoch != p.epoch:
+        # Our publish, if we follow its partition and it comes next there, is
+        # held now (the publisher's next poll here sees it); otherwise its
+        # notification brings it in order, or a cold read does.
+        messages = self.service.publish_logged(
+            messages, current=p.ready and epoch == p.epoch, scoped=True)
+        if p.followed and epoch != p.epoch:
             self._read_back(p, f"a publish found the log at epoch {epoch}")
         return messages
 
@@ -415,12 +332,29 @@ class RedisEngine:
         return self._operate("create", name, ttl)
 
     def renew_channel(self, name: str, ttl: int | None) -> defer.Deferred[Channel]:
-        channel = self.store.get(check_channel_name(name))
-        return self._operate("renew", name, check_ttl(ttl, channel.ttl))
+        check_channel_name(name)
+
+        def renew(_: object) -> defer.Deferred[Channel]:
+            channel = self.store.get(name)
+            return self._operate("renew", name, check_ttl(ttl, channel.ttl))
+
+        return self._then(name, renew)
 
     def delete_channel(self, name: str) -> defer.Deferred[None]:
-        self.store.get(name)
-        return self._operate("delete", name, 0).addCallback(lambda _: None)
+        def delete(_: object) -> defer.Deferred[Channel]:
+            self.store.get(name)
+            return self._operate("delete", name, 0)
+
+        return self._then(name, delete).addCallback(lambda _: None)
+
+    def _then(self, name: str, action: Callable[[object], defer.Deferred[Channel]],
+              ) -> defer.Deferred[Channel]:
+        """``action`` once this node holds channel ``name``'s partition."""
+        ready = self.prepare([name])
+        if ready is None:
+            return action(None)
+        done: defer.Deferred[Channel] = ready.addCallback(action)
+        return done
 
     def _operate(self, kind: OpKind, name: str, ttl: int) -> defer.Deferred[Channel]:
         expires_at = self.service.now() + ttl
@@ -430,9 +364,9 @@ class RedisEngine:
 
         def done(reply: list[Any]) -> Channel:
             epoch, seq = p.epoch_of(reply), int(reply[1])
-            if epoch == p.epoch:  # applied now if next, else its notification brings it
+            if p.ready and epoch == p.epoch:  # applied now if next, else notified
                 self.service.follow(p.origin, [_logged_op(seq, 0, name, op)], scoped=True)
-            else:
+            elif p.followed:
                 self._read_back(p, f"an operation found the log at epoch {epoch}")
             channel = self.store.channel(name)
             if channel is None:  # deleted, or not applied here yet: as the log has it
@@ -447,60 +381,79 @@ class RedisEngine:
         """Append entries to a partition's log in one script call (all or
         nothing); with ``idem``, once per key within the window. (A command
         connection that is down fails it at once, ``RedisNotSent``: 503.)"""
-        keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify)
+        keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify, p.foreign)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
             keys += (p.key + idem.key,)
             keyed = (idem.fingerprint, self.key_window_ms)
-        d = self.shards.evalsha(_PUBLISH_SHA, PUBLISH, keys,
+        d = self.shards.evalsha(PUBLISH_SHA, PUBLISH, keys,
                                 (*self._held(p), *keyed, *entries), timeout=self.timeout)
         d.addErrback(_unavailable)
         return d
 
     def _held(self, p: Partition) -> tuple[str, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
-        held = self.store.horizon_of(p.origin) if p.epoch else 0
-        return p.spare, self.maxlen, p.epoch, held
+        held = self.store.horizon_of(p.origin) if p.epoch and p.ready else 0
+        return p.spare, self.maxlen, p.epoch if p.ready else "", held
 
     def stats(self) -> dict[str, Any]:
+        followed = [p for p in self.partitions if p.ready]
         return {"engine": self.engine, "peers": [], "redis": {
             "url": ",".join(str(seed) for seed in self.seeds), "up": self.shards.connected,
             "cluster": self.shards.clustered, "primaries": self.shards.primaries(),
-            "partitions": len(self.partitions),
-            "horizon": sum(self.store.horizon_of(p.origin) for p in self.partitions
-                           if p.epoch),
+            "partitions": len(self.partitions), "followed": len(followed),
+            "horizon": sum(self.store.horizon_of(p.origin) for p in followed),
             "lost_epochs": self.lost_epochs}}
 
-    # -- following the logs --------------------------------------------------
+    # -- reading the logs ----------------------------------------------------
 
     def _notified(self, p: Partition, payload: bytes) -> None:
         """A partition's script appended entries: apply them if they come next
         (else read the log back); during a read back, after it."""
+        if not p.followed:
+            return
         if p.reading or not p.ready:
             p.waiting.append(payload)
             return
         self._apply(p, payload)
 
     def _apply(self, p: Partition, payload: bytes) -> None:
-        told = _decode_told.decode(payload)
+        told = decode_told.decode(payload)
         if told[0] != p.epoch:
             self._read_back(p, f"a notification of epoch {told[0]}")
             return
-        origin = p.origin
-        run: list[Entry] = []
-        for i in range(1, len(told), 5):
-            seq, ts, kind, c, d = told[i:i + 5]
-            if kind == "m":
-                run.append(Message(origin, seq, int(ts), tuple(json.loads(c)), d.encode()))
-            else:
-                run.append(_logged_op(seq, int(ts), c, d.encode()))
-        if isinstance(self.service.follow(origin, run, scoped=True), Hole):
+        run = [self._entry(p, seq, int(ts), kind, c, d)
+               for seq, ts, kind, c, d in _fives(told, 1)]
+        if isinstance(self.service.follow(p.origin, run, scoped=True), Hole):
             self._read_back(p, "a notification skipped entries")
+
+    def _entry(self, p: Partition, seq: int, ts: int, kind: bytes | str, c: bytes | str,
+               d: bytes | str) -> Entry:
+        """One log entry as the core takes it (a foreign note is noted here)."""
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        c = c.decode() if isinstance(c, bytes) else c
+        data = d if isinstance(d, bytes) else d.encode()
+        if kind == "m":
+            return Message(p.origin, seq, ts, tuple(json.loads(c)), data)
+        if kind == "o":
+            return _logged_op(seq, ts, c, data)
+        self._abroad(p, c, int(data))
+        return Passed(seq, ts)
+
+    def _abroad(self, p: Partition, name: str, other: int) -> None:
+        """Channel ``name`` of ``p`` has messages in partition ``other`` too: a
+        node whose clients read it follows that one as well."""
+        p.abroad.setdefault(name, set()).add(other)
+        if name in p.needed_by:
+            q = self.partitions[other]
+            q.needed_by.add(name)
+            q.needed_at = self.clock.seconds()
+            self._follow(q)
 
     def _read_back(self, p: Partition, why: str = "subscribed") -> None:
         """Check the partition's epoch and read its log past our horizon; the
         notifications that come meanwhile are applied after it."""
-        if self.stopped:
+        if self.stopped or not p.followed:
             return
         if p.reading:
             p.again = True
@@ -513,11 +466,11 @@ class RedisEngine:
 
     @defer.inlineCallbacks
     def _read(self, p: Partition) -> Any:
-        reply = yield self.shards.evalsha(_CHECK_SHA, CHECK, (p.log, p.meta), self._held(p),
+        reply = yield self.shards.evalsha(CHECK_SHA, CHECK, (p.log, p.meta), self._held(p),
                                           timeout=self.timeout)
         epoch = p.epoch_of(reply)
-        if epoch != p.epoch:
-            if p.epoch:
+        if epoch != p.epoch or not p.ready:
+            if p.epoch and p.ready and epoch != p.epoch:
                 self._lost_epoch(p, epoch)
             p.epoch = epoch
             yield self._load_channels(p)
@@ -534,7 +487,7 @@ class RedisEngine:
         p.reading = False
         waiting, p.waiting = p.waiting, []
         if isinstance(result, Failure):
-            if not self.stopped:
+            if not self.stopped and p.followed:
                 if isinstance(result.value, RedisGone | RedisError):
                     log.info("redis {tag}: reading the log failed ({why}); trying again",
                              tag=p.tag, why=result.getErrorMessage())
@@ -542,23 +495,19 @@ class RedisEngine:
                     log.failure("redis {tag}: reading the log failed", result, tag=p.tag)
                 self.clock.callLater(RETRY, self._read_back, p, "a read failed")
             return
-        if not p.ready:
-            p.ready = True
-            self._check_loaded()
+        if not p.followed:  # let go of while it was read
+            return
+        p.ready = True
         for payload in waiting:
             self._apply(p, payload)
         if p.again:
             p.again = False
             self._read_back(p, "notified during a read")
+        else:
+            ready, p.when_ready = p.when_ready, []
+            for d in ready:
+                d.callback(None)
         self._say_gone()
-
-    def _check_loaded(self) -> None:
-        if not self.ready and all(p.ready for p in self.partitions):
-            self.ready = True
-            log.info("redis: loaded {n} partitions' logs ({held} entries); serving",
-                     n=len(self.partitions),
-                     held=sum(self.store.horizon_of(p.origin) for p in self.partitions))
-            self._loaded.callback(None)
 
     def _lost_epoch(self, p: Partition, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap
@@ -587,6 +536,8 @@ class RedisEngine:
 
     @defer.inlineCallbacks
     def _load_channels(self, p: Partition) -> Any:
+        """The partition's explicit channels, and where its channels have
+        messages abroad."""
         raw = yield self.shards.execute(p.channels, "HGETALL", p.channels,
                                         timeout=self.timeout)
         now = self.service.now()
@@ -595,24 +546,30 @@ class RedisEngine:
             if op["expires_at"] > now:
                 self.service.apply_op(
                     ChannelOp("create", name.decode(), 0, op["ttl"], op["expires_at"]), now)
+        abroad = yield self.shards.execute(p.foreign, "HGETALL", p.foreign,
+                                           timeout=self.timeout)
+        for name, value in zip(abroad[::2], abroad[1::2], strict=True):
+            for other in json.loads(value):
+                self._abroad(p, name.decode(), int(other))
 
     def _apply_entries(self, p: Partition, entries: list[Any]) -> None:
         """Log entries read back, in order, into the store: the log is whole,
         so a jump in sequence is history trimmed before we read it (a gap)."""
         run: list[Entry] = []
-        origin = p.origin
-        held = self.store.horizon_of(origin)
+        held = self.store.horizon_of(p.origin)
         for ident, fields in entries:
             seq = int(ident[:-2])  # "<seq>-0"
             if seq <= held:  # e.g. our own publish, applied when Redis answered: not parsed
                 continue
             f = dict(zip(fields[::2], fields[1::2], strict=True))
-            ts = int(f[b"t"])
-            if f[b"k"] == b"m":
-                run.append(Message(origin, seq, ts, tuple(json.loads(f[b"c"])), f[b"d"]))
-            else:
-                run.append(_logged_op(seq, ts, f[b"c"].decode(), f[b"d"]))
-        self.service.follow(origin, run, trimmed=True, scoped=True)
+            run.append(self._entry(p, seq, int(f[b"t"]), f[b"k"], f[b"c"], f[b"d"]))
+        self.service.follow(p.origin, run, trimmed=True, scoped=True)
+
+
+def _fives(told: list[Any], start: int) -> Iterable[tuple[Any, Any, Any, Any, Any]]:
+    """A notification's entries: (seq, t, k, c, d) after its epoch."""
+    for i in range(start, len(told), 5):
+        yield told[i], told[i + 1], told[i + 2], told[i + 3], told[i + 4]
 
 
 def _logged_op(seq: int, ts: int, name: str, raw: bytes | str) -> LoggedOp:
@@ -621,8 +578,14 @@ def _logged_op(seq: int, ts: int, name: str, raw: bytes | str) -> LoggedOp:
     return LoggedOp(seq, ts, ChannelOp(op["op"], name, seq, op["ttl"], op["expires_at"]))
 
 
+def _cancel_then(result: Any, timer: Any) -> Any:
+    if timer.active():
+        timer.cancel()
+    return result
+
+
 def _first_error(failure: Failure) -> Failure:
-    """A publish over several partitions failed: the first partition's failure."""
+    """A call over several partitions failed: the first partition's failure."""
     if isinstance(failure.value, defer.FirstError):
         sub: Failure = failure.value.subFailure
         return sub

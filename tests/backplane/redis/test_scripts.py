@@ -6,16 +6,16 @@ import json
 import hiredis
 import pytest
 
-from pushup.backplane.redis.engine import CHECK, PUBLISH, Partition
+from pushup.backplane.redis.partitions import CHECK, PUBLISH, Partition
 
-P = Partition("p0")  # one partition's keys: each script runs on one
+P = Partition(0, "p0")  # one partition's keys: each script runs on one
 LOG, META, CHANNELS, KEY = P.log, P.meta, P.channels, P.key
 
 
 def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000, key=None,
             fingerprint="f1", window_ms=60_000):
     flat = [x for entry in entries for x in entry]
-    keys = [LOG, META, CHANNELS, P.notify] + ([KEY + key] if key is not None else [])
+    keys = [LOG, META, CHANNELS, P.notify, P.foreign] + ([KEY + key] if key is not None else [])
     keyed = [fingerprint, window_ms] if key is not None else ["", 0]
     return redis.cli("EVAL", PUBLISH, len(keys), *keys, epoch, maxlen, held_epoch, held,
                      *keyed, *flat)
@@ -148,3 +148,15 @@ def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_
     assert told[0] == ["e1", m_seq, m_ts.decode(), "m", '["a", "b"]', "1",
                        o_seq, o_ts.decode(), "o", "room", op("create", "room")[2]]
     assert told[1][:2] == ["e1", 3]  # the retry appended nothing and told no one
+
+
+def test_a_foreign_note_is_appended_once_per_channel_and_partition(redis_server):
+    first = publish(redis_server, "", 0, ("f", "b", "7"), ("f", "c", "7"))
+    assert first[1::2] == [1, 2]  # two notes, two entries
+    again = publish(redis_server, "e1", 2, ("f", "b", "7"), ("f", "b", "9"))
+    assert again[1::2] == [3]  # b's note of 7 is known: only 9 is new
+    assert json.loads(redis_server.cli("HGET", P.foreign, "b")) == ["7", "9"]
+    assert publish(redis_server, "e1", 3, ("f", "c", "7")) == [b"e1"]  # nothing appended
+    kinds = [dict(zip(f[::2], f[1::2], strict=True))[b"k"]
+             for _, f in redis_server.cli("XRANGE", LOG, "-", "+")]
+    assert kinds == [b"f", b"f", b"f"]
