@@ -43,10 +43,13 @@ ENGINE_FIGURES = (
      "Publishes answered 202: no peer held them in time"),
 )
 REDIS_FIGURES = (
-    ("up", "pushup_redis_up", "gauge", "1 if both connections to Redis are up"),
-    ("horizon", "pushup_redis_horizon", "gauge", "How far this node has read the Redis log"),
+    ("up", "pushup_redis_up", "gauge", "1 if every connection to Redis is up"),
+    ("horizon", "pushup_redis_horizon", "gauge",
+     "How far this node has read the Redis logs it follows (entries, summed)"),
+    ("followed", "pushup_redis_partitions_followed", "gauge",
+     "Partitions of the Redis log this node follows (those its clients read)"),
     ("lost_epochs", "pushup_redis_lost_epochs", "counter",
-     "Times the Redis log was found to have lost what this node read"),
+     "Times a Redis log was found to have lost what this node read"),
 )
 
 
@@ -71,7 +74,8 @@ class Collector:
         yield from _families([f for f in ENGINE_FIGURES if f[0] in stats], stats)
         if "redis" in stats:
             yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
-                                                 if k in ("up", "horizon", "lost_epochs")})
+                                                 if k in ("up", "horizon", "followed",
+                                                          "lost_epochs")})
         yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
         peers = stats["peers"]

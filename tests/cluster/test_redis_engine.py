@@ -71,8 +71,10 @@ def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clien
     with polling(clients):
         published = published_by(publishers)
         assert len(published) == 360
-        # One log per partition: every id is of its channel's partition's
-        # origin, each origin's numbered 1..n with no hole.
+        # One log per partition: every id is of its first channel's partition's
+        # origin, numbered by that log once (its other entries are notes of
+        # where a channel has messages: a message's numbers are distinct, not
+        # necessarily consecutive).
         by_origin: dict[str, list[int]] = {}
         for m in published:
             origin, seq = m.rsplit("-", 1)
@@ -80,7 +82,7 @@ def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clien
         tags = {keys_of(ch).tag for ch in channels}
         assert {origin.split(".")[0] for origin in by_origin} <= tags
         for seqs in by_origin.values():
-            assert sorted(seqs) == list(range(1, len(seqs) + 1))
+            assert len(set(seqs)) == len(seqs) and min(seqs) >= 1
         wait_clients_have(clients, published, 30)
     check_exactly_once(clients, published)
     # Each node read every message from the log, whichever node accepted it.
@@ -146,6 +148,8 @@ def test_while_redis_is_paused_publishes_get_504_polls_are_answered_and_all_resu
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
     ch = uniq("pause")
     before = publish(c.bases[0], [ch], "before")
+    for base in c.bases:  # a reader on each node: both follow the channel
+        wait_until(lambda b=base: before["id"] in retained(b, [ch]), 10, 0.05, "read")
     redis_server.pause()  # SIGSTOP
     try:
         status, headers, raw = request("POST", c.bases[0] + "/publish",
@@ -158,6 +162,9 @@ def test_while_redis_is_paused_publishes_get_504_polls_are_answered_and_all_resu
         for base in c.bases:
             status, got = subscribe(base, [ch], since="0", timeout=0)
             assert status == 200 and [m["id"] for m in got["messages"]] == [before["id"]]
+        # A channel no reader asked for before cannot be read now: 503, not silence.
+        status, got = subscribe(c.bases[1], [uniq("cold")], since="0", timeout=0)
+        assert status == 503 and got["error"]["code"] == "engine_unavailable", got
     finally:
         redis_server.resume()  # SIGCONT
     # Publishing works again once Redis answers (the first tries may still get
@@ -203,7 +210,7 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
         c.nodes[1].send_signal(signal.SIGSTOP)  # node 2 reads nothing meanwhile ...
         # ... and is away from Redis: its subscription is cut (node 1's too, which
         # comes back at once), so no notification waits in its socket for it
-        assert server.cli("CLIENT", "KILL", "TYPE", "pubsub") >= 2
+        assert server.cli("CLIENT", "KILL", "TYPE", "pubsub") >= 1  # node 2 follows ch
         try:
             receipts = publish_batch(c.bases[0], [([ch], i) for i in range(200)])
             head = int(server.cli("XRANGE", keys_of(ch).log, "-", "+", "COUNT", 1)[0][0]
@@ -290,9 +297,15 @@ def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, re
 def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_cluster,
                                                                        redis_server):
     c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
-    publish_batch(c.bases[0], [([uniq("m")], i) for i in range(3)])
+    channels = [uniq("m") for _ in range(3)]
+    publish_batch(c.bases[0], [([ch], i) for i, ch in enumerate(channels)])
+    status, _, text = request("GET", c.bases[0] + "/metrics")
+    assert "pushup_redis_partitions_followed 0.0" in text.decode().splitlines()  # no reader
+    assert len(retained(c.bases[0], channels)) == 3  # a reader: the node follows them
     status, _, text = request("GET", c.bases[0] + "/metrics")
     assert status == 200
     lines = set(text.decode().splitlines())
+    followed = len({keys_of(ch).tag for ch in channels})
     assert {"pushup_redis_up 1.0", "pushup_redis_horizon 3.0",
+            f"pushup_redis_partitions_followed {followed}.0",
             "pushup_redis_lost_epochs_total 0.0"} <= lines

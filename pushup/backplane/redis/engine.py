@@ -473,6 +473,7 @@ class RedisEngine:
             if p.epoch and p.ready and epoch != p.epoch:
                 self._lost_epoch(p, epoch)
             p.epoch = epoch
+            p.abroad = {}  # read again below, as this log has it
             yield self._load_channels(p)
         while True:
             after = self.store.horizon_of(p.origin)
