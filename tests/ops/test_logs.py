@@ -140,6 +140,8 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
         wait_until(lambda: answers(node, 200), DEADLINE, msg="the node on Redis healthy")
         start = node.lines()
         print(f"\nstart on Redis: {len(start)} lines\n" + "\n".join(start))
+        # a reader: the node follows the channel's partition, so it finds its log gone
+        assert get_json(node.url + "/subscribe?channels=logs&timeout=0")[0] == 200
         shown = f"redis://127.0.0.1:{redis.port}/0"
         assert len(start) == 3 and f"engine redis; redis {shown}" in start[0], start
         assert_quiet(start)
