@@ -129,3 +129,68 @@ def test_a_node_with_another_number_of_partitions_does_not_serve(engine, redis_s
     assert "--redis-partitions 32 differs from this Redis's 64" in str(refused)
     assert not b.ready
     assert redis_server.cli("GET", "pushup:partitions") == b"64"
+
+
+def channels_in_distinct_partitions(e: RedisEngine, count: int, prefix: str) -> list[str]:
+    """``count`` channel names that live in ``count`` different partitions."""
+    found: dict[int, str] = {}
+    k = 0
+    while len(found) < count:
+        name = f"{prefix}{k}"
+        found.setdefault(e.partition(name).index, name)
+        k += 1
+    return list(found.values())
+
+
+def test_a_node_holds_nothing_of_the_partitions_none_of_its_clients_read(engine):
+    a, b = engine("a"), engine("b")
+    read, *others = channels_in_distinct_partitions(a, 6, "interest")
+    follow(b, read)  # b's only reader reads one channel
+    for name in others:
+        publish(a, name, b"elsewhere")
+    mine = publish(a, read, b"here")
+    run_until(lambda: ids_held(b, read) == mine, 10.0, "b holds its reader's channel")
+    assert b.stats()["redis"]["followed"] == 1
+    assert b.store.message_count == 1  # nothing of the five partitions nobody reads here
+    assert a.stats()["redis"]["followed"] == 0  # publishing follows nothing
+
+
+def test_a_cold_read_on_a_node_that_never_followed_finds_the_whole_history(engine):
+    a, b = engine("a"), engine("b")
+    sent = publish(a, "cold", b"1", b"2", b"3")
+    assert b.store.channel("cold") is None
+    assert ids_held(b, "cold") == sent  # one read from Redis, then from memory
+    assert b.prepare(["cold"]) is None  # warm now: no read
+
+
+def test_a_partition_nobody_needs_for_the_linger_is_let_go_and_read_again_whole(engine):
+    a, b = engine("a"), engine("b", loaded=False)
+    b.linger = 0.2  # (30 s in service)
+    wait_for(b.start(), 10.0)
+    first = publish(a, "brief", b"1")
+    assert ids_held(b, "brief") == first
+    p = b.partition("brief")
+    run_until(lambda: not p.followed, 10.0, "the partition let go after its linger")
+    assert b.store.channel("brief") is None and b.store.message_count == 0
+    later = publish(a, "brief", b"2")  # published while b follows nothing
+    assert ids_held(b, "brief") == first + later
+
+
+def test_a_message_of_channels_in_two_partitions_reaches_a_reader_of_either_once(engine):
+    a, b = engine("a"), engine("b")
+    first, second = channels_in_distinct_partitions(a, 2, "pair")
+    follow(b, second)  # b's reader reads the second channel only
+    [both] = [m.id for m in wait_for(a.publish([Draft((first, second), b"both")]))]
+    assert both.startswith(a.partition(first).tag + ".")  # stored in the first's partition
+    run_until(lambda: ids_held(b, second) == [both], 10.0, "the reader of the second has it")
+    got = b.store.query(Query((first, second), 0, None, 1000)).messages
+    assert [m.id for m in got] == [both]  # a reader of both: once
+
+
+def test_a_subscription_cut_mid_stream_is_read_back_and_misses_nothing(engine, redis_server):
+    a, b = engine("a"), engine("b")
+    follow(b, "cut")
+    sent = publish(a, "cut", b"1")
+    assert redis_server.cli("CLIENT", "KILL", "TYPE", "pubsub") >= 1
+    sent += publish(a, "cut", b"2", b"3")  # while b's subscription is coming back
+    run_until(lambda: ids_held(b, "cut") == sent, 10.0, "b read back what it missed")
