@@ -309,3 +309,31 @@ def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_clu
     assert {"pushup_redis_up 1.0", "pushup_redis_horizon 3.0",
             f"pushup_redis_partitions_followed {followed}.0",
             "pushup_redis_lost_epochs_total 0.0"} <= lines
+
+
+def test_cold_reads_on_a_node_that_never_followed_the_channel(fresh_cluster, redis_server):
+    """A poll, a since= read, an event stream and a channel's info on a node
+    none of whose clients read the channel before: each waits for one read
+    from Redis, then finds the whole history."""
+    from tests.sse_client import SSE, data_of
+
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    polled, read, streamed, info = (uniq(f"cold{k}") for k in range(4))
+    sent = {ch: [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
+            for ch in (polled, read, streamed, info)}
+    assert stats(c.bases[1])["redis"]["followed"] == 0  # node 2: no reader yet
+    _, body = subscribe(c.bases[1], [read], since="0", timeout=0)
+    assert [m["id"] for m in body["messages"]] == sent[read]
+    # a held poll from the end (since=now, resolved once the partition is read)
+    _, now = subscribe(c.bases[1], [polled], since="now", timeout=0)
+    assert now["messages"] == []
+    later = publish(c.bases[0], [polled], "later")
+    _, body = subscribe(c.bases[1], [polled], since=now["cursor"], timeout=10)
+    assert [m["id"] for m in body["messages"]] == [later["id"]]
+    stream = SSE("127.0.0.1", c.node_ports[1], [streamed], since="0")
+    try:
+        assert data_of(stream.events(3)) == [0, 1, 2]
+    finally:
+        stream.close()
+    status, described = jrequest("GET", c.bases[1] + f"/channels/{info}")
+    assert status == 200 and described["messages"] == 3
