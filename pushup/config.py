@@ -116,11 +116,12 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "send_timeout": ("seconds a client may leave its answers unread before we hang up",
                      "SECONDS"),
     "peer_queue": ("channel operations queued per peer (oldest dropped past it)", "N"),
-    "publish_ack": ("with peers, when a publish gets its 201: peer (once a peer holds it, "
-                    "so the crash of this node loses nothing acknowledged), all (once every "
-                    "peer not down holds it) or local (at once)", "WHEN"),
-    "publish_ack_timeout": ("seconds a publish waits for a peer (publish-ack peer) before "
-                            "the answer is 202: stored here only", "SECONDS"),
+    "publish_ack": ("when a publish gets its 201: peer (once a peer holds it, so the crash "
+                    "of this node loses nothing acknowledged; on Redis, once a replica of "
+                    "its primary holds it, if it has one), all (every peer, or replica, not "
+                    "down) or local (at once; on Redis, once the primary holds it)", "WHEN"),
+    "publish_ack_timeout": ("seconds a publish waits for a peer or replica before the "
+                            "answer is 202: stored, not yet copied", "SECONDS"),
     "idempotency_window": ("seconds a publish's Idempotency-Key is remembered: a retry with "
                            "it within this time stores nothing new", "SECONDS"),
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),

@@ -45,7 +45,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane import ChannelOp, OpKind
+from pushup.backplane import ChannelOp, OpKind, Unconfirmed
 from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.partitions import (
@@ -76,6 +76,7 @@ PARTITIONS = "pushup:partitions"  # how many partitions the nodes on this Redis 
 # between nodes comes back to this one within seconds; 30 s keeps a
 # channel with steady readers followed, and lets one nobody reads go.
 LINGER = 30.0
+REPLICAS_TTL = 5.0  # seconds a primary's number of replicas is trusted (--publish-ack)
 
 
 class RedisEngine:
@@ -92,6 +93,9 @@ class RedisEngine:
         self.timeout = COMMAND_TIMEOUT
         self.linger = LINGER
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
+        self.publish_ack = config.publish_ack  # local, peer (a replica), all (replicas)
+        self.ack_timeout_ms = max(1, round(config.publish_ack_timeout * 1000))
+        self._replicas: dict[str, tuple[int, float]] = {}  # tag -> (replicas, when asked)
         self.shards = Shards(self.seeds, reactor)
         self.partitions = [Partition(i, tag) for i, tag in
                            enumerate(partition_tags(config.redis_partitions))]
@@ -294,7 +298,42 @@ class RedisEngine:
             entries += ["m", dumps(list(draft.channels)), draft.data]
         d = self._append(p, entries, idem)
         d.addCallback(self._published, p, drafts)
+        if self.publish_ack != "local":
+            d.addCallback(self._copied, p)
         return d
+
+    @defer.inlineCallbacks
+    def _copied(self, messages: list[Message], p: Partition) -> Any:
+        """``--publish-ack peer`` or ``all`` on Redis: the 201 once a replica
+        of the partition's primary (or every one) holds the append (``WAIT``
+        on the connection that sent it), 202 ``Unconfirmed`` if none did in
+        ``--publish-ack-timeout``; at once where the primary has no replica."""
+        replicas = yield self._replicas_of(p)
+        if replicas == 0 or isinstance(messages, Replayed):
+            return messages
+        need = 1 if self.publish_ack == "peer" else replicas
+        try:
+            acked = yield self.shards.execute(p.log, "WAIT", need, self.ack_timeout_ms,
+                                              timeout=self.ack_timeout_ms / 1000 + self.timeout)
+        except (RedisGone, RedisError):
+            acked = 0
+        return messages if acked >= need else Unconfirmed(messages)
+
+    @defer.inlineCallbacks
+    def _replicas_of(self, p: Partition) -> Any:
+        """How many replicas the primary of ``p`` has (``ROLE``; asked at most
+        every ``REPLICAS_TTL`` seconds per partition)."""
+        now = self.clock.seconds()
+        known = self._replicas.get(p.tag)
+        if known is not None and now - known[1] < REPLICAS_TTL:
+            return known[0]
+        try:
+            role = yield self.shards.execute(p.log, "ROLE", timeout=self.timeout)
+            count = len(role[2]) if role[0] == b"master" else 0
+        except (RedisGone, RedisError):
+            count = 0
+        self._replicas[p.tag] = (count, now)
+        return count
 
     @staticmethod
     def _in_draft_order(results: list[list[Message]], drafts: Sequence[Draft],
@@ -306,6 +345,8 @@ class RedisEngine:
         messages = [by_draft[id(d)] for d in drafts]
         if all(isinstance(got, Replayed) for got in results):
             return Replayed(messages)
+        if any(isinstance(got, Unconfirmed) for got in results):
+            return Unconfirmed(messages)
         return messages
 
     def _published(self, reply: list[Any], p: Partition, drafts: Sequence[Draft],

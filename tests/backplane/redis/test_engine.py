@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from pushup.backplane import Unconfirmed
 from pushup.backplane.redis.engine import RedisEngine
+from pushup.backplane.redis.slots import key_slot
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.model import Draft, Origin, Query
@@ -194,3 +196,25 @@ def test_a_subscription_cut_mid_stream_is_read_back_and_misses_nothing(engine, r
     assert redis_server.cli("CLIENT", "KILL", "TYPE", "pubsub") >= 1
     sent += publish(a, "cut", b"2", b"3")  # while b's subscription is coming back
     run_until(lambda: ids_held(b, "cut") == sent, 10.0, "b read back what it missed")
+
+
+def test_on_a_cluster_a_publish_is_acknowledged_once_a_replica_holds_it(engine, redis_cluster):
+    """--publish-ack peer (the default) on a Redis Cluster with replicas: 201
+    once a replica of the partition's primary holds the append (WAIT); with
+    that replica stopped, 202 (stored, not copied) after --publish-ack-timeout."""
+    a = engine("a", url=redis_cluster.seeds)
+    a.ack_timeout_ms = 300
+    first = wait_for(a.publish([Draft(("acked",), b"1")]), 10.0)
+    assert not isinstance(first, Unconfirmed)
+    slot = key_slot(a.partition("acked").log)
+    primary = redis_cluster.owner_of(slot)
+    [replica] = [port for port in redis_cluster.ports
+                 if port != primary and redis_cluster.cli(port, "ROLE")[0] == b"slave"
+                 and int(redis_cluster.cli(port, "ROLE")[2]) == primary]
+    redis_cluster.nodes[replica].pause()
+    try:
+        second = wait_for(a.publish([Draft(("acked",), b"2")]), 10.0)
+    finally:
+        redis_cluster.nodes[replica].resume()
+    assert isinstance(second, Unconfirmed)
+    assert [m.seq for m in second] == [first[0].seq + 1]  # stored all the same
