@@ -113,12 +113,15 @@ class Origins:
         for origin, seq, ts in lost:
             self.lost[origin] = (seq, ts)
 
-    def behind_lost(self, since: Cursor | int, at: Position | None) -> bool:
-        """Whether a reader at ``since`` (read with ``at``) missed lost history."""
+    def behind_lost(self, since: Cursor | int, at: Position | None,
+                    concerns: Callable[[str], bool] | None = None) -> bool:
+        """Whether a reader at ``since`` (read with ``at``) missed lost history
+        (of the origins it ``concerns``: every one if None)."""
+        lost = [(o, held) for o, held in self.lost.items() if concerns is None or concerns(o)]
         if at is not None:
-            return any(at(o) < seq for o, (seq, _) in self.lost.items())
+            return any(at(o) < seq for o, (seq, _) in lost)
         assert isinstance(since, int)
-        return any(ts > since for _, ts in self.lost.values())
+        return any(ts > since for _, (_, ts) in lost)
 
     def note(self, origin: str) -> None:
         """``origin`` enters the horizon: learn its node's newest epoch, and

@@ -31,7 +31,7 @@ from pushup.core.channels import ChannelOp, Channels
 from pushup.core.cursor import Cursor
 from pushup.core.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, record_of
 from pushup.core.image import ChannelImage, StoreImage, channel_of
-from pushup.core.model import Draft, Message, Now, Origin, Query
+from pushup.core.model import Draft, Message, Now, Origin, Query, parse_origin
 from pushup.core.origins import Origins, Position
 from pushup.core.runs import Run, merge
 
@@ -90,6 +90,15 @@ class Store:
         self._origins = Origins(lambda o: bool(self._by_origin.get(o)))
         self._origins.raise_horizon(origin.name, 0)
         self._horizon = self._origins.horizon
+        # channel -> the node ids of the scoped origins its messages come from
+        # (the Redis engine's partitions: its own, and where it has messages)
+        self._sources: Callable[[str], Iterable[str]] | None = None
+
+    def sources_by(self, sources: Callable[[str], Iterable[str]]) -> None:
+        """How to tell which scoped origins a channel's messages come from (by
+        their node id: a Redis partition's tag), so that history lost of one
+        is a gap for its readers only."""
+        self._sources = sources
 
     def journal_to(self, changes: Changes) -> None:
         """Note every change from now on in ``changes`` (``NO_CHANGES``: none)."""
@@ -199,6 +208,28 @@ class Store:
             return not origins.behind_lost(since, lambda o: held.get(o, 0))
         return True
 
+    def _concerns(self, channels: Iterable[str],
+                  relevant: set[str] | None = None) -> Callable[[str], bool] | None:
+        """Which lost origins concern a reader of ``channels``: every unscoped
+        one; a scoped one that held their messages or that they come from."""
+        scoped = self._origins.scoped
+        if not scoped:
+            return None
+        names = tuple(channels)
+        held = self._relevant(names) if relevant is None else relevant
+        sources: set[str] = set()
+        if self._sources is not None:
+            for name in names:
+                sources.update(self._sources(name))
+
+        def concerns(origin: str) -> bool:
+            if origin not in scoped or origin in held:
+                return True
+            parsed = parse_origin(origin)
+            return parsed is not None and parsed[0] in sources
+
+        return concerns
+
     def _at_scoped_end(self, since: Cursor, channels: Iterable[str]) -> bool:
         """:meth:`at_end` where some origins are scoped: ``since`` must name
         every origin in view (unscoped, or holding messages of ``channels``)
@@ -220,7 +251,8 @@ class Store:
             return False
         if origins.lost:
             held = since.as_dict()
-            return not origins.behind_lost(since, lambda o: held.get(o, 0))
+            return not origins.behind_lost(since, lambda o: held.get(o, 0),
+                                           self._concerns(channels, relevant))
         return True
 
     def _relevant(self, channels: Iterable[str]) -> set[str]:
@@ -248,12 +280,13 @@ class Store:
         if isinstance(since, Now):
             raise TypeError("resolve since=now with Store.end() first")
         at: Position | None = None
+        concerns = self._concerns(q.channels) if self._origins.lost else None
         if isinstance(since, Cursor):
             at = self._origins.reader(since)
-            gap = self._origins.behind_lost(since, at) or any(
+            gap = self._origins.behind_lost(since, at, concerns) or any(
                 self._origins.forgotten(o) for o, _ in since.positions)
         else:
-            gap = self._origins.behind_lost(since, at)
+            gap = self._origins.behind_lost(since, at, concerns)
         streams: list[Iterator[Message]] = []
         for name in q.channels:
             channel = self._channels.find(name)

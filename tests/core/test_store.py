@@ -431,3 +431,15 @@ def test_a_scoped_end_for_a_quiet_channel_still_lists_its_first_message():
     first = Message("p1.e", 2, T0 + 9, ("c",), b"9")
     s.apply(first, T0)
     assert read(s, ["c"], since=since).messages == (first,)
+
+
+def test_history_lost_of_a_scoped_origin_is_a_gap_for_its_channels_readers_only():
+    s = partitioned()
+    s.sources_by(lambda name: {"a": ["p1"], "b": ["p2"]}.get(name, ["p9"]))
+    quiet_reader = read(s, ["quiet"]).cursor  # its channel lives in no partition here
+    a_reader = Cursor(())  # a reader of "a" that has read nothing yet
+    s.skip_to("p1.e", 5, T0 + 10)  # p1's log lost what it had, up to 5
+    assert read(s, ["quiet"], since=quiet_reader).gap is False
+    assert read(s, ["b"], since=read(s, ["b"]).cursor).gap is False
+    assert read(s, ["a"], since=a_reader).gap is True
+    assert read(s, ["a"], since=a_reader).messages[0].origin == "p1.e"

@@ -104,6 +104,8 @@ class RedisEngine:
         self.lost_epochs = 0  # times a log was found to have lost entries we held
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
         self._sweeper: Any = None  # the LoopingCall that lets unneeded partitions go
+        # a partition's lost history is a gap for the readers of its channels only
+        self.store.sources_by(lambda name: [p.tag for p in self._needed_for(name)])
 
     def partition(self, channel: str) -> Partition:
         return self.partitions[partition_of(channel, len(self.partitions))]
