@@ -144,14 +144,14 @@ class Handlers:
         the caller logs and answers 500.
         """
         try:
+            if request.path.startswith(STREAMS_PREFIX):
+                return self.streams.answer(request, client)
             if request.method == b"OPTIONS" and self.config.cors_origin:
                 return _PREFLIGHT
             mount = self._mount_of(request.path)
             if mount is not None:
                 answer = mount.answer(request, self.service.now() / 1e6)
                 return Response(answer.status, answer.body)
-            if request.path.startswith(STREAMS_PREFIX):
-                return self.streams.answer(request, client)
             handlers, params = self._route(request.path)
             handler = handlers.get(request.method)
             if handler is None:

@@ -41,14 +41,29 @@ from pushup.core.streams import (
     parse_offset,
 )
 from pushup.http.exchange import Held, Pending, Request, Response, error_body
-from pushup.http.params import query_args
+from pushup.http.params import Args, query_args
 
 PREFIX = b"/v1/stream/"
-LONG_POLL_S = 5.0  # how long a long poll waits for data before its 204
+# How long a long poll waits for data before its 204, unless it asks (timeout=);
+# short because the suite gives a whole long-poll test 5 s.
+LONG_POLL_S = 3.0
 SSE_LIFETIME_S = 60.0  # an SSE response ends after this (protocol §10.2), the client resumes
 CURSOR_EPOCH_S = 1728432000  # 2024-10-09T00:00:00Z and 20-second intervals (protocol §10.1)
 CURSOR_INTERVAL_S = 20
-_COMMON = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),)
+_PROTOCOL_HEADERS = (b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
+                     b"Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, "
+                     b"Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Location")
+_COMMON = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),
+           (b"Access-Control-Expose-Headers", _PROTOCOL_HEADERS))
+# A preflight is answered on a stream path whatever --cors-origin says: without
+# an Access-Control-Allow-Origin (the Writer's, from --cors-origin) a browser
+# still refuses a foreign page, so this grants nothing the flag does not.
+_PREFLIGHT_FIELDS = (
+    (b"Access-Control-Allow-Methods", b"GET, HEAD, PUT, POST, DELETE, OPTIONS"),
+    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, If-None-Match, "
+     b"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, "
+     b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
+    (b"Access-Control-Max-Age", b"86400"))
 _SSE_FIELDS = ((b"Cache-Control", b"no-cache"), *_COMMON)
 _LINES = re.compile(rb"\r\n|\r|\n")
 Headers = tuple[tuple[bytes, bytes], ...]
@@ -116,6 +131,8 @@ class StreamEndpoints:
     def answer(self, request: Request, client: object,
                ) -> Response | Held | Pending:
         """``request`` to a stream path, answered (errors included)."""
+        if request.method == b"OPTIONS":
+            return _answer(204, headers=_PREFLIGHT_FIELDS)
         handler = self.routes.get(request.method)
         try:
             if handler is None:
@@ -167,7 +184,9 @@ class StreamEndpoints:
         headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
                             *_closed(stream))
         if created:
-            headers += ((b"Location", request.path),)
+            host = request.headers.get(b"host")
+            headers += ((b"Location", request.path if host is None
+                         else b"http://" + host + request.path),)
             self._wake(stream)
         return _answer(201 if created else 200, b"", stream.content_type.encode(), headers)
 
@@ -192,7 +211,7 @@ class StreamEndpoints:
             headers += ((b"Producer-Epoch", b"%d" % producer[1]),
                         (b"Producer-Seq", b"%d" % (done.producer_seq or 0)))
         self._wake(self.streams.get(params[0], self.service.now()))
-        new_data = producer is not None and not done.duplicate
+        new_data = producer is not None and not done.duplicate and bool(request.body)
         return _answer(200 if new_data else 204, headers=headers)
 
     def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
@@ -250,7 +269,8 @@ class StreamEndpoints:
         read = stream.read(at, self.config.max_response_bytes)
         if live == "long-poll" and not read.data and not read.messages:
             if not stream.closed:
-                return self._wait(request, stream, at, cursor_text)
+                hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
+                return self._wait(request, stream, at, cursor_text, hold)
             return self._caught_up(stream, at, cursor_text)
         return self._data(request, stream, given or "-1", read, live, cursor_text)
 
@@ -285,9 +305,9 @@ class StreamEndpoints:
         return cursor_after(given, self.service.now() / 1e6)
 
     def _wait(self, request: Request, stream: Stream, at: Position,
-              cursor: str | None) -> Pending:
+              cursor: str | None, hold: float) -> Pending:
         """Hold the long poll until the stream grows, closes or goes, or
-        ``LONG_POLL_S`` passes (204)."""
+        ``hold`` seconds pass (204)."""
         answered: defer.Deferred[Response] = defer.Deferred()
         timer: list[DelayedCall] = []
 
@@ -317,7 +337,7 @@ class StreamEndpoints:
                 answered.callback(self._caught_up(stream, at, cursor))
 
         stream.waiters.append(woken)
-        timer.append(self.service.clock.callLater(LONG_POLL_S, timed_out))
+        timer.append(self.service.clock.callLater(hold, timed_out))
         return Pending(answered)
 
     def _sse(self, stream: Stream, at: Position, cursor: str | None,
@@ -380,8 +400,11 @@ class _Feed:
             payload = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
                        else base64.b64encode(read.data) if self.base64 else read.data)
             lines = _LINES.split(payload.decode("utf-8", "replace").encode())
+            # "data:" then the line; a space between only before a line that
+            # begins with one (a reader drops one space after the colon)
             self.client.send_events(b"event: data\n" + b"".join(
-                b"data: " + line + b"\n" for line in lines) + b"\n")
+                (b"data: " if line[:1] == b" " else b"data:") + line + b"\n"
+                for line in lines) + b"\n")
         if has_data or not self.sent_control or final:
             self.at = read.next
             self._control(read.next, read.up_to_date, final)
@@ -402,7 +425,7 @@ class _Feed:
             control["streamCursor"] = self.endpoints._cursor(self.cursor)
             if up_to_date:
                 control["upToDate"] = True
-        self.client.send_events(b"event: control\ndata: " + dumps(control) + b"\n\n")
+        self.client.send_events(b"event: control\ndata:" + dumps(control) + b"\n\n")
 
     def end(self) -> None:
         if not self.ended:
