@@ -28,6 +28,7 @@ MAX_SAFE = 2**53 - 1  # the protocol's bound on producer epochs and sequences
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _OFFSET = re.compile(r"([0-9]{1,19})_([0-9]{1,19})")
 _MEDIA_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
+STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
 
 
 class StreamConflict(PushUpError, status=409, code="stream_conflict"):
@@ -40,6 +41,10 @@ class StreamConflict(PushUpError, status=409, code="stream_conflict"):
 
 class StreamGone(PushUpError, status=410, code="stream_gone"):
     """410: the stream was deleted while forks still read it."""
+
+
+class StreamsFull(PushUpError, status=507, code="streams_full"):
+    """507: the node holds as many stream bytes as it may (``budget``)."""
 
 
 class StaleEpoch(PushUpError, status=403, code="stale_producer_epoch"):
@@ -174,6 +179,7 @@ class Stream:
     deleted: bool = False
     producers: dict[str, Producer] = field(default_factory=dict)
     writer_seq: str | None = None
+    charged: int = 0  # bytes counted against ``Streams.budget`` for this stream
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -271,9 +277,20 @@ class Appended:
 class Streams:
     """Every stream of this node, by path."""
 
-    def __init__(self, uid: Callable[[], str]) -> None:
+    def __init__(self, uid: Callable[[], str], budget: int) -> None:
+        """``budget``: the bytes all streams may hold (data, plus
+        ``STREAM_OVERHEAD`` each); past it a create or append is refused 507."""
         self._streams: dict[str, Stream] = {}
         self._uid = uid
+        self.budget = budget
+        self.held = 0
+
+    def _charge(self, stream: Stream, size: int) -> None:
+        if self.held + size > self.budget:
+            raise StreamsFull(f"this node holds {self.held} bytes of streams, its most is "
+                              f"{self.budget}: delete streams or give them a TTL")
+        self.held += size
+        stream.charged += size
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -324,10 +341,11 @@ class Streams:
                   Stream(path, self._uid(), asked.content_type or "application/octet-stream",
                          asked.ttl, asked.expires_at))
         _set_deadline(stream, now)
-        if asked.body:
-            messages = json_messages(asked.body, True) if stream.is_json else None
-            if messages is None or messages:  # ``[]`` creates an empty JSON stream
-                stream.append(asked.body, messages)
+        messages = json_messages(asked.body, True) if asked.body and stream.is_json else None
+        self._charge(stream, STREAM_OVERHEAD + sum(len(e.data) for e in stream.entries)
+                     + len(asked.body))
+        if asked.body and (messages is None or messages):  # ``[]``: an empty JSON stream
+            stream.append(asked.body, messages)
         stream.closed = asked.closed
         if stream.source is not None:
             stream.source.forks += 1
@@ -395,6 +413,7 @@ class Streams:
                                  f"{stream.writer_seq[:40]!r}")
         messages = json_messages(asked.body, False) if asked.body and stream.is_json else None
         if asked.body:
+            self._charge(stream, len(asked.body))
             stream.append(asked.body, messages)
         if producer is not None and state is not None:
             stream.producers[producer[0]] = state
@@ -419,12 +438,16 @@ class Streams:
         self._remove(stream)
 
     def _remove(self, stream: Stream) -> None:
-        """Forget ``stream``; its source too when it was deleted and this was
-        its last fork."""
+        """Forget ``stream`` (its forks still read what they hold of it: it
+        goes once they do); its source too when that was deleted and this
+        was its last fork."""
         if self._streams.get(stream.path) is stream:
             del self._streams[stream.path]
         stream.deleted = True
         stream.wake()
+        if stream.forks:
+            return
+        self.held -= stream.charged
         source = stream.source
         if source is not None:
             source.forks -= 1

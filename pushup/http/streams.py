@@ -120,7 +120,7 @@ class StreamEndpoints:
                  authorize: Callable[[Request], None]) -> None:
         self.service = service
         self.config = config
-        self.streams = Streams(lambda: f"{random.getrandbits(64):016x}")
+        self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
         self._authorize = authorize
         self._swept = 0
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
@@ -187,7 +187,6 @@ class StreamEndpoints:
             host = request.headers.get(b"host")
             headers += ((b"Location", request.path if host is None
                          else b"http://" + host + request.path),)
-            self._wake(stream)
         return _answer(201 if created else 200, b"", stream.content_type.encode(), headers)
 
     def append(self, request: Request, params: tuple[str, ...], _: object) -> Response:
@@ -210,20 +209,12 @@ class StreamEndpoints:
         if producer is not None:
             headers += ((b"Producer-Epoch", b"%d" % producer[1]),
                         (b"Producer-Seq", b"%d" % (done.producer_seq or 0)))
-        self._wake(self.streams.get(params[0], self.service.now()))
         new_data = producer is not None and not done.duplicate and bool(request.body)
         return _answer(200 if new_data else 204, headers=headers)
 
     def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
-        stream = self.streams.get(params[0], self.service.now())
         self.streams.delete(params[0], self.service.now())
-        self._wake(stream)
         return _answer(204)
-
-    def _wake(self, stream: Stream) -> None:
-        """Its readers, on the next turn: never inside the writer's answer."""
-        if stream.waiters:
-            self.service.clock.callLater(0, stream.wake)
 
     # -- read ------------------------------------------------------------------
 
