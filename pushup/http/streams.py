@@ -114,7 +114,7 @@ def _closed(stream: Stream) -> Headers:
 
 class StreamEndpoints:
     """The endpoints of every stream; ``authorize`` guards writes (the
-    publish token, as for /publish) and, with --subscribe-secret, reads too."""
+    publish token, as for /publish) and, with --subscribe-secret too, reads."""
 
     def __init__(self, service: Service, config: Config,
                  authorize: Callable[[Request], None]) -> None:
@@ -140,7 +140,7 @@ class StreamEndpoints:
                     f"{request.method.decode('latin-1')} is not allowed on a stream",
                     tuple(m.decode() for m in self.routes))
             if request.method in (b"GET", b"HEAD"):
-                if self.config.subscribe_secret:
+                if self.config.subscribe_secret and self.config.publish_token:
                     self._authorize(request)
             else:
                 self._authorize(request)

@@ -142,3 +142,11 @@ def test_with_a_publish_token_writes_need_it_and_reads_do_not():
                         authorization=b"Bearer secret")).status == 201
     assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 200
     assert answered(ask(handlers, b"DELETE", b"/v1/stream/s")).status == 401
+
+
+def test_with_a_subscribe_secret_and_a_publish_token_reads_need_the_publish_token():
+    handlers = node(publish_token="secret", subscribe_secret="s" * 32)
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", authorization=b"Bearer secret"))
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 401
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s",
+                        authorization=b"Bearer secret")).status == 200
