@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -174,6 +175,7 @@ class Stream:
     forked_at: Position = START
     fork_request: tuple[str, str | None, int] | None = None  # as asked, for a repeat PUT
     entries: list[Entry] = field(default_factory=list)
+    begins: list[int] = field(default_factory=list)  # each entry's begins.size, to bisect
     tail: Position = START
     forks: int = 0
     deleted: bool = False
@@ -196,7 +198,9 @@ class Stream:
         to ``below`` (a fork's boundary in its source)."""
         if self.source is not None and at.size < self.forked_at.size:
             yield from self.source._segments(at, self.forked_at)
-        for entry in self.entries:
+        entries = self.entries
+        for i in range(max(0, bisect_right(self.begins, at.size) - 1), len(entries)):
+            entry = entries[i]
             ends = entry.ends
             if below is not None and ends.size > below.size:
                 return
@@ -229,6 +233,7 @@ class Stream:
     def append(self, body: bytes, messages: list[bytes] | None) -> Position:
         entry = _entry(self.tail, body, messages)
         self.entries.append(entry)
+        self.begins.append(entry.begins.size)
         self.tail = entry.ends
         return self.tail
 
