@@ -319,6 +319,11 @@ class Streams:
             return False
         return True
 
+    def wake_all(self) -> None:
+        """Every stream's held readers, woken (the node drains)."""
+        for stream in list(self._streams.values()):
+            stream.wake()
+
     def sweep(self, now: int) -> None:
         """Drop every expired stream (their forks keep what they read)."""
         for stream in [s for s in self._streams.values()

@@ -123,10 +123,17 @@ class StreamEndpoints:
         self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
         self._authorize = authorize
         self._swept = 0
+        self.draining = False
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
             b"HEAD": self.head, b"DELETE": self.delete}
+
+    def drain(self) -> None:
+        """The node stops: every held long poll is answered now (204), every
+        SSE response ends after its last control event."""
+        self.draining = True
+        self.streams.wake_all()
 
     def answer(self, request: Request, client: object,
                ) -> Response | Held | Pending:
@@ -259,7 +266,7 @@ class StreamEndpoints:
                             (b"Stream-Up-To-Date", b"true"), *_closed(stream)))
         read = stream.read(at, self.config.max_response_bytes)
         if live == "long-poll" and not read.data and not read.messages:
-            if not stream.closed:
+            if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
                 return self._wait(request, stream, at, cursor_text, hold)
             return self._caught_up(stream, at, cursor_text)
@@ -316,7 +323,7 @@ class StreamEndpoints:
             if read.data or read.messages:
                 answered.callback(self._data(request, current, at.offset, read,
                                              "long-poll", cursor))
-            elif current.closed:
+            elif current.closed or self.draining:
                 answered.callback(self._caught_up(current, at, cursor))
             else:
                 current.waiters.append(woken)
@@ -399,7 +406,7 @@ class _Feed:
         if has_data or not self.sent_control or final:
             self.at = read.next
             self._control(read.next, read.up_to_date, final)
-        if final:
+        if final or self.endpoints.draining:
             self.end()
         elif not read.up_to_date:
             self.client.when_writable(self.pump)

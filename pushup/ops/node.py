@@ -200,6 +200,7 @@ class Node:
         log.info("stopped listening; draining: answering {n} waiting subscribers",
                  n=len(self.service.hub))
         self.service.drain()
+        self.handlers.streams.drain()  # Durable Streams' held reads, answered too
         # idle and answered connections go now, not after the flush; peers'
         # streams into us stay until then (they flush to us too)
         self.front.close_all(upgraded=False)

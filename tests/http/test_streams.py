@@ -150,3 +150,14 @@ def test_with_a_subscribe_secret_and_a_publish_token_reads_need_the_publish_toke
     assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 401
     assert answered(ask(handlers, b"GET", b"/v1/stream/s",
                         authorization=b"Bearer secret")).status == 200
+
+
+def test_a_drain_answers_a_held_long_poll_at_once():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert isinstance(held, Pending) and not held.answer.called
+    handlers.streams.drain()
+    done: list[Response] = []
+    held.answer.addCallback(done.append)
+    assert [(r.status, header(r, b"Stream-Up-To-Date")) for r in done] == [(204, b"true")]
