@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pushup.core.errors import BadRequest, NotFound, PushUpError
+from pushup.core.errors import BadJSON, BadRequest, NotFound, PushUpError
+from pushup.core.model import loads
 
 JSON_TYPE = "application/json"
 MAX_SAFE = 2**53 - 1  # the protocol's bound on producer epochs and sequences
@@ -30,6 +31,7 @@ _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _OFFSET = re.compile(r"([0-9]{1,19})_([0-9]{1,19})")
 _MEDIA_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
 STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
+PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
 
 
 class StreamConflict(PushUpError, status=409, code="stream_conflict"):
@@ -109,16 +111,19 @@ def expiry_of(text: str) -> int:
 
 def json_messages(body: bytes, creating: bool) -> list[bytes]:
     """A JSON body's messages: an array is flattened one level; each message
-    is kept in compact form. 400 for bad JSON or an empty array on append."""
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the body is not valid JSON: {e}") from None
+    is kept in compact form. 400 for bad JSON (as strict as /publish's: no
+    NaN, bounded nesting) or an empty array on append."""
+    value = loads(body)
     values = value if isinstance(value, list) else [value]
     if not values and not creating:
         raise BadRequest("an append of an empty JSON array adds nothing")
-    return [json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
-            for v in values]
+    try:
+        return [json.dumps(v, separators=(",", ":"), ensure_ascii=False,
+                           allow_nan=False).encode() for v in values]
+    except RecursionError:
+        raise BadJSON("the JSON body is nested too deeply") from None
+    except ValueError as e:
+        raise BadJSON(f"the body cannot be kept as JSON: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,8 +427,10 @@ class Streams:
             raise StreamConflict(f"Stream-Seq {asked.writer_seq[:40]!r} is not after "
                                  f"{stream.writer_seq[:40]!r}")
         messages = json_messages(asked.body, False) if asked.body and stream.is_json else None
+        new_producer = producer is not None and producer[0] not in stream.producers
+        self._charge(stream, len(asked.body) + (
+            PRODUCER_OVERHEAD + len(producer[0]) if producer is not None and new_producer else 0))
         if asked.body:
-            self._charge(stream, len(asked.body))
             stream.append(asked.body, messages)
         if producer is not None and state is not None:
             stream.producers[producer[0]] = state

@@ -155,6 +155,8 @@ class StreamEndpoints:
             if now - self._swept > 10_000_000:  # expired streams go within ~10 s
                 self._swept = now
                 self.streams.sweep(now)
+            if request.path == PREFIX:
+                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
             return handler(request, (request.path.decode("latin-1"),), client)
         except PushUpError as e:
             return _error(e)

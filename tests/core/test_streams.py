@@ -112,3 +112,11 @@ def test_producers_are_fenced_by_epoch_and_sequence():
         append(store, "/s", b"z", producer=("p", 1, 1))
     assert stale.value.current == 2
     assert text(store, "/s") == b"ab"
+
+
+def test_a_new_producer_counts_against_the_budget():
+    store = streams(budget=STREAM_OVERHEAD + 64)
+    create(store, "/s")
+    with pytest.raises(StreamsFull):
+        append(store, "/s", b"x", producer=("p" * 100, 0, 0))
+    assert text(store, "/s") == b""  # nothing stored

@@ -161,3 +161,21 @@ def test_a_drain_answers_a_held_long_poll_at_once():
     done: list[Response] = []
     held.answer.addCallback(done.append)
     assert [(r.status, header(r, b"Stream-Up-To-Date")) for r in done] == [(204, b"true")]
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"[NaN]", "bad_json"), (b"[" * 100_000 + b"]" * 100_000, "bad_json"), (b"{", "bad_json"),
+    (b"[]", "bad_parameter")])
+def test_a_json_append_is_as_strict_as_a_publish(body, code):
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"application/json"))
+    refused = answered(ask(handlers, b"POST", b"/v1/stream/s", body,
+                           content_type=b"application/json"))
+    assert refused.status == 400
+    assert json.loads(refused.body or b"")["error"]["code"] == code
+
+
+def test_the_stream_prefix_alone_is_no_stream():
+    refused = answered(ask(node(), b"PUT", b"/v1/stream/"))
+    assert refused.status == 404
+    assert json.loads(refused.body or b"")["error"]["code"] == "not_found"
