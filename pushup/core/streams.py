@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from pushup.core.errors import BadJSON, BadRequest, NotFound, PushUpError
 from pushup.core.model import loads
@@ -284,6 +285,18 @@ class Appended:
     producer_seq: int | None = None
 
 
+class Journal(Protocol):
+    """Where streams are kept across restarts (``--data-dir``): told of every
+    change before it is answered. A read's renewal of a TTL is not a change."""
+
+    def saved(self, stream: Stream, entries: Sequence[Entry], mapped: bool) -> None:
+        """``stream``'s state as it is now, ``entries`` appended to it, and
+        whether it answers at its path (else only its forks read it)."""
+
+    def dropped(self, stream: Stream) -> None:
+        """``stream`` is gone, data and all."""
+
+
 class Streams:
     """Every stream of this node, by path."""
 
@@ -294,6 +307,27 @@ class Streams:
         self._uid = uid
         self.budget = budget
         self.held = 0
+        self.journal: Journal | None = None
+
+    def restore(self, journal: Journal, streams: Iterable[tuple[Stream, bool]],
+                now: int) -> None:
+        """Take up the streams ``journal`` kept, each with whether it answers
+        at its path (forks linked to their sources already), and tell the
+        journal of every change from now on."""
+        for stream, mapped in streams:
+            self.held += stream.charged
+            if mapped:
+                self._streams[stream.path] = stream
+        self.journal = journal
+        self.sweep(now)
+
+    def mapped(self, stream: Stream) -> bool:
+        """Whether ``stream`` answers at its path (else forks keep it)."""
+        return self._streams.get(stream.path) is stream
+
+    def _saved(self, stream: Stream, entries: Sequence[Entry] = ()) -> None:
+        if self.journal is not None:
+            self.journal.saved(stream, entries, self.mapped(stream))
 
     def _charge(self, stream: Stream, size: int) -> None:
         if self.held + size > self.budget:
@@ -364,7 +398,9 @@ class Streams:
         stream.closed = asked.closed
         if stream.source is not None:
             stream.source.forks += 1
+            self._saved(stream.source)
         self._streams[path] = stream
+        self._saved(stream, stream.entries)
         return stream, True
 
     def _fork(self, path: str, asked: Creation, now: int) -> Stream:
@@ -440,6 +476,7 @@ class Streams:
             stream.closed = True
             stream.closed_by = producer
         stream.touch(now)
+        self._saved(stream, stream.entries[-1:] if asked.body else ())
         stream.wake()
         return Appended(stream.tail, stream.closed,
                         producer_seq=None if producer is None else producer[2])
@@ -450,6 +487,7 @@ class Streams:
         stream = self.get(path, now)
         if stream.forks:
             stream.deleted = True  # forks still read it: 410 until they go
+            self._saved(stream)
             stream.wake()
             return
         self._remove(stream)
@@ -463,13 +501,18 @@ class Streams:
         stream.deleted = True
         stream.wake()
         if stream.forks:
+            self._saved(stream)
             return
         self.held -= stream.charged
+        if self.journal is not None:
+            self.journal.dropped(stream)
         source = stream.source
         if source is not None:
             source.forks -= 1
             if source.forks == 0 and source.deleted:
                 self._remove(source)
+            else:
+                self._saved(source)
 
 
 def _same(stream: Stream, asked: Creation) -> bool:

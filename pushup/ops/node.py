@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from pushup import BUILD
 from pushup.backplane import Alone, Backplane
 from pushup.backplane.disk import DataDir, Durable
+from pushup.backplane.disk_streams import StreamsFile
 from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
@@ -92,6 +93,9 @@ class Node:
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port)
+        if self.data is not None:  # Durable Streams kept in the data directory too
+            kept = StreamsFile(self.data.path)
+            self.handlers.streams.streams.restore(kept, kept.load(), self.service.now())
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
