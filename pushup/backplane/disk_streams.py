@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS entries (
 """
 
 
+class StreamsFileError(Exception):
+    """streams.sqlite3 cannot be used; the message is one line for the operator."""
+
+
 class StreamsFile:
     """The streams' file in a data directory (a ``core.streams.Journal``)."""
 
@@ -40,10 +44,18 @@ class StreamsFile:
                                       isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")  # an answered append survives a power cut
+            if self.db.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION:
+                raise StreamsFileError(f"--data-dir {data_dir}: streams.sqlite3 was written by a "
+                                   "newer pushup")
+            problem = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise sqlite3.DatabaseError(problem)
             self.db.executescript(_SCHEMA)
             self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as e:
-            raise OSError(f"--data-dir {data_dir}: streams.sqlite3: {e}") from None
+            raise StreamsFileError(f"--data-dir {data_dir}: streams.sqlite3 is damaged or "
+                               f"unwritable ({e}); move it (and its -wal and -shm files) "
+                               "away to start without streams") from None
 
     def load(self) -> list[tuple[Stream, bool]]:
         """Every stream kept, each with whether it answers at its path."""

@@ -24,8 +24,8 @@ from twisted.logger import Logger
 
 from pushup import BUILD
 from pushup.backplane import Alone, Backplane
-from pushup.backplane.disk import DataDir, Durable
-from pushup.backplane.disk_streams import StreamsFile
+from pushup.backplane.disk import DataDir, DataDirError, Durable
+from pushup.backplane.disk_streams import StreamsFile, StreamsFileError
 from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
@@ -94,7 +94,10 @@ class Node:
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port)
         if self.data is not None:  # Durable Streams kept in the data directory too
-            kept = StreamsFile(self.data.path)
+            try:
+                kept = StreamsFile(self.data.path)
+            except StreamsFileError as e:
+                raise DataDirError(str(e)) from None
             self.handlers.streams.streams.restore(kept, kept.load(), self.service.now())
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:

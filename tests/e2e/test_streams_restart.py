@@ -4,9 +4,12 @@ restart (data, offsets, closure, forks, producers' state)."""
 from __future__ import annotations
 
 import http.client
+import os
+import subprocess
+import sys
 import tempfile
 
-from tests.toolkit import ServedNode, free_port
+from tests.toolkit import ServedNode, clean_env, free_port
 
 JSON = {"Content-Type": "application/json"}
 
@@ -53,3 +56,17 @@ def test_answered_streams_survive_a_sigkill_and_a_restart():
         assert ask(port, "DELETE", "/v1/stream/f")[0] == 204
     finally:
         assert node.stop() == 0
+
+
+def test_a_damaged_streams_file_is_refused_in_one_line():
+    data_dir = tempfile.mkdtemp(prefix="pushup-streams-")
+    with open(os.path.join(data_dir, "streams.sqlite3"), "wb") as damaged:
+        damaged.write(b"not a database" * 500)
+    done = subprocess.run([sys.executable, "-m", "pushup", "serve", "--host", "127.0.0.1",
+                           "--port", "0", "--data-dir", data_dir],
+                          capture_output=True, text=True, timeout=60, env=clean_env(None))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"pushup: error: --data-dir {data_dir}: streams.sqlite3 is damaged or unwritable "
+        "(file is not a database); move it (and its -wal and -shm files) away to start "
+        "without streams"]
