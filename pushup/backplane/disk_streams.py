@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pushup.core import errors
-from pushup.core.streams import Entry, Position, Producer, Stream
+from pushup.core.stream_values import Entry, Position, Producer
+from pushup.core.streams import Stream
 
 SCHEMA_VERSION = 1
 _SCHEMA = """

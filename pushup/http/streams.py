@@ -23,7 +23,7 @@ from pushup.core.clock import DelayedCall
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.model import dumps
 from pushup.core.service import Service
-from pushup.core.streams import (
+from pushup.core.stream_values import (
     JSON_TYPE,
     START,
     Append,
@@ -31,15 +31,14 @@ from pushup.core.streams import (
     Position,
     Read,
     StaleEpoch,
-    Stream,
     StreamConflict,
-    Streams,
     decimal,
     expiry_of,
     is_media_type,
     media_type,
     parse_offset,
 )
+from pushup.core.streams import Stream, Streams
 from pushup.http.exchange import Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 

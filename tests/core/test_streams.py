@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 
 from pushup.core.errors import BadRequest, NotFound
-from pushup.core.streams import (
+from pushup.core.stream_values import (
     START,
-    STREAM_OVERHEAD,
     Append,
     Creation,
     Position,
     StaleEpoch,
     StreamConflict,
-    Streams,
     StreamsFull,
 )
+from pushup.core.streams import STREAM_OVERHEAD, Streams
 
 TEXT = "text/plain"
 
