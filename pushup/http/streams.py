@@ -5,15 +5,13 @@ and SSE, HEAD, DELETE) and headers onto :mod:`pushup.core.streams`, which
 decides; it checks every header and query parameter the protocol names and
 answers a bad one 400 with PushUp's JSON error body. It parses no HTTP and
 reads the clock only through the service (docs/api.md, "Durable Streams").
+An SSE read is :mod:`pushup.http.stream_sse`'s.
 """
 
 from __future__ import annotations
 
-import base64
 import random
-import re
 from collections.abc import Callable
-from typing import Protocol
 
 from twisted.internet import defer
 
@@ -21,10 +19,8 @@ from pushup.config import Config
 from pushup.core import errors
 from pushup.core.clock import DelayedCall
 from pushup.core.errors import BadRequest, PushUpError
-from pushup.core.model import dumps
 from pushup.core.service import Service
 from pushup.core.stream_values import (
-    JSON_TYPE,
     START,
     Append,
     Creation,
@@ -35,18 +31,17 @@ from pushup.core.stream_values import (
     decimal,
     expiry_of,
     is_media_type,
-    media_type,
     parse_offset,
 )
 from pushup.core.streams import Stream, Streams
 from pushup.http.exchange import Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
+from pushup.http.stream_sse import Feed
 
 PREFIX = b"/v1/stream/"
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
 # short because the suite gives a whole long-poll test 5 s.
 LONG_POLL_S = 3.0
-SSE_LIFETIME_S = 60.0  # an SSE response ends after this (protocol §10.2), the client resumes
 CURSOR_EPOCH_S = 1728432000  # 2024-10-09T00:00:00Z and 20-second intervals (protocol §10.1)
 CURSOR_INTERVAL_S = 20
 _PROTOCOL_HEADERS = (b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
@@ -63,21 +58,7 @@ _PREFLIGHT_FIELDS = (
      b"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, "
      b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
     (b"Access-Control-Max-Age", b"86400"))
-_SSE_FIELDS = ((b"Cache-Control", b"no-cache"), *_COMMON)
-_LINES = re.compile(rb"\r\n|\r|\n")
 Headers = tuple[tuple[bytes, bytes], ...]
-
-
-class StreamClient(Protocol):
-    """The HTTP front's end of an SSE response (``protocol.HTTPProtocol``)."""
-
-    def open_stream(self, content_type: bytes = ..., fields: Headers = ...) -> None: ...
-
-    def send_events(self, data: bytes) -> bool: ...
-
-    def end_stream(self) -> None: ...
-
-    def when_writable(self, callback: Callable[[], None]) -> None: ...
 
 
 def cursor_after(given: str | None, now_s: float) -> str:
@@ -341,7 +322,10 @@ class StreamEndpoints:
 
     def _sse(self, stream: Stream, at: Position, cursor: str | None,
              client: object) -> Held:
-        feed = _Feed(self, stream, at, cursor, client)  # type: ignore[arg-type]
+        feed = Feed(stream, at, client,  # type: ignore[arg-type]
+                    clock=self.service.clock, budget=self.config.max_response_bytes,
+                    cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
+                    fields=_COMMON)
         feed.start()
         return Held(feed.stop)
 
@@ -358,84 +342,3 @@ def _producer(request: Request) -> tuple[str, int, int] | None:
     if not name:
         raise BadRequest("Producer-Id is empty")
     return name, decimal(epoch, "Producer-Epoch"), decimal(seq, "Producer-Seq")
-
-
-class _Feed:
-    """One SSE response: a ``data`` event per read, each followed by its
-    ``control`` event, then held on the stream until it grows; it ends once
-    the stream is closed and sent whole, deleted, or after ``SSE_LIFETIME_S``."""
-
-    def __init__(self, endpoints: StreamEndpoints, stream: Stream, at: Position,
-                 cursor: str | None, client: StreamClient) -> None:
-        self.endpoints = endpoints
-        self.stream = stream
-        self.at = at
-        self.cursor = cursor
-        self.client = client
-        kind = media_type(stream.content_type)
-        self.base64 = not (kind.startswith("text/") or kind == JSON_TYPE)
-        self.ended = False
-        self.sent_control = False
-        self.timer: DelayedCall | None = None
-
-    def start(self) -> None:
-        fields = _SSE_FIELDS + (((b"Stream-SSE-Data-Encoding", b"base64"),)
-                                if self.base64 else ())
-        self.client.open_stream(b"text/event-stream", fields)
-        self.timer = self.endpoints.service.clock.callLater(SSE_LIFETIME_S, self.end)
-        self.pump()
-
-    def pump(self) -> None:
-        if self.ended:
-            return
-        stream = self.stream
-        if stream.deleted:
-            self.end()
-            return
-        read = stream.read(self.at, self.endpoints.config.max_response_bytes)
-        has_data = bool(read.data or read.messages)
-        final = stream.closed and read.up_to_date and read.next == stream.tail
-        if has_data:
-            payload = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
-                       else base64.b64encode(read.data) if self.base64 else read.data)
-            lines = _LINES.split(payload.decode("utf-8", "replace").encode())
-            # "data:" then the line; a space between only before a line that
-            # begins with one (a reader drops one space after the colon)
-            self.client.send_events(b"event: data\n" + b"".join(
-                (b"data: " if line[:1] == b" " else b"data:") + line + b"\n"
-                for line in lines) + b"\n")
-        if has_data or not self.sent_control or final:
-            self.at = read.next
-            self._control(read.next, read.up_to_date, final)
-        if final or self.endpoints.draining:
-            self.end()
-        elif not read.up_to_date:
-            self.client.when_writable(self.pump)
-        else:
-            stream.waiters.append(self.pump)
-
-    def _control(self, after: Position, up_to_date: bool, final: bool) -> None:
-        self.sent_control = True
-        control: dict[str, object] = {"streamNextOffset": after.offset}
-        if final:
-            control["streamClosed"] = True
-            control["upToDate"] = True
-        else:
-            control["streamCursor"] = self.endpoints._cursor(self.cursor)
-            if up_to_date:
-                control["upToDate"] = True
-        self.client.send_events(b"event: control\ndata:" + dumps(control) + b"\n\n")
-
-    def end(self) -> None:
-        if not self.ended:
-            self.stop()
-            self.client.end_stream()
-
-    def stop(self) -> None:
-        """The client went (or we end): forget the hold and the timer."""
-        self.ended = True
-        if self.pump in self.stream.waiters:
-            self.stream.waiters.remove(self.pump)
-        if self.timer is not None and self.timer.active():
-            self.timer.cancel()
-
