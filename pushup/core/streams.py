@@ -84,15 +84,18 @@ class Stream:
         if self.source is not None and at.size < self.forked_at.size:
             yield from self.source._segments(at, self.forked_at)
         entries = self.entries
-        for i in range(max(0, bisect_right(self.begins, at.size) - 1), len(entries)):
+        start = at.size
+        limit = None if below is None else below.size
+        for i in range(max(0, bisect_right(self.begins, start) - 1), len(entries)):
             entry = entries[i]
-            ends = entry.ends
-            if below is not None and ends.size > below.size:
+            begins = entry.begins.size
+            ends = begins + len(entry.data)  # not entry.ends: no Position made per entry
+            if limit is not None and ends > limit:
                 return
-            if ends.size <= at.size:
+            if ends <= start:
                 continue
-            if entry.begins.size < at.size and entry.messages is None:
-                entry = Entry(at, entry.data[at.size - entry.begins.size:])
+            if begins < start and entry.messages is None:
+                entry = Entry(at, entry.data[start - begins:])
             yield entry
 
     def read(self, at: Position, budget: int) -> Read:
@@ -101,16 +104,17 @@ class Stream:
         used = 0
         more = False
         for entry in self._segments(at, None):
-            if taken and used + len(entry.data) > budget:
+            size = len(entry.data)
+            if taken and used + size > budget:
                 more = True
                 break
             taken.append(entry)
-            used += len(entry.data)
+            used += size
         after = taken[-1].ends if taken else max(at, self.tail, key=lambda p: p.size)
         if self.is_json:
             messages = tuple(m for e in taken for m in e.messages or ())
             return Read(b"", messages, after, not more)
-        return Read(b"".join(e.data for e in taken), None, after, not more)
+        return Read(b"".join([e.data for e in taken]), None, after, not more)
 
     def next_entry(self, at: Position) -> Entry | None:
         return next(self._segments(at, None), None)
