@@ -104,6 +104,8 @@ class StreamEndpoints:
         self._authorize = authorize
         self._swept = 0
         self.draining = False
+        # the last long poll's answer, and what it answered (see ``_wait``)
+        self._shared: tuple[tuple[object, ...], Response] | None = None
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
@@ -291,24 +293,40 @@ class StreamEndpoints:
         answered: defer.Deferred[Response] = defer.Deferred()
         timer: list[DelayedCall] = []
 
+        def answer(response: Response) -> None:
+            if timer and timer[0].active():
+                timer[0].cancel()
+            answered.callback(response)
+
         def woken() -> None:
             if answered.called:
                 return
-            if timer and timer[0].active():
-                timer[0].cancel()
             try:
                 current = self.streams.get(stream.path, self.service.now())
             except PushUpError as e:
-                answered.callback(_error(e))
+                answer(_error(e))
                 return
-            read = current.read(at, self.config.max_response_bytes)
+            if current is not stream:  # deleted, and another created at its path
+                answer(_error(errors.NotFound(f"the stream at {stream.path[:200]} was deleted")))
+                return
+            # Every poll held at one offset is woken by the same append: they
+            # share one answer (built once) when they ask alike.
+            key = (stream.uid, at, stream.tail, stream.closed, self.draining, cursor,
+                   request.headers.get(b"if-none-match"),
+                   self.service.now() // (CURSOR_INTERVAL_S * 1_000_000))
+            if self._shared is not None and self._shared[0] == key:
+                answer(self._shared[1])
+                return
+            read = stream.read(at, self.config.max_response_bytes)
             if read.data or read.messages:
-                answered.callback(self._data(request, current, at.offset, read,
-                                             "long-poll", cursor))
-            elif current.closed or self.draining:
-                answered.callback(self._caught_up(current, at, cursor))
+                response = self._data(request, stream, at.offset, read, "long-poll", cursor)
+            elif stream.closed or self.draining:
+                response = self._caught_up(stream, at, cursor)
             else:
-                current.waiters.append(woken)
+                stream.waiters.append(woken)
+                return
+            self._shared = (key, response)
+            answer(response)
 
         def timed_out() -> None:
             if not answered.called:
