@@ -179,3 +179,15 @@ def test_the_stream_prefix_alone_is_no_stream():
     refused = answered(ask(node(), b"PUT", b"/v1/stream/"))
     assert refused.status == 404
     assert json.loads(refused.body or b"")["error"]["code"] == "not_found"
+
+
+def test_a_held_long_poll_is_answered_404_when_its_stream_is_deleted():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert isinstance(held, Pending) and not held.answer.called
+    answered(ask(handlers, b"DELETE", b"/v1/stream/s"))
+    done: list[Response] = []
+    held.answer.addCallback(done.append)
+    assert [(r.status, json.loads(r.body or b"")["error"]["code"]) for r in done] == [
+        (404, "not_found")]
