@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: build run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
-        npm-clients conformance clean
+        npm-clients conformance conformance-streams clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
@@ -56,7 +56,14 @@ $(NPM_CLIENTS)/node_modules/.installed: $(NPM_CLIENTS)/package.json $(NPM_CLIENT
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
 	npm ci --prefix $(NPM_CLIENTS) --no-audit --no-fund --loglevel=error
 	touch $@
-npm-clients: $(NPM_CLIENTS)/node_modules/.installed
+# The Durable Streams conformance suite (npm @durable-streams/server-conformance-tests
+# and its vitest), pinned by its own lock file, installed the same way.
+NPM_STREAMS := tests/conformance/streams
+$(NPM_STREAMS)/node_modules/.installed: $(NPM_STREAMS)/package.json $(NPM_STREAMS)/package-lock.json
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
+	npm ci --prefix $(NPM_STREAMS) --no-audit --no-fund --loglevel=error
+	touch $@
+npm-clients: $(NPM_CLIENTS)/node_modules/.installed $(NPM_STREAMS)/node_modules/.installed
 
 # nginx with the nchan module, which `make bench` measures PushUp against (only the
 # benchmark needs it), installed only when missing (deploy/system_packages.py). The
@@ -101,6 +108,11 @@ test: setup bench-packages lint $(BUILT)
 conformance: setup
 	PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
 	  $(PY) -m pytest tests/conformance --timeout 600
+
+# The Durable Streams conformance suite, whole, against one `pushup serve` (make test
+# runs the same; this runs only it, printing each group's counts).
+conformance-streams: setup
+	$(PY) -m pytest tests/conformance/test_durable_streams.py -s --timeout 900
 
 # ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
 # on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;

@@ -133,10 +133,12 @@ class Writer:
              extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"",
              cors: bytes | None = None) -> bytes:
         """Status line and headers, ending with the blank line (``cors``: the
-        request's, from ``cors_for``; the writer's own when None)."""
-        parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
-                 b"X-Content-Type-Options: nosniff\r\n"
-                 % (status, _REASONS.get(status, b"Unknown"), self._date)]
+        request's, from ``cors_for``; the writer's own when None). A
+        ``Cache-Control`` in ``extra`` replaces our ``no-store``."""
+        caching = (b"" if extra and any(name == b"Cache-Control" for name, _ in extra)
+                   else b"Cache-Control: no-store\r\n")
+        parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\n%sX-Content-Type-Options: "
+                 b"nosniff\r\n" % (status, _REASONS.get(status, b"Unknown"), self._date, caching)]
         if content_type is not None:
             parts.append(b"Content-Type: " + content_type + b"\r\n")
         if length is not None:

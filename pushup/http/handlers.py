@@ -53,6 +53,8 @@ from pushup.http.params import (
 )
 from pushup.http.render import poll_body
 from pushup.http.sse import EventStream, StreamClient, closed_in
+from pushup.http.streams import PREFIX as STREAMS_PREFIX
+from pushup.http.streams import StreamEndpoints
 from pushup.http.tokens import Verifier
 
 
@@ -102,6 +104,8 @@ class Handlers:
         }
         if not figures:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
+        # Durable Streams, /v1/stream/{path}: every method (pushup.http.streams)
+        self.streams = StreamEndpoints(service, config, self._authorize)
         self._index = _index(figures)
 
     # -- what the HTTP front calls ------------------------------------------
@@ -140,6 +144,8 @@ class Handlers:
         the caller logs and answers 500.
         """
         try:
+            if request.path.startswith(STREAMS_PREFIX):
+                return self.streams.answer(request, client)
             if request.method == b"OPTIONS" and self.config.cors_origin:
                 return _PREFLIGHT
             mount = self._mount_of(request.path)

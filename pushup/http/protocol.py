@@ -383,12 +383,14 @@ class HTTPProtocol(Protocol):
 
     # An event stream (pushup.http.sse) writes through these; it ends with the connection.
 
-    def open_stream(self) -> None:
-        """Answer 200 text/event-stream, framed by ``framing.stream_framing``."""
+    def open_stream(self, content_type: bytes = framing.STREAM_TYPE,
+                    fields: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Answer 200 text/event-stream, framed by ``framing.stream_framing``
+        (``content_type`` and ``fields``: a Durable Stream's SSE head)."""
         self._writer.tick(self._clock.seconds())
         self._answering = phase.answer_after(self._answering, Answer.STREAM)
         stream = self._stream = framing.stream_framing(self._terms)
-        self._write(self._writer.head(200, framing.STREAM_TYPE, None, stream.head_fields(),
+        self._write(self._writer.head(200, content_type, None, stream.head_fields() + fields,
                                       connection=CLOSE, cors=self._cors))
 
     def send_events(self, data: bytes) -> bool:

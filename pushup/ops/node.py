@@ -24,7 +24,8 @@ from twisted.logger import Logger
 
 from pushup import BUILD
 from pushup.backplane import Alone, Backplane
-from pushup.backplane.disk import DataDir, Durable
+from pushup.backplane.disk import DataDir, DataDirError, Durable
+from pushup.backplane.disk_streams import StreamsFile, StreamsFileError
 from pushup.backplane.mesh.dial import http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
@@ -92,6 +93,12 @@ class Node:
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port)
+        if self.data is not None:  # Durable Streams kept in the data directory too
+            try:
+                kept = StreamsFile(self.data.path)
+            except StreamsFileError as e:
+                raise DataDirError(str(e)) from None
+            self.handlers.streams.streams.restore(kept, kept.load(), self.service.now())
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -200,6 +207,7 @@ class Node:
         log.info("stopped listening; draining: answering {n} waiting subscribers",
                  n=len(self.service.hub))
         self.service.drain()
+        self.handlers.streams.drain()  # Durable Streams' held reads, answered too
         # idle and answered connections go now, not after the flush; peers'
         # streams into us stay until then (they flush to us too)
         self.front.close_all(upgraded=False)

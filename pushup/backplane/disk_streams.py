@@ -1,0 +1,147 @@
+"""``--data-dir``: a node's Durable Streams kept on disk, in their own SQLite file.
+
+This module writes each change :mod:`pushup.core.streams` names (a stream's
+state, the appends it gained, a stream gone) in one transaction committed,
+and fsynced, before the change is answered, and reads every stream back at
+start. It keeps ``streams.sqlite3`` next to the channels' ``pushup.sqlite3``
+in the data directory :class:`pushup.backplane.disk.DataDir` holds locked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from pushup.core import errors
+from pushup.core.stream_values import Entry, Position, Producer
+from pushup.core.streams import Stream
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS streams (
+    uid TEXT PRIMARY KEY,
+    state TEXT NOT NULL) WITHOUT ROWID;  -- JSON: everything but the appends
+CREATE TABLE IF NOT EXISTS entries (
+    uid TEXT NOT NULL, appends INTEGER NOT NULL, size INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    lengths TEXT,  -- JSON streams: each message's length in data (each has a comma after)
+    PRIMARY KEY (uid, appends)) WITHOUT ROWID;
+"""
+
+
+class StreamsFileError(Exception):
+    """streams.sqlite3 cannot be used; the message is one line for the operator."""
+
+
+class StreamsFile:
+    """The streams' file in a data directory (a ``core.streams.Journal``)."""
+
+    def __init__(self, data_dir: str) -> None:
+        try:
+            self.db = sqlite3.connect(os.path.join(data_dir, "streams.sqlite3"),
+                                      isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # an answered append survives a power cut
+            if self.db.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION:
+                raise StreamsFileError(f"--data-dir {data_dir}: streams.sqlite3 was written by a "
+                                   "newer pushup")
+            problem = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise sqlite3.DatabaseError(problem)
+            self.db.executescript(_SCHEMA)
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as e:
+            raise StreamsFileError(f"--data-dir {data_dir}: streams.sqlite3 is damaged or "
+                               f"unwritable ({e}); move it (and its -wal and -shm files) "
+                               "away to start without streams") from None
+
+    def load(self) -> list[tuple[Stream, bool]]:
+        """Every stream kept, each with whether it answers at its path."""
+        states = {uid: json.loads(state) for uid, state in
+                  self.db.execute("SELECT uid, state FROM streams")}
+        streams = {uid: _stream(uid, state) for uid, state in states.items()}
+        for uid, appends, size, data, lengths in self.db.execute(
+                "SELECT uid, appends, size, data, lengths FROM entries ORDER BY uid, appends"):
+            stream = streams.get(uid)
+            if stream is not None:
+                stream.entries.append(_entry(Position(appends, size), bytes(data), lengths))
+                stream.begins.append(size)
+        for uid, state in states.items():
+            source = state["source"]
+            if source is not None:
+                streams[uid].source = streams[source]
+        return [(stream, bool(states[uid]["mapped"])) for uid, stream in streams.items()]
+
+    def saved(self, stream: Stream, entries: Sequence[Entry], mapped: bool) -> None:
+        self._write([
+            ("INSERT OR REPLACE INTO streams (uid, state) VALUES (?, ?)",
+             (stream.uid, json.dumps(_state(stream, mapped)))),
+            *(("INSERT OR REPLACE INTO entries (uid, appends, size, data, lengths) "
+               "VALUES (?, ?, ?, ?, ?)",
+               (stream.uid, e.begins.appends, e.begins.size, e.data,
+                None if e.messages is None else json.dumps([len(m) for m in e.messages])))
+              for e in entries)])
+
+    def dropped(self, stream: Stream) -> None:
+        self._write([("DELETE FROM streams WHERE uid = ?", (stream.uid,)),
+                     ("DELETE FROM entries WHERE uid = ?", (stream.uid,))])
+
+    def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """All of ``statements`` or none; 503 when the disk refuses them (the
+        change holds in memory until a restart: docs/api.md)."""
+        try:
+            self.db.execute("BEGIN")
+            for sql, args in statements:
+                self.db.execute(sql, args)
+            self.db.execute("COMMIT")
+        except sqlite3.Error as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise errors.Unavailable(f"the data directory could not keep it: {e}") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _state(stream: Stream, mapped: bool) -> dict[str, Any]:
+    return {
+        "path": stream.path, "content_type": stream.content_type, "ttl": stream.ttl,
+        "expires_at": stream.expires_at, "deadline": stream.deadline,
+        "closed": stream.closed, "closed_by": stream.closed_by,
+        "source": None if stream.source is None else stream.source.uid,
+        "forked_at": [stream.forked_at.appends, stream.forked_at.size],
+        "fork_request": stream.fork_request,
+        "tail": [stream.tail.appends, stream.tail.size], "forks": stream.forks,
+        "deleted": stream.deleted, "mapped": mapped,
+        "producers": {name: [p.epoch, p.last_seq] for name, p in stream.producers.items()},
+        "writer_seq": stream.writer_seq, "charged": stream.charged,
+    }
+
+
+def _stream(uid: str, state: dict[str, Any]) -> Stream:
+    closed_by = state["closed_by"]
+    fork_request = state["fork_request"]
+    return Stream(
+        state["path"], uid, state["content_type"], state["ttl"], state["expires_at"],
+        state["deadline"], state["closed"],
+        None if closed_by is None else (closed_by[0], closed_by[1], closed_by[2]),
+        None, Position(*state["forked_at"]),
+        None if fork_request is None else (fork_request[0], fork_request[1], fork_request[2]),
+        tail=Position(*state["tail"]), forks=state["forks"], deleted=state["deleted"],
+        producers={name: Producer(epoch, seq) for name, (epoch, seq)
+                   in state["producers"].items()},
+        writer_seq=state["writer_seq"], charged=state["charged"])
+
+
+def _entry(begins: Position, data: bytes, lengths: str | None) -> Entry:
+    if lengths is None:
+        return Entry(begins, data)
+    messages = []
+    at = 0
+    for length in json.loads(lengths):
+        messages.append(data[at:at + length])
+        at += length + 1  # the comma after each
+    return Entry(begins, data, tuple(messages))

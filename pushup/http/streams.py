@@ -1,0 +1,362 @@
+"""Durable Streams over HTTP: ``/v1/stream/{path}`` on the node's own port.
+
+This module maps the protocol's requests (PUT, POST, GET catch-up, long poll
+and SSE, HEAD, DELETE) and headers onto :mod:`pushup.core.streams`, which
+decides; it checks every header and query parameter the protocol names and
+answers a bad one 400 with PushUp's JSON error body. It parses no HTTP and
+reads the clock only through the service (docs/api.md, "Durable Streams").
+An SSE read is :mod:`pushup.http.stream_sse`'s.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from twisted.internet import defer
+
+from pushup.config import Config
+from pushup.core import errors
+from pushup.core.clock import DelayedCall
+from pushup.core.errors import BadRequest, PushUpError
+from pushup.core.service import Service
+from pushup.core.stream_values import (
+    START,
+    Append,
+    Creation,
+    Position,
+    Read,
+    StaleEpoch,
+    StreamConflict,
+    decimal,
+    expiry_of,
+    is_media_type,
+    parse_offset,
+)
+from pushup.core.streams import Stream, Streams
+from pushup.http.exchange import Held, Pending, Request, Response, error_body
+from pushup.http.params import Args, query_args
+from pushup.http.stream_sse import Feed
+
+PREFIX = b"/v1/stream/"
+# How long a long poll waits for data before its 204, unless it asks (timeout=);
+# short because the suite gives a whole long-poll test 5 s.
+LONG_POLL_S = 3.0
+CURSOR_EPOCH_S = 1728432000  # 2024-10-09T00:00:00Z and 20-second intervals (protocol §10.1)
+CURSOR_INTERVAL_S = 20
+_PROTOCOL_HEADERS = (b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
+                     b"Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, "
+                     b"Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Location")
+_COMMON = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),
+           (b"Access-Control-Expose-Headers", _PROTOCOL_HEADERS))
+# A preflight is answered on a stream path whatever --cors-origin says: without
+# an Access-Control-Allow-Origin (the Writer's, from --cors-origin) a browser
+# still refuses a foreign page, so this grants nothing the flag does not.
+_PREFLIGHT_FIELDS = (
+    (b"Access-Control-Allow-Methods", b"GET, HEAD, PUT, POST, DELETE, OPTIONS"),
+    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, If-None-Match, "
+     b"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, "
+     b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
+    (b"Access-Control-Max-Age", b"86400"))
+Headers = tuple[tuple[bytes, bytes], ...]
+
+
+def cursor_after(given: str | None, now_s: float) -> str:
+    """The protocol's collapsing cursor: this 20-second interval's number, or
+    past the client's when it already has this one (jittered, §10.1)."""
+    current = int((now_s - CURSOR_EPOCH_S) // CURSOR_INTERVAL_S)
+    if given is not None and given.isdigit() and len(given) < 19 and int(given) >= current:
+        current = int(given) + max(1, random.randint(1, 3600) // CURSOR_INTERVAL_S)
+    return str(current)
+
+
+def _answer(status: int, body: bytes | None = None, content_type: bytes | None = None,
+            headers: Headers = ()) -> Response:
+    if content_type is None:
+        return Response(status, body, headers=headers + _COMMON)
+    return Response(status, body, content_type, headers + _COMMON)
+
+
+def _error(e: PushUpError) -> Response:
+    headers: Headers = ()
+    if isinstance(e, StreamConflict):
+        headers = e.headers
+    elif isinstance(e, StaleEpoch):
+        headers = ((b"Producer-Epoch", b"%d" % e.current),)
+    elif isinstance(e, errors.MethodNotAllowed):
+        headers = ((b"Allow", ", ".join(e.allowed).encode()),)
+    return _answer(e.status, error_body(e), headers=headers)
+
+
+def _closed(stream: Stream) -> Headers:
+    return ((b"Stream-Closed", b"true"),) if stream.closed else ()
+
+
+class StreamEndpoints:
+    """The endpoints of every stream; ``authorize`` guards writes (the
+    publish token, as for /publish) and, with --subscribe-secret too, reads."""
+
+    def __init__(self, service: Service, config: Config,
+                 authorize: Callable[[Request], None]) -> None:
+        self.service = service
+        self.config = config
+        self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
+        self._authorize = authorize
+        self._swept = 0
+        self.draining = False
+        # the last long poll's answer, and what it answered (see ``_wait``)
+        self._shared: tuple[tuple[object, ...], Response] | None = None
+        self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
+                                          | Pending]] = {
+            b"PUT": self.create, b"POST": self.append, b"GET": self.read,
+            b"HEAD": self.head, b"DELETE": self.delete}
+
+    def drain(self) -> None:
+        """The node stops: every held long poll is answered now (204), every
+        SSE response ends after its last control event."""
+        self.draining = True
+        self.streams.wake_all()
+
+    def answer(self, request: Request, client: object,
+               ) -> Response | Held | Pending:
+        """``request`` to a stream path, answered (errors included)."""
+        if request.method == b"OPTIONS":
+            return _answer(204, headers=_PREFLIGHT_FIELDS)
+        handler = self.routes.get(request.method)
+        try:
+            if handler is None:
+                raise errors.MethodNotAllowed(
+                    f"{request.method.decode('latin-1')} is not allowed on a stream",
+                    tuple(m.decode() for m in self.routes))
+            if request.method in (b"GET", b"HEAD"):
+                if self.config.subscribe_secret and self.config.publish_token:
+                    self._authorize(request)
+            else:
+                self._authorize(request)
+            now = self.service.now()
+            if now - self._swept > 10_000_000:  # expired streams go within ~10 s
+                self._swept = now
+                self.streams.sweep(now)
+            if request.path == PREFIX:
+                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
+            return handler(request, (request.path.decode("latin-1"),), client)
+        except PushUpError as e:
+            return _error(e)
+
+    # -- create, append, close, delete -----------------------------------------
+
+    def create(self, request: Request, params: tuple[str, ...], _: object) -> Response:
+        forked_from = request.headers.get(b"stream-forked-from")
+        content_type = request.header(b"content-type")
+        if not is_media_type(content_type):
+            content_type = "" if forked_from is not None else "application/octet-stream"
+        ttl_text = request.headers.get(b"stream-ttl")
+        expires = request.headers.get(b"stream-expires-at")
+        if ttl_text is not None and expires is not None:
+            raise BadRequest("give Stream-TTL or Stream-Expires-At, not both")
+        ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), "Stream-TTL")
+        expires_at = None if expires is None else expires.decode("latin-1").strip()
+        if expires_at is not None:
+            expiry_of(expires_at)
+        fork_offset = request.headers.get(b"stream-fork-offset")
+        sub = request.headers.get(b"stream-fork-sub-offset")
+        if forked_from is None and (fork_offset is not None or sub is not None):
+            raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need "
+                             "Stream-Forked-From")
+        offset = None if fork_offset is None else fork_offset.decode("latin-1")
+        if offset is not None:
+            parse_offset(offset)
+        asked = Creation(
+            content_type or None, ttl, expires_at,
+            request.header(b"stream-closed").lower() == "true", request.body,
+            None if forked_from is None else forked_from.decode("latin-1"), offset,
+            0 if sub is None else decimal(sub.decode("latin-1"), "Stream-Fork-Sub-Offset"))
+        stream, created = self.streams.create(params[0], asked, self.service.now())
+        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+                            *_closed(stream))
+        if created:
+            host = request.headers.get(b"host")
+            headers += ((b"Location", request.path if host is None
+                         else b"http://" + host + request.path),)
+        return _answer(201 if created else 200, b"", stream.content_type.encode(), headers)
+
+    def append(self, request: Request, params: tuple[str, ...], _: object) -> Response:
+        producer = _producer(request)
+        close = request.header(b"stream-closed").lower() == "true"
+        if not request.body and not close:
+            raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
+        content_type = request.headers.get(b"content-type")
+        if request.body and (content_type is None
+                             or not is_media_type(content_type.decode("latin-1"))):
+            raise BadRequest("an append needs its Content-Type")
+        seq = request.headers.get(b"stream-seq")
+        done = self.streams.append(params[0], Append(
+            None if content_type is None else content_type.decode("latin-1"),
+            request.body, close, None if seq is None else seq.decode("latin-1"), producer),
+            self.service.now())
+        headers: Headers = ((b"Stream-Next-Offset", done.tail.offset.encode()),)
+        if done.closed:
+            headers += ((b"Stream-Closed", b"true"),)
+        if producer is not None:
+            headers += ((b"Producer-Epoch", b"%d" % producer[1]),
+                        (b"Producer-Seq", b"%d" % (done.producer_seq or 0)))
+        new_data = producer is not None and not done.duplicate and bool(request.body)
+        return _answer(200 if new_data else 204, headers=headers)
+
+    def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
+        self.streams.delete(params[0], self.service.now())
+        return _answer(204)
+
+    # -- read ------------------------------------------------------------------
+
+    def head(self, request: Request, params: tuple[str, ...], _: object) -> Response:
+        stream = self.streams.get(params[0], self.service.now())
+        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+                            *_closed(stream))
+        if stream.ttl is not None:
+            headers += ((b"Stream-TTL", b"%d" % stream.ttl),)
+        if stream.expires_at is not None:
+            headers += ((b"Stream-Expires-At", stream.expires_at.encode()),)
+        return _answer(200, b"", stream.content_type.encode(), headers)
+
+    def read(self, request: Request, params: tuple[str, ...], client: object,
+             ) -> Response | Held | Pending:
+        now = self.service.now()
+        stream = self.streams.get(params[0], now)
+        args = query_args(request.query)
+        offsets = args.get(b"offset", [])
+        if len(offsets) > 1:
+            raise BadRequest("give offset once")
+        given = offsets[0].decode("latin-1") if offsets else None
+        if given == "":
+            raise BadRequest("offset is empty")
+        live = (args.get(b"live") or [b""])[0].decode("latin-1") or None
+        if live not in (None, "long-poll", "sse"):
+            raise BadRequest("live is long-poll or sse")
+        if live is not None and given is None:
+            raise BadRequest(f"live={live} needs an offset")
+        cursors = args.get(b"cursor")
+        cursor_text = cursors[0].decode("latin-1") if cursors else None
+        at = (START if given in (None, "-1") else stream.tail if given == "now"
+              else parse_offset(given or ""))
+        if at.size > stream.tail.size:
+            raise BadRequest("offset is past the stream's tail")
+        stream.touch(now)
+        if live == "sse":
+            return self._sse(stream, at, cursor_text, client)
+        if given == "now" and live is None:
+            return _answer(200, b"[]" if stream.is_json else b"", stream.content_type.encode(),
+                           ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+                            (b"Stream-Up-To-Date", b"true"), *_closed(stream)))
+        read = stream.read(at, self.config.max_response_bytes)
+        if live == "long-poll" and not read.data and not read.messages:
+            if not stream.closed and not self.draining:
+                hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
+                return self._wait(request, stream, at, cursor_text, hold)
+            return self._caught_up(stream, at, cursor_text)
+        return self._data(request, stream, given or "-1", read, live, cursor_text)
+
+    def _data(self, request: Request, stream: Stream, start: str,
+              read: Read, live: str | None, cursor: str | None) -> Response:
+        headers: Headers = ((b"Stream-Next-Offset", read.next.offset.encode()),)
+        if read.up_to_date:
+            headers += ((b"Stream-Up-To-Date", b"true"),)
+        final = stream.closed and read.up_to_date and read.next == stream.tail
+        if final:
+            headers += ((b"Stream-Closed", b"true"),)
+        if live is not None:
+            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+        etag = b'"%s:%s:%s%s"' % (stream.uid.encode(), start.encode(),
+                                  read.next.offset.encode(), b":c" if final else b"")
+        headers += ((b"ETag", etag),)
+        if request.headers.get(b"if-none-match") == etag:
+            return _answer(304, headers=((b"ETag", etag),))
+        body = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
+                else read.data)
+        return _answer(200, body, stream.content_type.encode(), headers)
+
+    def _caught_up(self, stream: Stream, at: Position, cursor: str | None) -> Response:
+        """A long poll's 204: nothing after ``at`` (yet, or ever: closed)."""
+        headers: Headers = ((b"Stream-Next-Offset", at.offset.encode()),
+                            (b"Stream-Up-To-Date", b"true"), *_closed(stream))
+        if not stream.closed:
+            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+        return _answer(204, headers=headers)
+
+    def _cursor(self, given: str | None) -> str:
+        return cursor_after(given, self.service.now() / 1e6)
+
+    def _wait(self, request: Request, stream: Stream, at: Position,
+              cursor: str | None, hold: float) -> Pending:
+        """Hold the long poll until the stream grows, closes or goes, or
+        ``hold`` seconds pass (204)."""
+        answered: defer.Deferred[Response | Held] = defer.Deferred()
+        timer: list[DelayedCall] = []
+
+        def answer(response: Response) -> None:
+            if timer and timer[0].active():
+                timer[0].cancel()
+            answered.callback(response)
+
+        def woken() -> None:
+            if answered.called:
+                return
+            try:
+                current = self.streams.get(stream.path, self.service.now())
+            except PushUpError as e:
+                answer(_error(e))
+                return
+            if current is not stream:  # deleted, and another created at its path
+                answer(_error(errors.NotFound(f"the stream at {stream.path[:200]} was deleted")))
+                return
+            # Every poll held at one offset is woken by the same append: they
+            # share one answer (built once) when they ask alike.
+            key = (stream.uid, at, stream.tail, stream.closed, self.draining, cursor,
+                   request.headers.get(b"if-none-match"),
+                   self.service.now() // (CURSOR_INTERVAL_S * 1_000_000))
+            if self._shared is not None and self._shared[0] == key:
+                answer(self._shared[1])
+                return
+            read = stream.read(at, self.config.max_response_bytes)
+            if read.data or read.messages:
+                response = self._data(request, stream, at.offset, read, "long-poll", cursor)
+            elif stream.closed or self.draining:
+                response = self._caught_up(stream, at, cursor)
+            else:
+                stream.waiters.append(woken)
+                return
+            self._shared = (key, response)
+            answer(response)
+
+        def timed_out() -> None:
+            if not answered.called:
+                if woken in stream.waiters:
+                    stream.waiters.remove(woken)
+                answered.callback(self._caught_up(stream, at, cursor))
+
+        stream.waiters.append(woken)
+        timer.append(self.service.clock.callLater(hold, timed_out))
+        return Pending(answered)
+
+    def _sse(self, stream: Stream, at: Position, cursor: str | None,
+             client: object) -> Held:
+        feed = Feed(stream, at, client,  # type: ignore[arg-type]
+                    clock=self.service.clock, budget=self.config.max_response_bytes,
+                    cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
+                    fields=_COMMON)
+        feed.start()
+        return Held(feed.stop)
+
+
+def _producer(request: Request) -> tuple[str, int, int] | None:
+    """The idempotent producer's (id, epoch, seq): all three headers or none."""
+    given = [request.headers.get(name)
+             for name in (b"producer-id", b"producer-epoch", b"producer-seq")]
+    if all(v is None for v in given):
+        return None
+    if any(v is None for v in given):
+        raise BadRequest("Producer-Id, Producer-Epoch and Producer-Seq go together")
+    name, epoch, seq = (v.decode("latin-1") if v is not None else "" for v in given)
+    if not name:
+        raise BadRequest("Producer-Id is empty")
+    return name, decimal(epoch, "Producer-Epoch"), decimal(seq, "Producer-Seq")

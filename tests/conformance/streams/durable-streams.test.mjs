@@ -1,0 +1,7 @@
+// The Durable Streams conformance suite, whole, against CONFORMANCE_TEST_URL
+// (tests/conformance/test_durable_streams.py starts the node and runs this).
+import { runConformanceTests } from "@durable-streams/server-conformance-tests"
+
+const baseUrl = process.env.CONFORMANCE_TEST_URL
+if (!baseUrl) throw new Error("CONFORMANCE_TEST_URL is required")
+runConformanceTests({ baseUrl })

@@ -1,0 +1,80 @@
+"""The Durable Streams conformance suite (npm ``@durable-streams/server-conformance-tests``,
+pinned by tests/conformance/streams/package-lock.json) against one real `pushup serve`.
+
+The suite is the protocol authors' own (vitest, ~330 tests: core, idempotent
+producers, forks); it runs whole against ``CONFORMANCE_TEST_URL`` and this test
+fails on any test of it that fails, naming each. The 6 tests of the protocol's
+reserved subscription APIs (§6-7, optional) are skipped by the suite itself
+unless a server declares them; PushUp does not. `make npm-clients` installs the
+package (`make setup` does).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.toolkit import ServedNode, wait_healthy
+
+SUITE = Path(__file__).resolve().parent / "streams"
+RUN_GUARD = 600.0  # the whole suite takes ~35-90 s; this only stops a hung run
+
+
+def run_suite(url: str) -> dict[str, object]:
+    """Run the whole suite against ``url``; vitest's JSON report."""
+    vitest = SUITE / "node_modules" / ".bin" / "vitest"
+    assert vitest.exists(), "the suite is not installed: `make npm-clients` installs it"
+    node = shutil.which("node")
+    assert node is not None, "node is not installed: `make setup` installs nodejs"
+    with tempfile.TemporaryDirectory(prefix="pushup-durable-streams-") as scratch:
+        report = Path(scratch) / "report.json"
+        done = subprocess.run(
+            [node, str(vitest), "run", "durable-streams.test.mjs", "--reporter=json",
+             f"--outputFile={report}"],
+            cwd=SUITE, env={**os.environ, "CONFORMANCE_TEST_URL": url},
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=RUN_GUARD, check=False)
+        assert report.exists(), f"vitest wrote no report:\n{done.stderr.decode()[-3000:]}"
+        result: dict[str, object] = json.loads(report.read_text())
+        return result
+
+
+def outcomes(report: dict[str, object]) -> dict[str, collections.Counter[str]]:
+    """Each top-level group of the suite: how many of its tests passed, failed, skipped."""
+    groups: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for file in report["testResults"]:  # type: ignore[attr-defined]
+        for test in file["assertionResults"]:
+            group = test["ancestorTitles"][0] if test["ancestorTitles"] else ""
+            groups[group][test["status"]] += 1
+    return groups
+
+
+def failures(report: dict[str, object]) -> list[str]:
+    return [f"{test['fullName']}: {' '.join(test['failureMessages'])[:300]}"
+            for file in report["testResults"]  # type: ignore[attr-defined]
+            for test in file["assertionResults"] if test["status"] == "failed"]
+
+
+@pytest.mark.timeout(RUN_GUARD + 60)
+def test_the_durable_streams_suite_passes_whole_on_one_node() -> None:
+    node = ServedNode("--host", "127.0.0.1")
+    try:
+        wait_healthy(node.url, time.monotonic() + 30, node.proc)
+        report = run_suite(node.url)
+    finally:
+        assert node.stop() == 0, "the node exited non-zero after SIGTERM"
+    groups = outcomes(report)
+    for group, counts in sorted(groups.items()):
+        print(f"{group}: {dict(counts)}")
+    assert failures(report) == []
+    assert report["numPassedTests"] == report["numTotalTests"] - report["numPendingTests"] \
+        - report.get("numTodoTests", 0)  # type: ignore[operator]
+    skipped = {group for group, counts in groups.items() if counts["skipped"]}
+    assert skipped == {"Reserved subscription APIs"}

@@ -1,0 +1,193 @@
+"""pushup/http/streams.py (and pushup/core/streams.py under it) as plain values:
+what PushUp chose where the Durable Streams protocol leaves it open (offsets, the
+long poll's hold, the byte budget, the publish token, errors as JSON). The
+protocol itself is the conformance suite's (tests/conformance/test_durable_streams.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from twisted.internet.task import Clock
+
+from pushup.config import Config
+from pushup.http.exchange import Pending, Request, Response
+from pushup.http.handlers import Handlers
+from pushup.http.streams import LONG_POLL_S
+from pushup.ops.node import Node
+
+START = 1_763_800_000.0
+
+
+def node(**config: object) -> Handlers:
+    clock = Clock()
+    clock.advance(START)
+    return Node(Config(node_id="s", **config), clock).handlers  # type: ignore[arg-type]
+
+
+def ask(handlers: Handlers, method: bytes, target: bytes, body: bytes = b"",
+        **headers: bytes) -> Response | Pending:
+    path, _, query = target.partition(b"?")
+    request = Request(method, path, query,
+                      {k.replace("_", "-").lower().encode(): v for k, v in headers.items()},
+                      body)
+    answer = handlers.handle(request, None)  # type: ignore[arg-type]
+    assert isinstance(answer, Response | Pending)
+    return answer
+
+
+def answered(answer: Response | Pending) -> Response:
+    assert isinstance(answer, Response), answer
+    return answer
+
+
+def header(response: Response, name: bytes) -> bytes | None:
+    return dict(response.headers).get(name)
+
+
+def test_an_offset_counts_appends_and_bytes_so_every_node_names_a_position_alike():
+    offsets = []
+    for handlers in (node(), node()):  # two nodes, the same appends
+        answered(ask(handlers, b"PUT", b"/v1/stream/s", b"abc", content_type=b"text/plain"))
+        appended = answered(ask(handlers, b"POST", b"/v1/stream/s", b"defgh",
+                                content_type=b"text/plain"))
+        offsets.append(header(appended, b"Stream-Next-Offset"))
+    assert offsets == [b"0000000000000002_0000000000000008"] * 2
+    assert re.fullmatch(rb"\d{16}_\d{16}", offsets[0] or b"")
+
+
+@pytest.mark.parametrize(("target", "headers"), [
+    (b"/v1/stream/s?offset=12", {}),
+    (b"/v1/stream/s?offset=", {}),
+    (b"/v1/stream/s?offset=-1&live=forever", {}),
+    (b"/v1/stream/s?live=long-poll", {}),
+])
+def test_bad_read_parameters_are_400_with_the_json_error(target, headers):
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s"))
+    refused = answered(ask(handlers, b"GET", target, **headers))
+    assert refused.status == 400
+    assert json.loads(refused.body or b"")["error"]["code"] == "bad_parameter"
+
+
+@pytest.mark.parametrize("headers", [
+    {"stream_ttl": b"03600"}, {"stream_ttl": b"1.5"},
+    {"stream_ttl": b"60", "stream_expires_at": b"2030-01-01T00:00:00Z"},
+    {"stream_expires_at": b"tomorrow"},
+    {"stream_fork_offset": b"0000000000000000_0000000000000000"},
+])
+def test_bad_create_headers_are_400_with_the_json_error(headers):
+    refused = answered(ask(node(), b"PUT", b"/v1/stream/s", **headers))
+    assert refused.status == 400
+    assert json.loads(refused.body or b"")["error"]["code"] == "bad_parameter"
+
+
+def test_a_long_poll_holds_three_seconds_unless_it_asks_for_longer():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", b"x", content_type=b"text/plain"))
+    tail = b"0000000000000001_0000000000000001"
+    short = ask(handlers, b"GET", b"/v1/stream/s?offset=" + tail + b"&live=long-poll")
+    longer = ask(handlers, b"GET", b"/v1/stream/s?offset=" + tail + b"&live=long-poll&timeout=20")
+    assert isinstance(short, Pending) and isinstance(longer, Pending)
+    handlers.service.clock.advance(LONG_POLL_S)
+    done: list[Response] = []
+    short.answer.addCallback(done.append)
+    assert [r.status for r in done] == [204]
+    assert not longer.answer.called
+    handlers.service.clock.advance(20 - LONG_POLL_S)
+    longer.answer.addCallback(done.append)
+    assert [r.status for r in done] == [204, 204]
+
+
+def test_a_held_long_poll_is_answered_by_the_append():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll")
+    assert isinstance(held, Pending) and not held.answer.called
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"hello", content_type=b"text/plain"))
+    done: list[Response] = []
+    held.answer.addCallback(done.append)
+    assert [(r.status, r.body) for r in done] == [(200, b"hello")]
+
+
+def test_streams_hold_no_more_bytes_than_max_cached_bytes_and_a_delete_gives_them_back():
+    handlers = node(max_cached_bytes=4096, max_message_bytes=1024)
+    answered(ask(handlers, b"PUT", b"/v1/stream/a", b"x" * 3000))
+    refused = answered(ask(handlers, b"PUT", b"/v1/stream/b", b"y" * 1000))
+    assert refused.status == 507
+    assert json.loads(refused.body or b"")["error"]["code"] == "streams_full"
+    assert answered(ask(handlers, b"DELETE", b"/v1/stream/a")).status == 204
+    assert answered(ask(handlers, b"PUT", b"/v1/stream/b", b"y" * 1000)).status == 201
+
+
+def test_a_sliding_ttl_is_renewed_by_reads_and_not_by_head():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", stream_ttl=b"10"))
+    clock = handlers.service.clock
+    clock.advance(8)
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 200  # renews: +10 s
+    clock.advance(8)
+    assert answered(ask(handlers, b"HEAD", b"/v1/stream/s")).status == 200  # does not renew
+    clock.advance(2)
+    assert answered(ask(handlers, b"HEAD", b"/v1/stream/s")).status == 404
+
+
+def test_with_a_publish_token_writes_need_it_and_reads_do_not():
+    handlers = node(publish_token="secret")
+    refused = answered(ask(handlers, b"PUT", b"/v1/stream/s"))
+    assert refused.status == 401
+    assert answered(ask(handlers, b"PUT", b"/v1/stream/s",
+                        authorization=b"Bearer secret")).status == 201
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 200
+    assert answered(ask(handlers, b"DELETE", b"/v1/stream/s")).status == 401
+
+
+def test_with_a_subscribe_secret_and_a_publish_token_reads_need_the_publish_token():
+    handlers = node(publish_token="secret", subscribe_secret="s" * 32)
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", authorization=b"Bearer secret"))
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s")).status == 401
+    assert answered(ask(handlers, b"GET", b"/v1/stream/s",
+                        authorization=b"Bearer secret")).status == 200
+
+
+def test_a_drain_answers_a_held_long_poll_at_once():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert isinstance(held, Pending) and not held.answer.called
+    handlers.streams.drain()
+    done: list[Response] = []
+    held.answer.addCallback(done.append)
+    assert [(r.status, header(r, b"Stream-Up-To-Date")) for r in done] == [(204, b"true")]
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"[NaN]", "bad_json"), (b"[" * 100_000 + b"]" * 100_000, "bad_json"), (b"{", "bad_json"),
+    (b"[]", "bad_parameter")])
+def test_a_json_append_is_as_strict_as_a_publish(body, code):
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"application/json"))
+    refused = answered(ask(handlers, b"POST", b"/v1/stream/s", body,
+                           content_type=b"application/json"))
+    assert refused.status == 400
+    assert json.loads(refused.body or b"")["error"]["code"] == code
+
+
+def test_the_stream_prefix_alone_is_no_stream():
+    refused = answered(ask(node(), b"PUT", b"/v1/stream/"))
+    assert refused.status == 404
+    assert json.loads(refused.body or b"")["error"]["code"] == "not_found"
+
+
+def test_a_held_long_poll_is_answered_404_when_its_stream_is_deleted():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert isinstance(held, Pending) and not held.answer.called
+    answered(ask(handlers, b"DELETE", b"/v1/stream/s"))
+    done: list[Response] = []
+    held.answer.addCallback(done.append)
+    assert [(r.status, json.loads(r.body or b"")["error"]["code"]) for r in done] == [
+        (404, "not_found")]
