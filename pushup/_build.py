@@ -78,6 +78,13 @@ INTERPRETED = {
     "pushup.http.sse": "an event stream's framing, once per event per stream; not "
                        "measured compiled yet",
     "pushup.http.tokens": "PyJWT does the work; once per authorised request",
+    "pushup.core.stream_values": "Durable Streams' values and header checks (issue 30): "
+                                 "not measured compiled yet",
+    "pushup.http.streams": "Durable Streams' endpoints (issue 30): not measured compiled yet",
+    "pushup.core.streams": "Durable Streams' streams and decisions (issue 30): not measured "
+                           "compiled yet",
+    "pushup.http.stream_sse": "a Durable Stream's SSE feed (issue 30): not measured compiled "
+                              "yet",
     "pushup.http.upgrade": "runs once per peer link",
     "pushup.http.seams": "typing Protocols only: nothing runs",
 }
