@@ -300,9 +300,15 @@ class RedisEngine:
             entries += ["m", dumps(list(draft.channels)), draft.data]
         d = self._append(p, entries, idem)
         d.addCallback(self._published, p, drafts)
-        if self.publish_ack != "local":
+        if self.publish_ack != "local" and not self._alone(p):
             d.addCallback(self._copied, p)
         return d
+
+    def _alone(self, p: Partition) -> bool:
+        """The primary of ``p`` is known, lately, to have no replica: nothing to wait for."""
+        known = self._replicas.get(p.tag)
+        return (known is not None and known[0] == 0
+                and self.clock.seconds() - known[1] < REPLICAS_TTL)
 
     @defer.inlineCallbacks
     def _copied(self, messages: list[Message], p: Partition) -> Any:
