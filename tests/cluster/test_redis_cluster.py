@@ -189,13 +189,23 @@ def test_a_slot_migrated_while_publishing_loses_and_repeats_nothing(fresh_cluste
 
 
 def replica_of(cluster: RedisCluster, primary: int) -> int:
-    """The port of a replica of ``primary``, as CLUSTER SLOTS lists it."""
-    for _start, _end, owner, *replicas in cluster.cli(primary, "CLUSTER", "SLOTS"):
-        if int(owner[1]) == primary and replicas:
-            return int(replicas[0][1])
-    raise AssertionError(f"{primary} has no replica")
+    """The port of a replica of ``primary`` (CLUSTER REPLICAS: one CLUSTER NODES line
+    each, ``<id> <ip>:<port>@<bus port> ...``)."""
+    lines = cluster.cli(primary, "CLUSTER", "REPLICAS", cluster.node_id(primary))
+    address = lines[0].split()[1].split(b"@")[0]
+    return int(address.rsplit(b":", 1)[1])
 
 
+# engine-v2 (634aecc) fails this: once one partition's log is found lost, a reader
+# of channels in *other* partitions (other primaries, nothing lost) gets
+# "gap": true on every poll, at once, with its cursor unchanged (even a since=now
+# cursor "c1."): thousands of gaps in a few seconds, a client spinning. The
+# failover itself is followed (publishes 503 for ~3 s, then 201 on the promoted
+# replica) and the lost channel's readers get their one gap. Strict: once the
+# engine scopes a lost origin to the channels that held it, this passes and the
+# mark must go.
+@pytest.mark.xfail(strict=True, reason="engine-v2: a lost partition is a gap on every poll "
+                                       "for readers of other partitions")
 def test_a_primary_killed_with_a_lagging_replica_promoted_is_one_gap_never_a_duplicate(
         fresh_cluster, redis):
     c = fresh_cluster(3, haproxy=False, engine=redis.url)
@@ -213,17 +223,19 @@ def test_a_primary_killed_with_a_lagging_replica_promoted_is_one_gap_never_a_dup
                                channels if k == 0 else [channels[k % 4], channels[(k + 1) % 4]],
                                hop=k % 2 == 1) for k in range(6)]
     pubs = [history.Publisher(f"pub{k}", log, [*c.bases[k:], *c.bases[:k]],
-                              channels[2 * k:2 * k + 2], 80) for k in range(2)]
+                              channels[2 * k:2 * k + 2], 400, pace=0.01) for k in range(2)]
     try:
         for s in subs:
             s.start()
         for p in pubs:
             p.start()
         wait_until(lambda: log.count() >= 30, 60, msg="publishes before the fault")
-        # The replica stops receiving; the primary goes on acknowledging (no
-        # --publish-ack), until it holds 5 messages its replica lacks ...
+        # The replica stops, and its link is cut (what the primary sent it before
+        # stays in its socket, and is applied); the primary goes on acknowledging
+        # (no --publish-ack) until it holds 5 messages its replica never got ...
         os.kill(redis.cluster.nodes[replica].pid, signal.SIGSTOP)
         try:
+            assert redis.cluster.cli(primary, "CLIENT", "KILL", "TYPE", "replica") == 1
             held = int(redis.cluster.cli(primary, "HGET", meta, "s") or 0)
             wait_until(lambda: int(redis.cluster.cli(primary, "HGET", meta, "s")) >= held + 5,
                        30, msg="messages the replica has not received")
@@ -231,10 +243,14 @@ def test_a_primary_killed_with_a_lagging_replica_promoted_is_one_gap_never_a_dup
         finally:
             os.kill(redis.cluster.nodes[replica].pid, signal.SIGCONT)
         assert redis.cluster.wait_promoted(primary) == replica
-        count = log.count()
-        wait_until(lambda: log.count() >= count + 30, 60, msg="publishes after the failover")
+        # Publishing goes on until the new primary has acknowledged some.
+        promoted_at = time.monotonic()
+        wait_until(lambda: sum(a.channel == lost_channel and a.sent > promoted_at
+                               for a in log.acked().values()) >= 5, 30,
+                   msg="publishes acknowledged by the promoted replica")
         for p in pubs:
-            p.join(120)
+            p.count = 0  # (the run is cut short: each stops after its request)
+            p.join(30)
             assert not p.is_alive(), f"{p.name} did not finish"
         history.wait_delivered(log, subs, 30)
     finally:
@@ -250,4 +266,5 @@ def test_a_primary_killed_with_a_lagging_replica_promoted_is_one_gap_never_a_dup
     # ... and the readers of the channel whose acknowledged messages the new
     # primary never had are told so once each; the others not at all.
     gaps = {s.name: sum(e.kind == "gap" for e in s.log) for s in subs}
-    assert gaps == {s.name: int(lost_channel in s.channels) for s in subs}, costs.figures()
+    assert gaps == {s.name: int(lost_channel in s.channels) for s in subs}, (
+        gaps, {s.name: s.channels for s in subs}, lost_channel, costs.figures())
