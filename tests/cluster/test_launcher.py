@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from deploy.redis_server import command
-from pushup.backplane.redis.engine import keys_of
+from pushup.backplane.redis.partitions import keys_of
 from tests.cluster.clients import jrequest, subscribe, wait_until
 from tests.toolkit import children, free_port
 
