@@ -40,11 +40,12 @@ log = Logger()
 MAX_REDIRECTS = 5  # MOVED/ASK followed per command before the caller sees it
 ASK_TIMEOUT = 2.0  # seconds for CLUSTER SLOTS/INFO, and for a new primary's connection
 TRYAGAIN_DELAY = 0.05  # seconds before retrying a multi-key command caught mid-migration
-# ... for up to 2 s: a slot in migration answers every multi-key command on it
-# (a publish script names several keys of its partition) TRYAGAIN until its
-# keys are all on one side; a short migration passes unnoticed, a longer one
-# is the caller's 503 (retried by the publisher)
-TRYAGAIN_TRIES = 40
+# ... for up to 0.5 s: a slot in migration answers every multi-key command on
+# it (a publish script names several keys of its partition) TRYAGAIN until
+# its keys are all on one side; moving a slot's few keys takes milliseconds
+# and passes unnoticed, a longer migration is the caller's prompt 503
+# (retried by the publisher)
+TRYAGAIN_TRIES = 10
 PROBE_TIMEOUT = 2.0
 
 
