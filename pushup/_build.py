@@ -41,7 +41,8 @@ from types import ModuleType
 
 # The modules mypyc compiles: the pure core's values, cursor, store, hub and
 # service, and the HTTP front's protocol, factory, request being read, phases,
-# query parsing, response framing and endpoints. Every other module of the two layers that
+# query parsing, response framing and endpoints; and ``ops.timing``, which times
+# every request on its way to the endpoints. Every other module of the two layers that
 # could be compiled (core/, http/) is in ``INTERPRETED``, with its reason;
 # tests/test_build.py fails on a module of theirs that is in neither.
 COMPILED = (
@@ -64,6 +65,7 @@ COMPILED = (
     "pushup.http.params",
     "pushup.http.phase",
     "pushup.http.protocol",
+    "pushup.ops.timing",
 )
 # What stays interpreted, and why (as black keeps its exclusions).
 INTERPRETED = {
