@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import Final
 
 from twisted.internet.defer import Deferred
 
@@ -29,16 +30,32 @@ _SHARED_CACHE = 64  # fan-out deliveries whose whole response is kept for reuse.
 _SHARED_BYTES = 16 * 1024 * 1024  # ...and their bytes in all (the newest is always kept)
 
 
-@dataclass(frozen=True, slots=True)
 class Request:
     """One parsed request: raw (still percent-encoded) path and query string,
-    headers keyed by lower-case name (repeats joined with ", "), whole body."""
+    headers keyed by lower-case name (repeats joined with ", "), whole body.
 
-    method: bytes
-    path: bytes
-    query: bytes
-    headers: dict[bytes, bytes]
-    body: bytes = b""
+    A value (its fields are Final), but not a frozen dataclass: one is made
+    per request, and a frozen dataclass's ``__init__`` costs ~0.8 µs of a
+    ~25 µs publish, compiled (``object.__setattr__`` per field)."""
+
+    def __init__(self, method: bytes, path: bytes, query: bytes,
+                 headers: dict[bytes, bytes], body: bytes = b"") -> None:
+        self.method: Final = method
+        self.path: Final = path
+        self.query: Final = query
+        self.headers: Final = headers
+        self.body: Final = body
+
+    def _fields(self) -> tuple[bytes, bytes, bytes, dict[bytes, bytes], bytes]:
+        return self.method, self.path, self.query, self.headers, self.body
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return f"Request{self._fields()!r}"
 
     def header(self, name: bytes) -> str:
         """A header's value as text ('' when absent)."""
