@@ -128,6 +128,9 @@ class Writer:
                          % o.encode() for o in cors_origins} if self._several else {}
         self._second = -1
         self._date = b""
+        # (status, content type) -> the head's lines up to Content-Length, built
+        # once per second (they hold the Date): most answers share a few of them
+        self._starts: dict[tuple[int, bytes | None], bytes] = {}
         # id(delivery) -> (the delivery, kept so its id is not reused; its bytes)
         self._bodies: dict[int, tuple[Delivery, bytes]] = {}  # this fan-out's bodies
         self._shared: dict[int, tuple[Delivery, bytes]] = {}  # their whole responses
@@ -144,17 +147,19 @@ class Writer:
         if second != self._second:
             self._second = second
             self._date = formatdate(second, usegmt=True).encode()
+            self._starts.clear()
 
     def head(self, status: int, content_type: bytes | None, length: int | None,
              extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"",
              cors: bytes | None = None) -> bytes:
         """Status line and headers, ending with the blank line (``cors``: the
         request's, from ``cors_for``; the writer's own when None)."""
-        parts = [b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
-                 b"X-Content-Type-Options: nosniff\r\n"
-                 % (status, _REASONS.get(status, b"Unknown"), self._date)]
-        if content_type is not None:
-            parts.append(b"Content-Type: " + content_type + b"\r\n")
+        start = self._starts.get((status, content_type))
+        if start is None:
+            start = self._start(status, content_type)
+        if length is not None and not extra and not connection and cors is None:
+            return start + b"Content-Length: %d\r\n%s\r\n" % (length, self.cors)  # most answers
+        parts = [start]
         if length is not None:
             parts.append(b"Content-Length: %d\r\n" % length)
         for name, value in extra:
@@ -164,6 +169,17 @@ class Writer:
         parts.append(self.cors if cors is None else cors)
         parts.append(b"\r\n")
         return b"".join(parts)
+
+    def _start(self, status: int, content_type: bytes | None) -> bytes:
+        """The head's first lines, to its Content-Type, kept for this second."""
+        start = (b"HTTP/1.1 %d %s\r\nServer: PushUp\r\nDate: %s\r\nCache-Control: no-store\r\n"
+                 b"X-Content-Type-Options: nosniff\r\n"
+                 % (status, _REASONS.get(status, b"Unknown"), self._date))
+        if content_type is not None:
+            start += b"Content-Type: " + content_type + b"\r\n"
+        if len(self._starts) < 64:  # statuses and types are ours; a bound all the same
+            self._starts[(status, content_type)] = start
+        return start
 
     def render(self, response: Response, head_only: bool = False,
                connection: bytes = b"", cors: bytes | None = None) -> bytes:
