@@ -62,15 +62,33 @@ class Request:
         return self.headers.get(name, b"").decode("latin-1")
 
 
-@dataclass(frozen=True, slots=True)
 class Response:
-    """A complete answer. ``close``: the connection ends after it."""
+    """A complete answer. ``close``: the connection ends after it.
 
-    status: int
-    body: bytes | None = None
-    content_type: bytes = JSON
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-    close: bool = False
+    A value with Final fields, not a frozen dataclass, as ``Request``: one is
+    made per answer (its ``__init__`` was ~0.6 µs of a publish, compiled)."""
+
+    def __init__(self, status: int, body: bytes | None = None, content_type: bytes = JSON,
+                 headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False) -> None:
+        self.status: Final = status
+        self.body: Final = body
+        self.content_type: Final = content_type
+        self.headers: Final = headers
+        self.close: Final = close
+
+    def _fields(self) -> tuple[int, bytes | None, bytes, tuple[tuple[bytes, bytes], ...], bool]:
+        return self.status, self.body, self.content_type, self.headers, self.close
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Response):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Response{self._fields()!r}"
 
 
 @dataclass(frozen=True, slots=True)
