@@ -28,9 +28,11 @@ _HOST: Final = re.compile(
     rb"(\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|[0-9A-Za-z._~%!$&'()*+,;=-]+)(:[0-9]*)?")
 
 # Host values that matched ``_HOST``, so a connection's next request skips the
-# regex (~0.5 µs); bounded, as clients choose them.
+# regex (~0.5 µs); bounded in count and size (a DNS name and a port), as
+# clients choose them.
 _GOOD_HOSTS: set[bytes] = set()
 _GOOD_HOSTS_MAX: Final = 256
+_GOOD_HOST_BYTES: Final = 262
 
 BAD_HOST: Final = error_response(errors.BadRequest(
     "an HTTP/1.1 request needs exactly one valid Host header", code="bad_request"), close=True)
@@ -114,9 +116,10 @@ class Incoming:
         elif host not in _GOOD_HOSTS:
             if not _HOST.fullmatch(host):
                 raise Refuse(BAD_HOST)
-            if len(_GOOD_HOSTS) >= _GOOD_HOSTS_MAX:
-                _GOOD_HOSTS.clear()
-            _GOOD_HOSTS.add(host)
+            if len(host) <= _GOOD_HOST_BYTES:
+                if len(_GOOD_HOSTS) >= _GOOD_HOSTS_MAX:
+                    _GOOD_HOSTS.clear()
+                _GOOD_HOSTS.add(host)
         if not self._split_target():
             raise Refuse(error_response(errors.NotFound(
                 f"no such path: {self.url.decode('latin-1')[:100]}")))
