@@ -39,9 +39,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-# The modules mypyc compiles: the pure core's values, cursor, store and hub,
-# and the HTTP front's protocol, factory, request being read, phases, query
-# parsing and response framing. Every other module of the two layers that
+# The modules mypyc compiles: the pure core's values, cursor, store, hub and
+# service, and the HTTP front's protocol, factory, request being read, phases,
+# query parsing, response framing and endpoints; and ``ops.timing``, which times
+# every request on its way to the endpoints. Every other module of the two layers that
 # could be compiled (core/, http/) is in ``INTERPRETED``, with its reason;
 # tests/test_build.py fails on a module of theirs that is in neither.
 COMPILED = (
@@ -54,25 +55,26 @@ COMPILED = (
     "pushup.core.model",
     "pushup.core.origins",
     "pushup.core.runs",
+    "pushup.core.service",
     "pushup.core.store",
     "pushup.http.exchange",
     "pushup.http.framing",
     "pushup.http.front",
+    "pushup.http.handlers",
     "pushup.http.incoming",
     "pushup.http.params",
     "pushup.http.phase",
     "pushup.http.protocol",
+    "pushup.ops.timing",
 )
 # What stays interpreted, and why (as black keeps its exclusions).
 INTERPRETED = {
-    "pushup.core.clock": "typing Protocols, and Alarm, called only from the interpreted "
-                         "Service, a few times per hold, publish or sweep",
+    "pushup.core.clock": "typing Protocols, and Alarm, called from Service a few times "
+                         "per hold or sweep and once per reactor turn of publishes",
     "pushup.core.errors": "a compiled exception class loses its class-level status and code",
     "pushup.core.idempotency": "Replayed subclasses list, which mypyc cannot compile",
-    "pushup.core.service": "tests replace its methods to count calls (issue 29 compiles it)",
-    "pushup.core.follow": "values and one rule, per batch or log page, called from the "
-                          "interpreted Service.follow: nothing per delivery",
-    "pushup.http.handlers": "tests replace its methods to count calls (issue 29 compiles it)",
+    "pushup.core.follow": "values and one rule, per batch or log page, called from "
+                          "Service.follow: nothing per delivery",
     "pushup.http.render": "called once per distinct answer of a fan-out, not per "
                           "subscriber; not measured compiled yet",
     "pushup.http.sse": "an event stream's framing, once per event per stream; not "

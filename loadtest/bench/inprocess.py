@@ -1,6 +1,6 @@
 """`python -m loadtest.bench.inprocess [N] [ROUNDS] [--gc] [--profile]`: one delivery plus
 its re-poll, in process, on a real ``Node`` (a ``task.Clock``, string transports,
-no sockets, no reactor).
+no sockets, no reactor). `... --publish [N] [--gc] [--profile]`: keep-alive publishes instead.
 
 N held polls on one channel; each round one publish answers them all and each
 client re-polls with its new cursor (held again). Prints the process CPU time
@@ -9,6 +9,15 @@ cProfile table of the hot functions (run with ``PUSHUP_PURE=1``: cProfile sees
 no Python frames inside the compiled core). Issue 18's figures in
 docs/benchmarks.md came from it; it measures our Python, not the reactor or the
 system calls.
+
+``--publish``: N keep-alive publishes (default 20,000) by 8 publishers, each on
+its own connection and channel, with no subscriber (as the socket bench's 8
+publishers): each reactor turn (``clock.advance(0)``: what the publishes
+scheduled runs) follows one publish per connection, as a real turn reads one
+request from each of 8 ready publishers (``strace -c`` of the socket bench: one
+``epoll_wait`` per ~8 publishes). Prints the process CPU per publish, the
+median of 7 runs, and checks that the answers are 201s. Issue 29's figures came
+from it.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from pushup.config import Config
 from pushup.ops.node import Node
 
 PUBLISH_BODY = b'{"channels":["c"],"data":{"n":1}}'
+PUBLISHERS = 8  # --publish: keep-alive connections, one publish each per reactor turn
 
 
 def poll(cursor: str) -> bytes:
@@ -35,7 +45,69 @@ def poll(cursor: str) -> bytes:
             f"Host: x\r\n\r\n").encode()
 
 
+def publishing(argv: list[str]) -> None:
+    """N keep-alive publishes, each answered 201 (see the module docstring)."""
+    numbers = [int(a) for a in argv if a.isdigit()]
+    n = numbers[0] if numbers else 20_000
+    clock = Clock()
+    clock.advance(1_763_800_000.0)
+    node = Node(Config(), reactor=clock)
+    publishers = []
+    for i in range(PUBLISHERS):
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 39990 + i))
+        protocol = node.front.buildProtocol(transport.getPeer())
+        protocol.makeConnection(transport)  # type: ignore[union-attr]
+        body = json.dumps({"channels": [f"bench-pub-{i}"],
+                           "data": {"bench": "publish", "w": i}}).encode()
+        request = (b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        publishers.append((transport, protocol.dataReceived, request))  # type: ignore[union-attr]
+
+    def run(times: int) -> None:
+        advance = clock.advance
+        for turn in range(times // PUBLISHERS):
+            for _, receive, request in publishers:
+                receive(request)
+            advance(0)
+            if turn & 7 == 7:
+                for transport, _, _ in publishers:
+                    transport.clear()
+
+    run(2000)  # the store's caches reach their steady state
+    for transport, _, _ in publishers:
+        transport.clear()
+    before = node.service.counters.published
+    run(PUBLISHERS)
+    for transport, _, _ in publishers:
+        assert transport.value().startswith(b"HTTP/1.1 201 "), transport.value()[:200]
+    assert node.service.counters.published == before + PUBLISHERS
+    if "--gc" in argv:
+        from pushup.ops.cli import tune_gc
+
+        tune_gc()
+    if "--profile" in argv:
+        profile = cProfile.Profile()
+        profile.enable()
+        run(n)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        return
+    took = []
+    for _ in range(7):
+        start = time.process_time()
+        run(n)
+        took.append(time.process_time() - start)
+    took.sort()
+    build = getattr(pushup, "BUILD", "interpreted")
+    print(f"{build}{' + gc tuned' if '--gc' in argv else ''}: {n} keep-alive publishes: "
+          f"{took[3] / n * 1e6:.2f} µs CPU per publish (median of 7; "
+          f"{took[0] / n * 1e6:.2f}-{took[-1] / n * 1e6:.2f})")
+
+
 def main(argv: list[str]) -> None:
+    if "--publish" in argv:
+        publishing(argv)
+        return
     numbers = [int(a) for a in argv if a.isdigit()]
     n, rounds = (numbers + [2000, 10][len(numbers):])[:2]
     clock = Clock()

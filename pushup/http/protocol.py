@@ -286,8 +286,7 @@ class HTTPProtocol(Protocol):
             request = Request(method, incoming.path, incoming.query, incoming.headers, body)
             size = len(incoming.url) + len(body)
             self._queue.append(Queued(request, framing.terms(
-                parser.should_keep_alive(), parser.get_http_version() == "1.0",
-                method == b"HEAD"), size))
+                parser.should_keep_alive(), incoming.http10, method == b"HEAD"), size))
             self._queued_bytes += size
 
     # -- answering -----------------------------------------------------------

@@ -84,6 +84,18 @@ def test_publish_returns_201_with_id_timestamp_and_channels(node):
     assert body["channels"] == ["author:John", "tag:c++", "tag:java"]
 
 
+def test_a_receipt_is_its_fields_whatever_the_channel_names_and_data(node):
+    # names that spell the data's key, quote it or end in a backslash; data that repeats it
+    channels = ["data", 'a"data":"b', "c\\", 'd":']
+    data = {"x": ',"data":', "data": [1, {"y": 2, "data": 3}]}  # its JSON has ,"data": too
+    response = node.publish(channels, data)
+    assert response.status == 201
+    assert response.json == {"id": response.json["id"], "timestamp": START,
+                             "channels": channels}
+    pulled = node.get("/subscribe?channels=data&since=0&timeout=0").json["messages"]
+    assert pulled == [{**response.json, "channels": ["data"], "data": data}]
+
+
 def test_publish_folds_duplicate_channels(node):
     assert node.publish(["a", "b", "a"], 1).json["channels"] == ["a", "b"]
 
