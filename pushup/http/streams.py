@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from pushup.config import Config
 from pushup.core import errors
@@ -37,6 +39,9 @@ from pushup.core.streams import Stream, Streams
 from pushup.http.exchange import Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_sse import Feed
+
+if TYPE_CHECKING:
+    from pushup.backplane.redis.streams import SharedStreams
 
 PREFIX = b"/v1/stream/"
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
@@ -103,6 +108,8 @@ class StreamEndpoints:
         self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
         self._authorize = authorize
         self._swept = 0
+        # --engine redis: every node's streams, in Redis (this node's a cache)
+        self.shared: SharedStreams | None = None
         self.draining = False
         # the last long poll's answer, and what it answered (see ``_wait``)
         self._shared: tuple[tuple[object, ...], Response] | None = None
@@ -133,15 +140,40 @@ class StreamEndpoints:
                     self._authorize(request)
             else:
                 self._authorize(request)
+            if request.path == PREFIX:
+                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
+            path = request.path.decode("latin-1")
+            if self.shared is not None:
+                return self._shared_answer(request, handler, path, client)
             now = self.service.now()
             if now - self._swept > 10_000_000:  # expired streams go within ~10 s
                 self._swept = now
                 self.streams.sweep(now)
-            if request.path == PREFIX:
-                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
-            return handler(request, (request.path.decode("latin-1"),), client)
+            return handler(request, (path,), client)
         except PushUpError as e:
             return _error(e)
+
+    def _shared_answer(self, request: Request, handler: Callable[
+            [Request, tuple[str, ...], object], Response | Held | Pending],
+                       path: str, client: object) -> Pending:
+        """``request`` answered on the streams Redis holds (``--engine
+        redis``): read from it, decided here, written before the answer."""
+        assert self.shared is not None
+        source = request.headers.get(b"stream-forked-from") if request.method == b"PUT" else None
+        paths = [path] if source is None else [source.decode("latin-1"), path]
+        answered = self.shared.serve(paths, lambda: handler(request, (path,), client))
+
+        def outcome(result: Response | Held | Pending) -> object:
+            return result.answer if isinstance(result, Pending) else result
+
+        def refused(failure: Failure) -> Response:
+            if not isinstance(failure.value, PushUpError):
+                return failure  # type: ignore[return-value]  # a bug: the front answers 500
+            return _error(failure.value)
+
+        answered.addCallback(outcome)
+        answered.addErrback(refused)
+        return Pending(answered)
 
     # -- create, append, close, delete -----------------------------------------
 
