@@ -11,8 +11,8 @@ An SSE read is :mod:`pushup.http.stream_sse`'s.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -40,9 +40,6 @@ from pushup.http.exchange import Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_sse import Feed
 
-if TYPE_CHECKING:
-    from pushup.backplane.redis.streams import SharedStreams
-
 PREFIX = b"/v1/stream/"
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
 # short because the suite gives a whole long-poll test 5 s.
@@ -64,6 +61,16 @@ _PREFLIGHT_FIELDS = (
      b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
     (b"Access-Control-Max-Age", b"86400"))
 Headers = tuple[tuple[bytes, bytes], ...]
+
+
+class SharedStore(Protocol):
+    """Where the streams of every node are, when not in this one alone
+    (``--engine redis``: ``pushup.backplane.redis.streams``)."""
+
+    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> defer.Deferred[Any]:
+        """``run()``'s outcome, decided by ``self.streams`` on ``paths`` as
+        the store holds them, its changes stored before it fires (a
+        ``PushUpError`` fails it)."""
 
 
 def cursor_after(given: str | None, now_s: float) -> str:
@@ -109,7 +116,7 @@ class StreamEndpoints:
         self._authorize = authorize
         self._swept = 0
         # --engine redis: every node's streams, in Redis (this node's a cache)
-        self.shared: SharedStreams | None = None
+        self.shared: SharedStore | None = None
         self.draining = False
         # the last long poll's answer, and what it answered (see ``_wait``)
         self._shared: tuple[tuple[object, ...], Response] | None = None

@@ -32,12 +32,11 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from pushup.backplane.disk_streams import _entry, _state, _stream
 from pushup.backplane.redis.cluster import Shards
 from pushup.core import errors
 from pushup.core.errors import PushUpError
 from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, Streams
+from pushup.core.streams import Stream, Streams, entry_of, state_of, stream_of
 
 log = Logger()
 ATTEMPTS = 8  # a request runs again this often on conflicting writes before a 503
@@ -136,7 +135,7 @@ def _packed(entry: Entry) -> bytes:
 def _unpacked(item: bytes) -> Entry:
     head, _, data = item.partition(b"\n")
     appends, size, lengths = json.loads(head)
-    return _entry(Position(appends, size), data,
+    return entry_of(Position(appends, size), data,
                   None if lengths is None else json.dumps(lengths))
 
 
@@ -231,10 +230,10 @@ class SharedStreams:
                 yield self.shards.evalsha(TOUCH_SHA, TOUCH, (prefix_of(s.path) + "at",),
                                           (prefix_of(s.path), s.uid, str(s.deadline)))
         except Conflict:
-            self._forget([*saved, *dropped])
+            self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
             return _AGAIN
         except Exception as e:
-            self._forget([*saved, *dropped])
+            self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
             raise errors.Unavailable(f"redis: the stream could not be written ({e})") from None
         for written in [entry[0] for entry in saved.values()] + list(dropped.values()):
             written.wake()
@@ -254,7 +253,7 @@ class SharedStreams:
             known = self.at.get(stream.path, "")
             mapping = (-1 if mapped == (known == uid) else 1 if mapped else 0)
             changes.append({"p": prefix, "u": uid, "v": self.versions.get(uid, 0),
-                            "s": json.dumps(_state(stream, mapped)), "n": len(entries),
+                            "s": json.dumps(state_of(stream, mapped)), "n": len(entries),
                             "d": "" if stream.deadline is None else str(stream.deadline),
                             "map": mapping, "at": known, "drop": 0, "now": ""})
             keys.append(prefix + "at")
@@ -287,16 +286,14 @@ class SharedStreams:
             if self.at.get(stream.path) == uid:
                 del self.at[stream.path]
 
-    def _forget(self, uids: Sequence[str]) -> None:
-        """The cache of ``uids`` holds changes Redis refused: read them whole
-        again (into the same objects, which readers hold)."""
-        for uid in uids:
-            stream = self.by_uid.get(uid)
-            self.versions.pop(uid, None)
-            if stream is None:  # created here and refused: it never was
-                for path, mapped in list(self.streams._streams.items()):
-                    if mapped.uid == uid:
-                        del self.streams._streams[path]
+    def _forget(self, refused: Sequence[Stream]) -> None:
+        """The cache of ``refused`` holds changes Redis did not take: read
+        them whole again (into the same objects, which readers hold)."""
+        for stream in refused:
+            self.versions.pop(stream.uid, None)
+            if stream.uid not in self.by_uid:  # created here and refused: it never was
+                if self.streams.at(stream.path) is stream:
+                    self.streams.place(stream.path, None)
                 continue
             del stream.entries[:], stream.begins[:]
 
@@ -306,7 +303,7 @@ class SharedStreams:
     def _read_path(self, path: str) -> Generator[Any, Any, None]:
         """The stream at ``path`` (and a fork's sources) as Redis holds it now."""
         prefix = prefix_of(path)
-        cached = self.streams._streams.get(path)
+        cached = self.streams.at(path)
         hint = "" if cached is None else cached.uid
         reply = yield self.shards.evalsha(
             READ_SHA, READ, (prefix + "at",),
@@ -324,7 +321,7 @@ class SharedStreams:
         stream = yield self._apply(path, reply)
         if cached is not None and cached is not stream:
             self._unmap(path, cached)
-        self.streams._streams[path] = stream
+        self.streams.place(path, stream)
         self._follow(path)
 
     @defer.inlineCallbacks
@@ -347,7 +344,7 @@ class SharedStreams:
         uid, version, state_text, deadline = (_text(reply[1]), int(reply[2]),
                                               _text(reply[3]), _text(reply[4]))
         state = json.loads(state_text)
-        fresh = _stream(uid, state)
+        fresh = stream_of(uid, state)
         if deadline and fresh.deadline is not None:
             fresh.deadline = max(fresh.deadline, int(deadline))
         stream = self.by_uid.get(uid)
@@ -378,8 +375,8 @@ class SharedStreams:
     def _unmap(self, path: str, stream: Stream) -> None:
         """``stream`` no longer answers at ``path`` (deleted or expired
         through another node): its readers hear it."""
-        if self.streams._streams.get(path) is stream:
-            del self.streams._streams[path]
+        if self.streams.at(path) is stream:
+            self.streams.place(path, None)
         if stream.uid not in self.sources.values():
             self.by_uid.pop(stream.uid, None)
             self.versions.pop(stream.uid, None)
