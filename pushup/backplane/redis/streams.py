@@ -39,6 +39,7 @@ from pushup.core.stream_values import Entry, Position
 from pushup.core.streams import Stream, Streams, entry_of, state_of, stream_of
 
 log = Logger()
+EXPIRY_GRACE_MS = 3_600_000  # Redis drops an expired stream nobody asked for after this
 ATTEMPTS = 8  # a request runs again this often on conflicting writes before a 503
 
 # The stream at a path (ARGV[2] "") or a given uid: where the path points,
@@ -102,6 +103,18 @@ for i, c in ipairs(changes) do
   elseif c.map == 0 and redis.call('GET', KEYS[i]) == c.u then
     redis.call('DEL', KEYS[i])
   end
+  if c.drop == 0 then  -- Redis drops what nobody asks for a while after its deadline
+    local mapped = redis.call('GET', KEYS[i]) == c.u
+    if c.x ~= '' then
+      redis.call('PEXPIREAT', m .. ':m', c.x)
+      redis.call('PEXPIREAT', m .. ':l', c.x)
+      if mapped then redis.call('PEXPIREAT', KEYS[i], c.x) end
+    else
+      redis.call('PERSIST', m .. ':m')
+      redis.call('PERSIST', m .. ':l')
+      if mapped then redis.call('PERSIST', KEYS[i]) end
+    end
+  end
   redis.call('SPUBLISH', c.p .. 'n', c.u)
 end
 return {1}
@@ -114,6 +127,11 @@ local m = ARGV[1] .. ARGV[2] .. ':m'
 local deadline = redis.call('HGET', m, 'deadline')
 if redis.call('EXISTS', m) == 1 and (not deadline or tonumber(deadline) < tonumber(ARGV[3])) then
   redis.call('HSET', m, 'deadline', ARGV[3])
+  if ARGV[4] ~= '' then
+    redis.call('PEXPIREAT', m, ARGV[4])
+    redis.call('PEXPIREAT', ARGV[1] .. ARGV[2] .. ':l', ARGV[4])
+    if redis.call('GET', KEYS[1]) == ARGV[2] then redis.call('PEXPIREAT', KEYS[1], ARGV[4]) end
+  end
 end
 return 1
 """
@@ -139,6 +157,15 @@ def _unpacked(item: bytes) -> Entry:
                   None if lengths is None else json.dumps(lengths))
 
 
+def _expiry_ms(stream: Stream) -> str:
+    """When Redis may drop ``stream``'s keys by itself ("": never): a
+    while after its deadline, so that nodes see it expire first; never
+    while forks read it."""
+    if stream.deadline is None or stream.forks:
+        return ""
+    return str(stream.deadline // 1000 + EXPIRY_GRACE_MS)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -152,8 +179,11 @@ class SharedStreams:
     cache of them (its ``Journal``: the changes the core makes are collected
     here and written by :meth:`serve`)."""
 
-    def __init__(self, shards: Shards, streams: Streams, now: Callable[[], int]) -> None:
+    def __init__(self, shards: Shards, streams: Streams, now: Callable[[], int],
+                 timeout: float) -> None:
+        """``timeout``: seconds a Redis command may take before the request is 503."""
         self.shards = shards
+        self.timeout = timeout
         self.streams = streams
         self.now = now
         streams.journal = self
@@ -163,6 +193,7 @@ class SharedStreams:
         self.at: dict[str, str] = {}  # path -> the uid Redis maps it to, as last read
         self.sources: dict[str, str] = {}  # fork uid -> its source's uid
         self.followed: set[str] = set()  # paths whose channel this node subscribes to
+        self._involved: dict[str, Stream] = {}  # uid -> the streams this request read
         self._saved: dict[str, tuple[Stream, list[Entry], bool]] = {}
         self._dropped: dict[str, Stream] = {}
 
@@ -186,6 +217,7 @@ class SharedStreams:
         yield self.lock.acquire()
         try:
             for _ in range(ATTEMPTS):
+                self._involved = {}
                 try:
                     for path in paths:
                         yield self._read_path(path)
@@ -206,29 +238,30 @@ class SharedStreams:
     def _decide(self, run: Callable[[], Any]) -> Generator[Any, Any, Any]:
         self._saved, self._dropped = {}, {}
         self.streams.held = 0  # Redis holds the bytes: the node's budget caps one write
-        deadlines = {uid: s.deadline for uid, s in self.by_uid.items() if s.ttl is not None}
-        held_back = {uid: s.waiters for uid, s in self.by_uid.items()}
-        for cached in self.by_uid.values():
-            cached.waiters = []  # nobody is woken before the write is in Redis
+        involved = self._involved
+        deadlines = {uid: s.deadline for uid, s in involved.items() if s.ttl is not None}
+        held_back = {uid: s.waiters for uid, s in involved.items()}
+        for stream in involved.values():
+            stream.waiters = []  # nobody is woken before the write is in Redis
         try:
             result = run()
         except PushUpError as e:
             result = e
         finally:
             for uid, waiters in held_back.items():
-                kept = self.by_uid.get(uid)
-                if kept is not None:
-                    kept.waiters = waiters + kept.waiters
+                involved[uid].waiters = waiters + involved[uid].waiters
         saved, dropped = self._saved, self._dropped
         self._saved, self._dropped = {}, {}
         try:
             if saved or dropped:
                 yield self._write(saved, dropped)
-            touched = [s for uid, s in self.by_uid.items() if s.ttl is not None
+            touched = [s for uid, s in involved.items() if s.ttl is not None
                        and uid not in saved and s.deadline != deadlines.get(uid, s.deadline)]
             for s in touched:
-                yield self.shards.evalsha(TOUCH_SHA, TOUCH, (prefix_of(s.path) + "at",),
-                                          (prefix_of(s.path), s.uid, str(s.deadline)))
+                yield self.shards.evalsha(
+                    TOUCH_SHA, TOUCH, (prefix_of(s.path) + "at",),
+                    (prefix_of(s.path), s.uid, str(s.deadline), _expiry_ms(s)),
+                    timeout=self.timeout)
         except Conflict:
             self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
             return _AGAIN
@@ -255,7 +288,8 @@ class SharedStreams:
             changes.append({"p": prefix, "u": uid, "v": self.versions.get(uid, 0),
                             "s": json.dumps(state_of(stream, mapped)), "n": len(entries),
                             "d": "" if stream.deadline is None else str(stream.deadline),
-                            "map": mapping, "at": known, "drop": 0, "now": ""})
+                            "map": mapping, "at": known, "drop": 0, "now": "",
+                            "x": _expiry_ms(stream)})
             keys.append(prefix + "at")
             appends.extend(_packed(e) for e in entries)
         for uid, stream in dropped.items():
@@ -266,7 +300,7 @@ class SharedStreams:
                             "now": str(now) if expired else ""})
             keys.append(prefix + "at")
         reply = yield self.shards.evalsha(WRITE_SHA, WRITE, keys,
-                                          [json.dumps(changes), *appends])
+                                          [json.dumps(changes), *appends], timeout=self.timeout)
         if int(reply[0]) != 1:
             raise Conflict()
         for uid, (stream, _, mapped) in saved.items():
@@ -307,7 +341,8 @@ class SharedStreams:
         hint = "" if cached is None else cached.uid
         reply = yield self.shards.evalsha(
             READ_SHA, READ, (prefix + "at",),
-            (prefix, "", hint, len(cached.entries) if cached is not None else 0))
+            (prefix, "", hint, len(cached.entries) if cached is not None else 0),
+            timeout=self.timeout)
         at = _text(reply[0])
         if len(reply) == 1:
             if at:
@@ -331,7 +366,7 @@ class SharedStreams:
         reply = yield self.shards.evalsha(
             READ_SHA, READ, (prefix + "at",),
             (prefix, uid, uid if cached is not None else "",
-             len(cached.entries) if cached is not None else 0))
+             len(cached.entries) if cached is not None else 0), timeout=self.timeout)
         if len(reply) == 1:  # gone: nothing more to read of it
             if cached is not None:
                 cached.deleted = True
@@ -363,6 +398,7 @@ class SharedStreams:
             stream.entries.append(entry)
             stream.begins.append(entry.begins.size)
         self.versions[uid] = version
+        self._involved[uid] = stream
         source_uid = state["source"]
         if source_uid is not None and state["fork_request"] is not None:
             self.sources[uid] = source_uid
@@ -394,7 +430,11 @@ class SharedStreams:
 
     def _refresh(self, path: str) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
-        been missed): read it again, which wakes its readers."""
+        been missed): read it again, which wakes its readers, if it has any
+        here (a request reads Redis anyway)."""
+        held = self.streams.at(path)
+        if held is None or not held.waiters:
+            return
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",
                                         path=path[:200], why=f.getErrorMessage()))
