@@ -7,10 +7,12 @@ Real ``pushup serve`` processes on a ``redis-server`` of the test's own
 """
 from __future__ import annotations
 
+import json
 import signal
 import threading
 
 from tests.cluster.clients import request, uniq
+from tests.toolkit import wait_until
 
 
 def stream_url(base: str, path: str) -> str:
@@ -101,3 +103,30 @@ def test_a_node_killed_mid_append_loses_no_append_it_acknowledged(
         f"{i + 1:016d}_{7 * (i + 1):016d}" for i in range(len(acked))]
     status, _, rest = request("GET", stream_url(c.bases[1], path) + f"?offset={acked[-1][1]}")
     assert (status, rest) == (200, body[len(kept):])
+
+
+def test_while_redis_is_paused_stream_requests_are_503_and_work_after(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    request("PUT", stream_url(c.bases[0], path), b"", {"Content-Type": "text/plain"})
+    redis_server.pause()  # SIGSTOP
+    try:
+        status, _, raw = request("POST", stream_url(c.bases[0], path), b"x",
+                                 {"Content-Type": "text/plain"}, timeout=20)
+        # the stream could not be read first: nothing was written
+        assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+        status, _, raw = request("GET", stream_url(c.bases[1], path) + "?offset=-1",
+                                 timeout=20)
+        assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+    finally:
+        redis_server.resume()  # SIGCONT
+    # the first tries may still get 503 while the dropped connection comes back
+    wait_until(lambda: request("POST", stream_url(c.bases[0], path), b"y",
+                               {"Content-Type": "text/plain"})[0] == 204,
+               20, 0.2, "an append once Redis answers")
+    read: list[tuple[int, bytes]] = []
+    wait_until(lambda: read.append(request("GET", stream_url(c.bases[1], path)
+                                           + "?offset=-1")[::2]) or read[-1][0] != 503,
+               20, 0.2, "node 1 reads once Redis answers")
+    assert read[-1] == (200, b"y")

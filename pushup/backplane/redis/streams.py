@@ -32,6 +32,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.backplane.redis.cluster import Shards
 from pushup.core import errors
 from pushup.core.errors import PushUpError
@@ -166,6 +167,19 @@ def _expiry_ms(stream: Stream) -> str:
     return str(stream.deadline // 1000 + EXPIRY_GRACE_MS)
 
 
+def _unwritten(e: Exception) -> PushUpError:
+    """What the writer is told when Redis did not take a write: 503 when the
+    script never left this node (nothing was stored), 504 when it was sent
+    and no reply came (it may run yet: retried with the producer headers it
+    is then a duplicate), as for a publish."""
+    if isinstance(e, RedisNotSent):
+        return errors.EngineUnavailable(f"Redis is unreachable ({e}); nothing was stored")
+    if isinstance(e, RedisGone):
+        return errors.OutcomeUnknown(f"Redis did not answer ({e}); the write may or may not "
+                                     "be stored: retry it with the same producer headers")
+    return errors.EngineUnavailable(f"Redis refused the write: {e}")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -224,8 +238,8 @@ class SharedStreams:
                 except PushUpError:
                     raise
                 except Exception as e:
-                    raise errors.Unavailable(f"redis: the stream could not be read ({e})") \
-                        from None
+                    raise errors.EngineUnavailable(
+                        f"Redis could not be read ({e}); nothing was changed") from None
                 result = yield self._decide(run)
                 if result is not _AGAIN:
                     return result
@@ -267,7 +281,7 @@ class SharedStreams:
             return _AGAIN
         except Exception as e:
             self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
-            raise errors.Unavailable(f"redis: the stream could not be written ({e})") from None
+            raise _unwritten(e) from None
         for written in [entry[0] for entry in saved.values()] + list(dropped.values()):
             written.wake()
         if isinstance(result, PushUpError):
