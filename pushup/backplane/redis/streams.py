@@ -45,7 +45,8 @@ ATTEMPTS = 8  # a request runs again this often on conflicting writes before a 5
 
 # The stream at a path (ARGV[2] "") or a given uid: where the path points,
 # the uid, its version, state, deadline, then its appends from ARGV[4] on
-# (all of them when ARGV[3] is not the uid the cache holds).
+# (all of them when ARGV[3] is not the uid the cache holds). The state is ""
+# when the cache holds this version (ARGV[5]) already.
 READ = """
 local at = redis.call('GET', KEYS[1]) or ''
 local uid = ARGV[2]
@@ -56,7 +57,9 @@ local meta = redis.call('HMGET', m .. ':m', 'v', 'state', 'deadline')
 if not meta[1] then return {at} end
 local from = 0
 if uid == ARGV[3] then from = tonumber(ARGV[4]) end
-local out = {at, uid, meta[1], meta[2], meta[3] or ''}
+local state = meta[2]
+if uid == ARGV[3] and meta[1] == ARGV[5] then state = '' end
+local out = {at, uid, meta[1], state, meta[3] or ''}
 local appends = redis.call('LRANGE', m .. ':l', from, -1)
 for i = 1, #appends do out[#out + 1] = appends[i] end
 return out
@@ -355,8 +358,8 @@ class SharedStreams:
         hint = "" if cached is None else cached.uid
         reply = yield self.shards.evalsha(
             READ_SHA, READ, (prefix + "at",),
-            (prefix, "", hint, len(cached.entries) if cached is not None else 0),
-            timeout=self.timeout)
+            (prefix, "", hint, len(cached.entries) if cached is not None else 0,
+             self.versions.get(hint, "")), timeout=self.timeout)
         at = _text(reply[0])
         if len(reply) == 1:
             if at:
@@ -380,7 +383,8 @@ class SharedStreams:
         reply = yield self.shards.evalsha(
             READ_SHA, READ, (prefix + "at",),
             (prefix, uid, uid if cached is not None else "",
-             len(cached.entries) if cached is not None else 0), timeout=self.timeout)
+             len(cached.entries) if cached is not None else 0,
+             self.versions.get(uid, "")), timeout=self.timeout)
         if len(reply) == 1:  # gone: nothing more to read of it
             if cached is not None:
                 cached.deleted = True
@@ -392,31 +396,31 @@ class SharedStreams:
     def _apply(self, path: str, reply: list[Any]) -> Generator[Any, Any, Stream]:
         uid, version, state_text, deadline = (_text(reply[1]), int(reply[2]),
                                               _text(reply[3]), _text(reply[4]))
-        state = json.loads(state_text)
-        fresh = stream_of(uid, state)
-        if deadline and fresh.deadline is not None:
-            fresh.deadline = max(fresh.deadline, int(deadline))
         stream = self.by_uid.get(uid)
         changed = stream is None or self.versions.get(uid) != version
-        if stream is None:
-            stream = fresh
-            self.by_uid[uid] = stream
-        elif changed:
-            for name in ("content_type", "ttl", "expires_at", "closed", "closed_by",
-                         "forked_at", "fork_request", "tail", "forks", "deleted",
-                         "producers", "writer_seq", "charged"):
-                setattr(stream, name, getattr(fresh, name))
-        stream.deadline = fresh.deadline
+        state = json.loads(state_text) if state_text else None
+        if state is not None:  # new to the cache, or another version than it holds
+            fresh = stream_of(uid, state)
+            if stream is None:
+                stream = self.by_uid[uid] = fresh
+            else:
+                for name in ("content_type", "ttl", "expires_at", "deadline", "closed",
+                             "closed_by", "forked_at", "fork_request", "tail", "forks",
+                             "deleted", "producers", "writer_seq", "charged"):
+                    setattr(stream, name, getattr(fresh, name))
+        assert stream is not None  # READ sends the state of a stream new to the cache
+        if deadline and stream.deadline is not None:  # reads renew it in Redis only
+            stream.deadline = max(stream.deadline, int(deadline))
         for item in reply[5:]:
             entry = _unpacked(bytes(item))
             stream.entries.append(entry)
             stream.begins.append(entry.begins.size)
         self.versions[uid] = version
         self._involved[uid] = stream
-        source_uid = state["source"]
-        if source_uid is not None and state["fork_request"] is not None:
+        source_uid = (state["source"] if state is not None else self.sources.get(uid))
+        if source_uid is not None and stream.fork_request is not None:
             self.sources[uid] = source_uid
-            source = yield self._read_uid(state["fork_request"][0], source_uid)
+            source = yield self._read_uid(stream.fork_request[0], source_uid)
             stream.source = source
         if changed:
             stream.wake()
