@@ -100,7 +100,7 @@ class Node:
             assert isinstance(self.backplane, RedisEngine)
             self.handlers.streams.shared = SharedStreams(
                 self.backplane.shards, self.handlers.streams.streams, self.service.now,
-                self.backplane.timeout)
+                self.backplane.timeout, reactor)
         elif self.data is not None:  # Durable Streams kept in the data directory too
             try:
                 kept = StreamsFile(self.data.path)

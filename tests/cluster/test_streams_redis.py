@@ -130,3 +130,35 @@ def test_while_redis_is_paused_stream_requests_are_503_and_work_after(
                                            + "?offset=-1")[::2]) or read[-1][0] != 503,
                20, 0.2, "node 1 reads once Redis answers")
     assert read[-1] == (200, b"y")
+
+
+def test_writers_racing_through_two_nodes_each_get_the_offset_their_append_is_at(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    request("PUT", stream_url(c.bases[0], path), b"", {"Content-Type": "text/plain"})
+    acked: dict[bytes, str] = {}
+    refused: list[int] = []
+
+    def write(node: int) -> None:
+        for i in range(150):
+            body = b"n%d-%03d;" % (node, i)  # 7 bytes each
+            status, headers, _ = request("POST", stream_url(c.bases[node], path), body,
+                                         {"Content-Type": "text/plain"})
+            if status != 204:
+                refused.append(status)
+                return
+            acked[body] = headers["stream-next-offset"]
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in (0, 1)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(60)
+    assert refused == []
+    status, _, body = request("GET", stream_url(c.bases[1], path) + "?offset=-1")
+    assert status == 200
+    parts = [body[i:i + 7] for i in range(0, len(body), 7)]
+    # each acknowledged append once, ending exactly where its offset says
+    assert sorted(parts) == sorted(acked)
+    assert {part: f"{i + 1:016d}_{7 * (i + 1):016d}" for i, part in enumerate(parts)} == acked

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from pushup.backplane.redis.client import RedisGone, RedisNotSent
@@ -41,7 +42,8 @@ from pushup.core.streams import Stream, Streams, entry_of, state_of, stream_of
 
 log = Logger()
 EXPIRY_GRACE_MS = 3_600_000  # Redis drops an expired stream nobody asked for after this
-ATTEMPTS = 8  # a request runs again this often on conflicting writes before a 503
+ATTEMPTS = 16  # a request is decided this often, on conflicting writes, before a 503
+MAX_BACKOFF_S = 0.05  # the most it waits before deciding again (random, doubling)
 
 # The stream at a path (ARGV[2] "") or a given uid: where the path points,
 # the uid, its version, state, deadline, then its appends from ARGV[4] on
@@ -197,9 +199,11 @@ class SharedStreams:
     here and written by :meth:`serve`)."""
 
     def __init__(self, shards: Shards, streams: Streams, now: Callable[[], int],
-                 timeout: float) -> None:
-        """``timeout``: seconds a Redis command may take before the request is 503."""
+                 timeout: float, clock: Any) -> None:
+        """``timeout``: seconds a Redis command may take before the request
+        is 503; ``clock``: the reactor (a retry's pause)."""
         self.shards = shards
+        self.clock = clock
         self.timeout = timeout
         self.streams = streams
         self.now = now
@@ -231,25 +235,33 @@ class SharedStreams:
         """``run()``'s answer, the core deciding on ``paths`` as Redis holds
         them and its changes written before it is returned (PushUpError:
         the answer is that error's; Redis unreachable: 503)."""
-        yield self.lock.acquire()
+        for attempt in range(ATTEMPTS):
+            if attempt:  # lost a race: let the other writer finish, unlocked meanwhile
+                pause = random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2 ** attempt))
+                yield task.deferLater(self.clock, pause, lambda: None)
+            yield self.lock.acquire()
+            try:
+                result = yield self._attempt(paths, run)
+            finally:
+                self.lock.release()
+            if result is not _AGAIN:
+                return result
+        raise errors.Unavailable("the stream is written by other nodes too often; try again")
+
+    @defer.inlineCallbacks
+    def _attempt(self, paths: Sequence[str], run: Callable[[], Any],
+                 ) -> Generator[Any, Any, Any]:
+        self._involved = {}
         try:
-            for _ in range(ATTEMPTS):
-                self._involved = {}
-                try:
-                    for path in paths:
-                        yield self._read_path(path)
-                except PushUpError:
-                    raise
-                except Exception as e:
-                    raise errors.EngineUnavailable(
-                        f"Redis could not be read ({e}); nothing was changed") from None
-                result = yield self._decide(run)
-                if result is not _AGAIN:
-                    return result
-            raise errors.Unavailable("the stream is written by other nodes too often; "
-                                     "try again")
-        finally:
-            self.lock.release()
+            for path in paths:
+                yield self._read_path(path)
+        except PushUpError:
+            raise
+        except Exception as e:
+            raise errors.EngineUnavailable(
+                f"Redis could not be read ({e}); nothing was changed") from None
+        result = yield self._decide(run)
+        return result
 
     @defer.inlineCallbacks
     def _decide(self, run: Callable[[], Any]) -> Generator[Any, Any, Any]:
