@@ -348,6 +348,8 @@ class SharedStreams:
             self.sources.pop(uid, None)
             if self.at.get(stream.path) == uid:
                 del self.at[stream.path]
+            if stream.path not in self.at:
+                self._unfollow(stream.path)
 
     def _forget(self, refused: Sequence[Stream]) -> None:
         """The cache of ``refused`` holds changes Redis did not take: read
@@ -380,6 +382,7 @@ class SharedStreams:
                 self.at.pop(path, None)
             if cached is not None:
                 self._unmap(path, cached)
+            self._unfollow(path)
             return
         self.at[path] = at
         stream = yield self._apply(path, reply)
@@ -457,6 +460,12 @@ class SharedStreams:
         self.followed.add(path)
         self.shards.subscribe(prefix_of(path) + "n", lambda _: self._refresh(path),
                               lambda: self._refresh(path))
+
+    def _unfollow(self, path: str) -> None:
+        """No stream at ``path`` any more: its channel is not needed here."""
+        if path in self.followed:
+            self.followed.discard(path)
+            self.shards.unsubscribe(prefix_of(path) + "n")
 
     def _refresh(self, path: str) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
