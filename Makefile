@@ -76,7 +76,8 @@ run: $(RUN_STAMP) $(BUILT)
 
 # N nodes (NODES=3) behind HAProxy on loopback, front on PORT (8000); a node that
 # dies is reported and restarted; logs in .cluster/; Ctrl-C stops everything.
-# ENGINE=mesh (peers, the default), redis (a redis-server of its own) or a redis:// URL.
+# ENGINE=mesh (peers, the default), redis (a redis-server of its own), redis-cluster (a
+# Redis Cluster of its own: 3 primaries, a replica each) or a redis:// URL.
 # BALANCE=channel sends each subscribe by a consistent hash of its channels.
 NODES ?= 3
 ENGINE ?= mesh
@@ -86,8 +87,9 @@ cluster: cluster-packages
 	$(PY) deploy/launch.py --nodes $(NODES) --port $(PORT) --engine $(ENGINE) --balance $(BALANCE)
 
 # What running a cluster needs, and no more: the run install, HAProxy, and
-# redis-server for ENGINE=redis (Debian packages installed only when missing).
-CLUSTER_TOOLS := haproxy $(if $(filter redis,$(ENGINE)),redis-server)
+# redis-server (with redis-cli) for ENGINE=redis and ENGINE=redis-cluster (Debian
+# packages installed only when missing).
+CLUSTER_TOOLS := haproxy $(if $(filter redis redis-cluster,$(ENGINE)),redis-server)
 cluster-packages: $(RUN_STAMP)
 	@for tool in $(CLUSTER_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; \
 	  done; [ -z "$$missing" ] || { apt-get update -qq && \

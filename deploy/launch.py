@@ -1,15 +1,20 @@
 """Start N PushUp nodes plus HAProxy on loopback, with one command.
 
     python deploy/launch.py [--nodes 3] [--port 8000] [--haproxy-procs 1]
-                            [--engine mesh|redis|redis://HOST:PORT] [--logs DIR]
+                            [--engine mesh|redis|redis-cluster|redis://HOST:PORT]
+                            [--logs DIR]
                             [--balance roundrobin|channel]
                             [--leave-dead] [--web-backend 127.0.0.1:5000]
                             [-- extra pushup flags]
 
 ``--engine redis`` starts a redis-server of its own (on a free loopback port,
-no persistence) and puts every node on it; a ``redis://`` URL uses that Redis.
-A process that dies is reported and restarted (``--leave-dead``: a node is
-left dead, and the others serve its clients); the cluster keeps serving.
+no persistence) and puts every node on it; ``--engine redis-cluster`` starts a
+Redis Cluster of its own (3 primaries with a replica each, deploy/redis_cluster.py)
+and gives every node all of its addresses as seeds; a ``redis://`` URL uses that
+Redis. A process that dies is reported and restarted (``--leave-dead``: a node is
+left dead, and the others serve its clients; a Redis Cluster node that dies is
+restarted all the same, and rejoins, as a replica if its replica took over
+meanwhile); the cluster keeps serving.
 Logs go to ``--logs`` (default ``.cluster/`` in the repository, replaced by
 each run); nothing is left in the temporary directory. Secrets reach the
 nodes in their environment, never on a command line (``ps`` shows those).
@@ -36,8 +41,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import hiredis
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from deploy.processes import free_port, wait_healthy  # noqa: E402  (run as a script too)
+from deploy.redis_cluster import FAILOVER_TIMEOUT, RedisCluster  # noqa: E402
 from deploy.redis_server import RedisServer, RedisServerError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -132,8 +140,11 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes: list[subprocess.Popen | None] = [None] * nodes
         self.haproxies: list[subprocess.Popen] = []
-        self.engine = engine  # mesh, redis (a redis-server of our own) or a redis:// URL
+        # mesh, redis (a redis-server of our own), redis-cluster (a Redis Cluster of our
+        # own) or a redis:// URL
+        self.engine = engine
         self.redis: RedisServer | None = None
+        self.redis_cluster: RedisCluster | None = None
 
     @property
     def front_url(self) -> str:
@@ -155,7 +166,11 @@ class LocalCluster:
 
     @property
     def engine_url(self) -> str:
-        return self.redis.url if self.redis is not None else self.engine
+        if self.redis is not None:
+            return self.redis.url
+        if self.redis_cluster is not None:
+            return self.redis_cluster.seeds
+        return self.engine
 
     def start_node(self, i: int, timeout: float = 30.0) -> None:
         path = self.workdir / f"node{i + 1}.log"
@@ -180,6 +195,13 @@ class LocalCluster:
             if self.engine == "redis":
                 self.redis = RedisServer()
                 self.redis.start()
+            elif self.engine == "redis-cluster":
+                self.redis_cluster = RedisCluster(primaries=3, replicas=1)
+                self.redis_cluster.start()
+                # the nodes' ports were only picked, not held: one the cluster took
+                # since (a node's port, or its bus port: port + 10000) is picked again
+                taken = {q for p in self.redis_cluster.ports for q in (p, p + 10000)}
+                self.node_ports = [free_port() if p in taken else p for p in self.node_ports]
             for i in range(len(self.nodes)):
                 self.start_node(i, timeout)
             if self.haproxy_procs:
@@ -255,6 +277,9 @@ class LocalCluster:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+        if self.redis_cluster is not None:
+            self.redis_cluster.stop()
+            self.redis_cluster = None
         if self.own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -309,6 +334,7 @@ class Watch:
         self.restart = restart
         self.deaths: dict[int, list[float]] = {}
         self.dead: set[int] = set()  # nodes left dead
+        self.redis_dead: dict[int, float] = {}  # Redis Cluster node's port -> when it died
 
     def policy(self) -> str:
         return ("a node that dies is reported and restarted; the others serve meanwhile"
@@ -357,6 +383,38 @@ class Watch:
                 say(f"redis-server is back (pid {c.redis.pid})")
             except RedisServerError as e:
                 say(f"redis-server did not restart: {str(e).splitlines()[0]}")
+        if c.redis_cluster is not None:
+            self.check_redis_cluster(c.redis_cluster)
+
+    def check_redis_cluster(self, cluster: RedisCluster) -> None:
+        """A Redis Cluster node that died is restarted on its port with its nodes.conf,
+        once no slot is its own any more: a primary only after its replica took its
+        slots over. Restarted sooner, it would come back empty still owning them, its
+        replica would sync that emptiness, and every message it held would be lost
+        (a gap). It rejoins as a replica and syncs from its primary; a primary whose
+        slots nobody took over (no replica) is restarted after FAILOVER_TIMEOUT."""
+        now = time.monotonic()
+        for port, node in cluster.nodes.items():
+            if port not in self.redis_dead and node.exited():
+                process = node._process  # (exited: it was started, and has ended)
+                assert process is not None
+                self.redis_dead[port] = now
+                say(f"redis 127.0.0.1:{port} (pid {process.pid}) {ended(process.returncode)}; "
+                    "restarting it once its slots are served by another node (its replica, "
+                    "if it has one, takes them over); it rejoins the Redis Cluster")
+        for port, since in list(self.redis_dead.items()):
+            try:
+                owns = port in cluster.slot_owners().values()
+            except (OSError, RedisServerError, hiredis.ReplyError):
+                owns = True  # no node answers: wait for the timeout
+            if owns and now - since < FAILOVER_TIMEOUT:
+                continue
+            del self.redis_dead[port]
+            try:
+                cluster.restart(port)
+                say(f"redis 127.0.0.1:{port} is back (pid {cluster.nodes[port].pid})")
+            except RedisServerError as e:
+                say(f"redis 127.0.0.1:{port} did not restart: {str(e).splitlines()[0]}")
 
     def kill_quietly(self, i: int) -> None:
         proc = self.cluster.nodes[i]
@@ -413,6 +471,17 @@ def node_lines(cluster: LocalCluster) -> list[str]:
             for i, p in enumerate(cluster.nodes) if p is not None]
 
 
+def redis_lines(cluster: LocalCluster) -> list[str]:
+    """One line per Redis Cluster node of ``--engine redis-cluster``: its address, PID
+    and role (what to kill to see a failover)."""
+    rc = cluster.redis_cluster
+    if rc is None:
+        return []
+    primaries = set(rc.primaries())
+    return [f"redis 127.0.0.1:{port}: {'primary' if port in primaries else 'replica'} "
+            f"(pid {node.pid})" for port, node in rc.nodes.items()]
+
+
 def refuse(port: int, what: str) -> str | None:
     """One line saying why the cluster cannot start, or None: the front's port is
     taken, or HAProxy (or redis-server, for ``ENGINE=redis``) is missing."""
@@ -444,7 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "connections under a 20,000 open-files limit)")
     parser.add_argument("--web-backend", default="", help="HOST:PORT for non-PushUp paths")
     parser.add_argument("--engine", default="mesh",
-                        help="mesh (peers), redis (a redis-server of our own) or a redis:// URL")
+                        help="mesh (peers), redis (a redis-server of our own), redis-cluster "
+                             "(a Redis Cluster of our own: 3 primaries, a replica each) "
+                             "or a redis:// URL")
     parser.add_argument("--balance", default="roundrobin", choices=BALANCES,
                         help="how HAProxy spreads subscribes: roundrobin, or channel (a "
                              "consistent hash of the channels parameter; publishes stay "
@@ -457,8 +528,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="flags passed to every node (after --)")
     args = parser.parse_args(argv)
     why = refuse(args.port, f"make cluster PORT={args.port + 1}")
-    if why is None and args.engine == "redis" and shutil.which("redis-server") is None:
-        why = "launch: redis-server is not installed (`make cluster ENGINE=redis` installs it)"
+    if (why is None and args.engine in ("redis", "redis-cluster")
+            and (shutil.which("redis-server") is None or shutil.which("redis-cli") is None)):
+        why = (f"launch: redis-server is not installed (`make cluster ENGINE={args.engine}` "
+               "installs it)")
     if why is not None:
         print(why, file=sys.stderr)
         return 1
@@ -470,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [f"front: {cluster.front_url}"]
         if cluster.engine != "mesh":
             lines.append(f"engine: {cluster.engine_url}")
-        return [*lines, *node_lines(cluster), "Ctrl-C stops everything"]
+        return [*lines, *node_lines(cluster), *redis_lines(cluster), "Ctrl-C stops everything"]
 
     return run(cluster, not args.leave_dead, banner)
 

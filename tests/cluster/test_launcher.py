@@ -1,5 +1,6 @@
 """`make cluster` (deploy/launch.py) as a user runs it: real nodes, real HAProxy
-(and a real redis-server for ENGINE=redis). A node SIGKILLed is reported, the
+(and a real redis-server for ENGINE=redis, a real Redis Cluster for
+ENGINE=redis-cluster). A node SIGKILLed is reported, the
 front keeps serving publishes and polls, the launcher keeps running (restarting
 the node, or leaving it dead with --leave-dead); no secret is on a command line;
 Ctrl-C stops everything with no traceback and nothing left in the temporary
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.redis_server import command
+from pushup.backplane.redis.partitions import keys_of
 from tests.cluster.clients import jrequest, subscribe, wait_until
 from tests.toolkit import children, free_port
 
@@ -177,3 +180,62 @@ def test_a_busy_front_port_is_one_line_without_a_traceback(tmp_path):
         f"launch: port {port} is already in use on 127.0.0.1 (another process listens "
         f"there): stop it, or choose another port: make cluster PORT={port + 1}"], r.stderr
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_a_redis_cluster_of_its_own_fails_over_a_killed_primary_and_restarts_it(tmp_path):
+    launcher = Launcher(tmp_path, "--engine", "redis-cluster")
+    try:
+        launcher.wait_line(r"^Ctrl-C stops everything$")
+        redis = {int(m.group(1)): (m.group(2), int(m.group(3))) for m in (
+            re.search(r"^redis 127\.0\.0\.1:(\d+): (primary|replica) \(pid (\d+)\)$", line)
+            for line in launcher.seen) if m}
+        assert sorted(role for role, _ in redis.values()) == ["primary"] * 3 + ["replica"] * 3
+        engine = next(line for line in launcher.seen if line.startswith("engine: "))
+        assert engine == "engine: redis://" + ",".join(f"127.0.0.1:{p}" for p in redis)
+        started = children(launcher.proc.pid)
+        assert {pid for _, pid in redis.values()} <= set(started)
+        assert len(started) == 3 + 1 + 6  # nodes, HAProxy, Redis Cluster nodes
+
+        channel = f"launch-{uuid.uuid4().hex[:8]}"
+        first = publish(launcher.front, channel, 1)
+        nodes = [m.group(1) for m in (re.search(r"^node\d: (\S+) \(pid \d+\)$", line)
+                                      for line in launcher.seen) if m]
+        seen = {}  # node -> the cursor after the first message
+        for base in nodes:  # each node reads it a moment after the 201
+            seen[base] = wait_until(lambda b=base: (lambda body: body["messages"] and body)(
+                subscribe(b, [channel], since="0")[1]), 10, 0.05, "every node read it")
+            assert [m["id"] for m in seen[base]["messages"]] == [first["id"]]
+        some = next(iter(redis))
+        slot = command(some, "CLUSTER", "KEYSLOT", keys_of(channel).log)
+        primary = next(int(owner[1]) for start, end, owner, *_ in
+                       command(some, "CLUSTER", "SLOTS") if start <= slot <= end)
+        assert command(primary, "WAIT", 1, 5000) == 1  # its replica holds the first
+        os.kill(redis[primary][1], signal.SIGKILL)
+        second = publish(launcher.front, channel, 2)  # once the replica took over
+        for base in nodes:
+            wait_until(lambda b=base: subscribe(b, [channel], since=seen[b]["cursor"])[1][
+                "messages"], 10, 0.05, "every node read the second")
+            # The replica held the whole log: it goes on, nothing lost, no gap.
+            status, body = subscribe(base, [channel], since=seen[base]["cursor"])
+            assert [m["id"] for m in body["messages"]] == [second["id"]] and "gap" not in body
+        for _ in range(6):  # ...and polls, wherever HAProxy sends them
+            status, body = subscribe(launcher.front, [channel], since="0")
+            assert status == 200, body
+            assert [(m["id"], m["data"]) for m in body["messages"]] == [
+                (first["id"], 1), (second["id"], 2)]
+        launcher.wait_line(rf"\] redis 127\.0\.0\.1:{primary} \(pid {redis[primary][1]}\) was "
+                           r"killed by SIGKILL; restarting it once its slots are served")
+        back = int(launcher.wait_line(rf"redis 127\.0\.0\.1:{primary} is back \(pid (\d+)\)")
+                   .group(1))
+        assert command(primary, "PING") == b"PONG" and back in children(launcher.proc.pid)
+
+        launcher.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert launcher.proc.wait(timeout=60) == 0
+        err = launcher.proc.stderr.read()  # type: ignore[union-attr]
+        assert "Traceback" not in err, err
+        assert children(launcher.proc.pid) == []
+        for pid in [*started, back]:
+            assert not Path(f"/proc/{pid}").exists(), pid
+        assert list(launcher.tmpdir.iterdir()) == []  # no temporary directory left
+    finally:
+        launcher.stop()

@@ -1,8 +1,12 @@
-"""--engine redis: real nodes on a real redis-server of each test's own.
+"""--engine redis: real nodes on a real Redis, one plain redis-server and a real
+Redis Cluster; the engine's contract holds on both.
 
-Nodes share nothing but Redis's log: no node talks to another. Each test
-starts its own ``redis-server`` (``redis_server`` fixture: a free loopback
-port, no persistence) and stops it by PID.
+Nodes share nothing but Redis's logs: no node talks to another. Each test of
+the contract runs twice (``redis`` fixture, tests/cluster/redis_backends.py):
+on a ``redis-server`` of its own (a free loopback port, no persistence), and on
+a Redis Cluster of 3 primaries this module starts once and empties before each
+test (``FLUSHALL``; nodes, paused or killed, restarted first). Everything is
+stopped by PID. A test that can apply to one server only says why.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
+from deploy.redis_cluster import RedisCluster
 from deploy.redis_server import RedisServer
 from pushup.backplane.redis.partitions import keys_of
 from tests.cluster.clients import (
@@ -34,6 +40,37 @@ from tests.cluster.clients import (
     wait_clients_have,
     wait_until,
 )
+from tests.cluster.redis_backends import Cluster, OneServer
+
+
+@pytest.fixture(scope="module")
+def shared_redis_cluster() -> Iterator[RedisCluster]:
+    """3 primaries, no replica (no test here fails one over), for the whole module."""
+    cluster = RedisCluster(primaries=3, replicas=0)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["server", "cluster"])
+def redis(request: pytest.FixtureRequest) -> Iterator[OneServer | Cluster]:
+    """The Redis of this test: a fresh redis-server, or the module's cluster emptied."""
+    if request.param == "cluster":
+        cluster = Cluster(request.getfixturevalue("shared_redis_cluster"))
+        cluster.clean()
+        try:
+            yield cluster
+        finally:
+            cluster.clean()  # resumed and running again, whatever the test did to it
+        return
+    server = RedisServer()
+    server.start()
+    try:
+        yield OneServer(server)
+    finally:
+        server.stop()
 
 
 def publish_once_redis_answers(base: str, channel: str, data: object = 9) -> dict:
@@ -57,8 +94,8 @@ def publish_once_redis_answers(base: str, channel: str, data: object = 9) -> dic
 
 
 def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clients(
-        fresh_cluster, redis_server):
-    c = fresh_cluster(3, haproxy=True, engine=redis_server.url)
+        fresh_cluster, redis):
+    c = fresh_cluster(3, haproxy=True, engine=redis.url)
     assert {stats(b)["engine"] for b in c.bases} == {"redis"}
     rng = random.Random(20261123)
     channels = [uniq(f"re{k}") for k in range(5)]
@@ -91,8 +128,8 @@ def test_three_nodes_on_one_redis_deliver_exactly_once_in_order_to_hopping_clien
 
 
 def test_a_publish_is_held_on_every_node_and_a_held_poll_elsewhere_is_answered(
-        fresh_cluster, redis_server):
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+        fresh_cluster, redis):
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     ch = uniq("wake")
     _, body = subscribe(c.bases[1], [ch], since="now", timeout=0)
     got: list[dict] = []
@@ -106,12 +143,12 @@ def test_a_publish_is_held_on_every_node_and_a_held_poll_elsewhere_is_answered(
     assert got[0]["messages"][0]["data"] == {"n": 1}
     # The log in Redis holds it under the id the publisher got.
     seq = receipt["id"].rsplit("-", 1)[1]
-    entry = redis_server.cli("XRANGE", keys_of(ch).log, f"{seq}-0", f"{seq}-0")
+    entry = redis.cli("XRANGE", keys_of(ch).log, f"{seq}-0", f"{seq}-0")
     assert entry and entry[0][0] == f"{seq}-0".encode()
 
 
-def test_explicit_channels_are_the_clusters(fresh_cluster, redis_server):
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+def test_explicit_channels_are_the_clusters(fresh_cluster, redis):
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     status, made = jrequest("POST", c.bases[0] + "/channels", {"name": "room", "ttl": 600})
     assert status == 201 and made["channel"] == "room"
     status, again = jrequest("POST", c.bases[1] + "/channels", {"name": "room"})
@@ -126,8 +163,8 @@ def test_explicit_channels_are_the_clusters(fresh_cluster, redis_server):
                "node 1 saw the delete")
 
 
-def test_a_restarted_node_loads_the_log_before_it_is_healthy(fresh_cluster, redis_server):
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+def test_a_restarted_node_loads_the_log_before_it_is_healthy(fresh_cluster, redis):
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     ch = uniq("boot")
     receipts = publish_batch(c.bases[0], [([ch], i) for i in range(50)])
     # Node 2 reads the log a moment after node 1's 201, as a mesh peer would.
@@ -144,13 +181,13 @@ def test_a_restarted_node_loads_the_log_before_it_is_healthy(fresh_cluster, redi
 
 
 def test_while_redis_is_paused_publishes_get_504_polls_are_answered_and_all_resumes(
-        fresh_cluster, redis_server):
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+        fresh_cluster, redis):
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     ch = uniq("pause")
     before = publish(c.bases[0], [ch], "before")
     for base in c.bases:  # a reader on each node: both follow the channel
         wait_until(lambda b=base: before["id"] in retained(b, [ch]), 10, 0.05, "read")
-    redis_server.pause()  # SIGSTOP
+    redis.pause()  # SIGSTOP
     try:
         status, headers, raw = request("POST", c.bases[0] + "/publish",
                                        json.dumps({"channels": [ch], "data": "during"}).encode(),
@@ -166,7 +203,7 @@ def test_while_redis_is_paused_publishes_get_504_polls_are_answered_and_all_resu
         status, got = subscribe(c.bases[1], [uniq("cold")], since="0", timeout=0)
         assert status == 503 and got["error"]["code"] == "engine_unavailable", got
     finally:
-        redis_server.resume()  # SIGCONT
+        redis.resume()  # SIGCONT
     # Publishing works again once Redis answers (the first tries may still get
     # 503 while the dropped connection comes back).
     after = publish_once_redis_answers(c.bases[0], ch, "after")
@@ -174,15 +211,14 @@ def test_while_redis_is_paused_publishes_get_504_polls_are_answered_and_all_resu
                "node 2 got the publish after the pause")
 
 
-def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis_server):
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis):
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     ch = uniq("empty")
     old = [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
     wait_until(lambda: old[-1] in retained(c.bases[1], [ch]), 10, 0.02, "node 2 read them")
     _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
     assert [m["id"] for m in seen["messages"]] == old
-    redis_server.kill()
-    redis_server.restart()  # same port, nothing kept
+    redis.restart_empty()  # same port(s), nothing kept
     new = [publish_once_redis_answers(c.bases[0], ch)["id"]]
     assert new[0].rsplit("-", 1)[0] != old[0].rsplit("-", 1)[0]  # a new epoch
     for base in c.bases:
@@ -195,12 +231,12 @@ def test_redis_restarted_empty_is_one_gap_and_no_duplicate(fresh_cluster, redis_
         assert "gap" not in again and again["messages"] == []
 
 
-def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
+def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster, redis):
     # Small stream nodes, so MAXLEN ~ trims close to the asked length.
-    server = RedisServer("--stream-node-max-entries", "10")
-    server.start()
+    assert redis.each("CONFIG", "SET", "stream-node-max-entries", "10") == [b"OK"] * len(
+        redis.each("PING"))
     try:
-        c = fresh_cluster(2, haproxy=False, engine=server.url,
+        c = fresh_cluster(2, haproxy=False, engine=redis.url,
                           node_args=["--redis-maxlen", "20"])
         ch = uniq("trim")
         first = publish(c.bases[0], [ch], "first")
@@ -210,10 +246,10 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
         c.nodes[1].send_signal(signal.SIGSTOP)  # node 2 reads nothing meanwhile ...
         # ... and is away from Redis: its subscription is cut (node 1's too, which
         # comes back at once), so no notification waits in its socket for it
-        assert server.cli("CLIENT", "KILL", "TYPE", "pubsub") >= 1  # node 2 follows ch
+        assert sum(redis.each("CLIENT", "KILL", "TYPE", "pubsub")) >= 1  # node 2 follows ch
         try:
             receipts = publish_batch(c.bases[0], [([ch], i) for i in range(200)])
-            head = int(server.cli("XRANGE", keys_of(ch).log, "-", "+", "COUNT", 1)[0][0]
+            head = int(redis.cli("XRANGE", keys_of(ch).log, "-", "+", "COUNT", 1)[0][0]
                        .split(b"-")[0])
             assert head > 2  # the log no longer holds what node 2 lacks
         finally:
@@ -226,7 +262,7 @@ def test_a_node_away_while_redis_trimmed_past_it_reports_the_gap(fresh_cluster):
         ids = [m["id"] for m in body["messages"]]
         assert ids == [r["id"] for r in receipts][-len(ids):] and last == ids[-1]
     finally:
-        server.stop()
+        redis.each("CONFIG", "SET", "stream-node-max-entries", "100")  # Redis's default
 
 
 @pytest.mark.parametrize(("flags", "said"), [
@@ -240,6 +276,9 @@ def test_a_bad_engine_setting_is_refused_at_start(flags, said):
     assert done.returncode == 2 and said in done.stderr, done.stderr
 
 
+# One server only: SAVE and a restart that loads the dump are one server's. On a
+# cluster, Redis coming back with less than it acknowledged is a failover to a
+# replica that lagged: tests/cluster/test_redis_cluster.py does that one.
 def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_cluster,
                                                                       redis_server):
     # As after a failover to a replica that lagged, or a restart with
@@ -270,8 +309,8 @@ def test_redis_back_with_less_than_it_acknowledged_starts_a_new_epoch(fresh_clus
         assert "gap" not in again and again["messages"] == []
 
 
-def test_workers_share_the_redis_log_instead_of_peering(redis_server, serve):
-    base = serve("--workers", "2", "--engine", redis_server.url).url
+def test_workers_share_the_redis_log_instead_of_peering(redis, serve):
+    base = serve("--workers", "2", "--engine", redis.url).url
     ch = uniq("workers")
     ids = [publish(base, [ch], i)["id"] for i in range(6)]  # spread over both workers
     assert {i.rsplit("-", 1)[0] for i in ids} == {ids[0].rsplit("-", 1)[0]}
@@ -282,12 +321,11 @@ def test_workers_share_the_redis_log_instead_of_peering(redis_server, serve):
         wait_until(lambda: set(ids) <= set(retained(base, [ch])), 10, 0.05, "both read")
 
 
-def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, redis_server):
-    c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
+def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, redis):
+    c = fresh_cluster(1, haproxy=False, engine=redis.url)
     ch = uniq("quiet")
     _, start = subscribe(c.bases[0], [ch], since="now", timeout=0)
-    redis_server.kill()
-    redis_server.restart()  # a new epoch; the old log held nothing
+    redis.restart_empty()  # a new epoch; the old log held nothing
     new = publish_once_redis_answers(c.bases[0], ch)
     wait_until(lambda: new["id"] in retained(c.bases[0], [ch]), 10, 0.05, "read")
     _, body = subscribe(c.bases[0], [ch], since=start["cursor"], timeout=0)
@@ -295,8 +333,8 @@ def test_a_log_lost_before_anything_was_read_from_it_is_no_gap(fresh_cluster, re
 
 
 def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_cluster,
-                                                                       redis_server):
-    c = fresh_cluster(1, haproxy=False, engine=redis_server.url)
+                                                                       redis):
+    c = fresh_cluster(1, haproxy=False, engine=redis.url)
     channels = [uniq("m") for _ in range(3)]
     publish_batch(c.bases[0], [([ch], i) for i, ch in enumerate(channels)])
     status, _, text = request("GET", c.bases[0] + "/metrics")
@@ -311,13 +349,13 @@ def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_clu
             "pushup_redis_lost_epochs_total 0.0"} <= lines
 
 
-def test_cold_reads_on_a_node_that_never_followed_the_channel(fresh_cluster, redis_server):
+def test_cold_reads_on_a_node_that_never_followed_the_channel(fresh_cluster, redis):
     """A poll, a since= read, an event stream and a channel's info on a node
     none of whose clients read the channel before: each waits for one read
     from Redis, then finds the whole history."""
     from tests.sse_client import SSE, data_of
 
-    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    c = fresh_cluster(2, haproxy=False, engine=redis.url)
     polled, read, streamed, info = (uniq(f"cold{k}") for k in range(4))
     sent = {ch: [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
             for ch in (polled, read, streamed, info)}

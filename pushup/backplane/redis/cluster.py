@@ -37,9 +37,15 @@ __all__ = ["Shards", "ShardsRefused", "key_slot"]
 
 log = Logger()
 
-MAX_REDIRECTS = 5  # MOVED/ASK/TRYAGAIN followed per command before the caller sees it
+MAX_REDIRECTS = 5  # MOVED/ASK followed per command before the caller sees it
 ASK_TIMEOUT = 2.0  # seconds for CLUSTER SLOTS/INFO, and for a new primary's connection
 TRYAGAIN_DELAY = 0.05  # seconds before retrying a multi-key command caught mid-migration
+# ... for up to 0.5 s: a slot in migration answers every multi-key command on
+# it (a publish script names several keys of its partition) TRYAGAIN until
+# its keys are all on one side; moving a slot's few keys takes milliseconds
+# and passes unnoticed, a longer migration is the caller's prompt 503
+# (retried by the publisher)
+TRYAGAIN_TRIES = 10
 PROBE_TIMEOUT = 2.0
 
 
@@ -184,7 +190,7 @@ class Shards:
 
     def _route(self, key: str | bytes | None,
                send: Callable[[RedisConnection, bool], Deferred[Any]], left: int,
-               asking: _Primary | None = None) -> Deferred[Any]:
+               asking: _Primary | None = None, tries: int = 0) -> Deferred[Any]:
         if asking is not None:
             primary: _Primary | None = asking
             asking.commands.execute("ASKING").addErrback(lambda _: None)  # shows on send
@@ -198,20 +204,25 @@ class Shards:
         if primary is None:
             return defer.fail(RedisNotSent(f"redis {self._name}: no primary known for this key"))
         sent = send(primary.commands, asking is not None)
-        return sent.addErrback(self._redirected, key, send, left)
+        return sent.addErrback(self._redirected, key, send, left, tries)
 
     def _redirected(self, failure: Failure, key: str | bytes | None,
                     send: Callable[[RedisConnection, bool], Deferred[Any]],
-                    left: int) -> Any:
+                    left: int, tries: int) -> Any:
         """A MOVED, ASK or TRYAGAIN reply: the command did not run; send it again
-        where Redis says (at most ``left`` more times)."""
+        where Redis says (at most ``left`` more redirects, ``TRYAGAIN_TRIES``
+        more tries)."""
         error = failure.value
-        if not isinstance(error, RedisError) or left <= 0:
+        if not isinstance(error, RedisError):
             return failure
         word, _, rest = error.message.partition(" ")
         if word == "TRYAGAIN":  # a multi-key command whose keys are split mid-migration
+            if tries >= TRYAGAIN_TRIES:
+                return failure
             return task.deferLater(self._reactor, TRYAGAIN_DELAY,
-                                    lambda: self._route(key, send, left - 1))
+                                    lambda: self._route(key, send, left, tries=tries + 1))
+        if left <= 0:
+            return failure
         if word not in ("MOVED", "ASK"):
             return failure
         slot, _, address = rest.partition(" ")

@@ -189,9 +189,10 @@ class RedisEngine:
         does already (a warm request), else a Deferred that fires once it does
         (a cold one: one read from Redis), or fails with ``EngineUnavailable``
         if Redis does not answer within ``COMMAND_TIMEOUT``."""
+        names = tuple(channels)
         now = self.clock.seconds()
         missing: list[Partition] = []
-        for name in channels:
+        for name in names:
             for p in self._needed_for(name):
                 p.needed_at = now
                 p.needed_by.add(name)
@@ -203,7 +204,7 @@ class RedisEngine:
             [self._when_ready(p) for p in dict.fromkeys(missing)], consumeErrors=True)
         d.addErrback(_first_error)
         # what is read may name partitions abroad to follow too: ask again
-        d.addCallback(lambda _: self.prepare(channels))
+        d.addCallback(lambda _: self.prepare(names))
         return d
 
     def _needed_for(self, name: str) -> list[Partition]:
@@ -300,9 +301,15 @@ class RedisEngine:
             entries += ["m", dumps(list(draft.channels)), draft.data]
         d = self._append(p, entries, idem)
         d.addCallback(self._published, p, drafts)
-        if self.publish_ack != "local":
+        if self.publish_ack != "local" and not self._alone(p):
             d.addCallback(self._copied, p)
         return d
+
+    def _alone(self, p: Partition) -> bool:
+        """The primary of ``p`` is known, lately, to have no replica: nothing to wait for."""
+        known = self._replicas.get(p.tag)
+        return (known is not None and known[0] == 0
+                and self.clock.seconds() - known[1] < REPLICAS_TTL)
 
     @defer.inlineCallbacks
     def _copied(self, messages: list[Message], p: Partition) -> Any:
