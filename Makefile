@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: build run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
-        npm-clients conformance conformance-streams clean
+        npm-clients conformance conformance-streams conformance-streams-cluster clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
@@ -108,13 +108,19 @@ test: setup bench-packages lint $(BUILT)
 # messages exactly once across 3 node restarts and a reconnect before their first
 # event, and the HTTP vectors (smuggler, Http11Probe, RFC 9112) are replayed.
 conformance: setup
-	PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
+	PUSHUP_STREAMS_CLUSTER=1 PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
 	  $(PY) -m pytest tests/conformance --timeout 600
 
 # The Durable Streams conformance suite, whole, against one `pushup serve` (make test
 # runs the same; this runs only it, printing each group's counts).
 conformance-streams: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -s --timeout 900
+
+# The same suite against 3 nodes on one redis-server behind HAProxy round robin
+# (~50 s, so not in make test; tests/cluster/test_streams_redis.py is).
+conformance-streams-cluster: setup
+	PUSHUP_STREAMS_CLUSTER=1 $(PY) -m pytest tests/conformance/test_durable_streams.py \
+	  -k three_nodes -s --timeout 900
 
 # ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
 # on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pushup.core import errors
-from pushup.core.stream_values import Entry, Position, Producer
-from pushup.core.streams import Stream
+from pushup.core.stream_values import Entry, Position
+from pushup.core.streams import Stream, entry_of, state_of, stream_of
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -62,12 +62,12 @@ class StreamsFile:
         """Every stream kept, each with whether it answers at its path."""
         states = {uid: json.loads(state) for uid, state in
                   self.db.execute("SELECT uid, state FROM streams")}
-        streams = {uid: _stream(uid, state) for uid, state in states.items()}
+        streams = {uid: stream_of(uid, state) for uid, state in states.items()}
         for uid, appends, size, data, lengths in self.db.execute(
                 "SELECT uid, appends, size, data, lengths FROM entries ORDER BY uid, appends"):
             stream = streams.get(uid)
             if stream is not None:
-                stream.entries.append(_entry(Position(appends, size), bytes(data), lengths))
+                stream.entries.append(entry_of(Position(appends, size), bytes(data), lengths))
                 stream.begins.append(size)
         for uid, state in states.items():
             source = state["source"]
@@ -78,7 +78,7 @@ class StreamsFile:
     def saved(self, stream: Stream, entries: Sequence[Entry], mapped: bool) -> None:
         self._write([
             ("INSERT OR REPLACE INTO streams (uid, state) VALUES (?, ?)",
-             (stream.uid, json.dumps(_state(stream, mapped)))),
+             (stream.uid, json.dumps(state_of(stream, mapped)))),
             *(("INSERT OR REPLACE INTO entries (uid, appends, size, data, lengths) "
                "VALUES (?, ?, ?, ?, ?)",
                (stream.uid, e.begins.appends, e.begins.size, e.data,
@@ -104,44 +104,3 @@ class StreamsFile:
 
     def close(self) -> None:
         self.db.close()
-
-
-def _state(stream: Stream, mapped: bool) -> dict[str, Any]:
-    return {
-        "path": stream.path, "content_type": stream.content_type, "ttl": stream.ttl,
-        "expires_at": stream.expires_at, "deadline": stream.deadline,
-        "closed": stream.closed, "closed_by": stream.closed_by,
-        "source": None if stream.source is None else stream.source.uid,
-        "forked_at": [stream.forked_at.appends, stream.forked_at.size],
-        "fork_request": stream.fork_request,
-        "tail": [stream.tail.appends, stream.tail.size], "forks": stream.forks,
-        "deleted": stream.deleted, "mapped": mapped,
-        "producers": {name: [p.epoch, p.last_seq] for name, p in stream.producers.items()},
-        "writer_seq": stream.writer_seq, "charged": stream.charged,
-    }
-
-
-def _stream(uid: str, state: dict[str, Any]) -> Stream:
-    closed_by = state["closed_by"]
-    fork_request = state["fork_request"]
-    return Stream(
-        state["path"], uid, state["content_type"], state["ttl"], state["expires_at"],
-        state["deadline"], state["closed"],
-        None if closed_by is None else (closed_by[0], closed_by[1], closed_by[2]),
-        None, Position(*state["forked_at"]),
-        None if fork_request is None else (fork_request[0], fork_request[1], fork_request[2]),
-        tail=Position(*state["tail"]), forks=state["forks"], deleted=state["deleted"],
-        producers={name: Producer(epoch, seq) for name, (epoch, seq)
-                   in state["producers"].items()},
-        writer_seq=state["writer_seq"], charged=state["charged"])
-
-
-def _entry(begins: Position, data: bytes, lengths: str | None) -> Entry:
-    if lengths is None:
-        return Entry(begins, data)
-    messages = []
-    at = 0
-    for length in json.loads(lengths):
-        messages.append(data[at:at + length])
-        at += length + 1  # the comma after each
-    return Entry(begins, data, tuple(messages))

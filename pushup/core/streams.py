@@ -12,10 +12,11 @@ microseconds). Its values are :mod:`pushup.core.stream_values`';
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pushup.core.errors import BadRequest, NotFound, PushUpError
 from pushup.core.stream_values import (
@@ -171,6 +172,18 @@ class Streams:
     def mapped(self, stream: Stream) -> bool:
         """Whether ``stream`` answers at its path (else forks keep it)."""
         return self._streams.get(stream.path) is stream
+
+    def at(self, path: str) -> Stream | None:
+        """The stream answering at ``path``, as held (expired or deleted too)."""
+        return self._streams.get(path)
+
+    def place(self, path: str, stream: Stream | None) -> None:
+        """``stream`` answers at ``path`` now (None: nothing does), as a store
+        shared with other nodes says (``Journal`` not told: it said so)."""
+        if stream is None:
+            self._streams.pop(path, None)
+        else:
+            self._streams[path] = stream
 
     def _saved(self, stream: Stream, entries: Sequence[Entry] = ()) -> None:
         if self.journal is not None:
@@ -419,3 +432,49 @@ def _gap_headers(expected: int, received: int) -> tuple[tuple[bytes, bytes], ...
 
 def _closed_headers(stream: Stream) -> tuple[tuple[bytes, bytes], ...]:
     return ((b"Stream-Closed", b"true"), (b"Stream-Next-Offset", stream.tail.offset.encode()))
+
+
+# -- a stream as kept (--data-dir, the Redis engine) -------------------------------
+
+def state_of(stream: Stream, mapped: bool) -> dict[str, Any]:
+    """``stream``'s state but its appends, as JSON values (``--data-dir``, Redis)."""
+    return {
+        "path": stream.path, "content_type": stream.content_type, "ttl": stream.ttl,
+        "expires_at": stream.expires_at, "deadline": stream.deadline,
+        "closed": stream.closed, "closed_by": stream.closed_by,
+        "source": None if stream.source is None else stream.source.uid,
+        "forked_at": [stream.forked_at.appends, stream.forked_at.size],
+        "fork_request": stream.fork_request,
+        "tail": [stream.tail.appends, stream.tail.size], "forks": stream.forks,
+        "deleted": stream.deleted, "mapped": mapped,
+        "producers": {name: [p.epoch, p.last_seq] for name, p in stream.producers.items()},
+        "writer_seq": stream.writer_seq, "charged": stream.charged,
+    }
+
+
+def stream_of(uid: str, state: dict[str, Any]) -> Stream:
+    """The stream ``state_of`` gave (no appends yet, no source linked)."""
+    closed_by = state["closed_by"]
+    fork_request = state["fork_request"]
+    return Stream(
+        state["path"], uid, state["content_type"], state["ttl"], state["expires_at"],
+        state["deadline"], state["closed"],
+        None if closed_by is None else (closed_by[0], closed_by[1], closed_by[2]),
+        None, Position(*state["forked_at"]),
+        None if fork_request is None else (fork_request[0], fork_request[1], fork_request[2]),
+        tail=Position(*state["tail"]), forks=state["forks"], deleted=state["deleted"],
+        producers={name: Producer(epoch, seq) for name, (epoch, seq)
+                   in state["producers"].items()},
+        writer_seq=state["writer_seq"], charged=state["charged"])
+
+
+def entry_of(begins: Position, data: bytes, lengths: str | None) -> Entry:
+    """An append as kept: its bytes and, JSON, each message's length (JSON)."""
+    if lengths is None:
+        return Entry(begins, data)
+    messages = []
+    at = 0
+    for length in json.loads(lengths):
+        messages.append(data[at:at + length])
+        at += length + 1  # the comma after each
+    return Entry(begins, data, tuple(messages))

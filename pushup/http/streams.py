@@ -11,9 +11,11 @@ An SSE read is :mod:`pushup.http.stream_sse`'s.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from pushup.config import Config
 from pushup.core import errors
@@ -61,6 +63,16 @@ _PREFLIGHT_FIELDS = (
 Headers = tuple[tuple[bytes, bytes], ...]
 
 
+class SharedStore(Protocol):
+    """Where the streams of every node are, when not in this one alone
+    (``--engine redis``: ``pushup.backplane.redis.streams``)."""
+
+    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> defer.Deferred[Any]:
+        """``run()``'s outcome, decided by ``self.streams`` on ``paths`` as
+        the store holds them, its changes stored before it fires (a
+        ``PushUpError`` fails it)."""
+
+
 def cursor_after(given: str | None, now_s: float) -> str:
     """The protocol's collapsing cursor: this 20-second interval's number, or
     past the client's when it already has this one (jittered, §10.1)."""
@@ -103,6 +115,8 @@ class StreamEndpoints:
         self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
         self._authorize = authorize
         self._swept = 0
+        # --engine redis: every node's streams, in Redis (this node's a cache)
+        self.shared: SharedStore | None = None
         self.draining = False
         # the last long poll's answer, and what it answered (see ``_wait``)
         self._shared: tuple[tuple[object, ...], Response] | None = None
@@ -133,15 +147,40 @@ class StreamEndpoints:
                     self._authorize(request)
             else:
                 self._authorize(request)
+            if request.path == PREFIX:
+                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
+            path = request.path.decode("latin-1")
+            if self.shared is not None:
+                return self._shared_answer(request, handler, path, client)
             now = self.service.now()
             if now - self._swept > 10_000_000:  # expired streams go within ~10 s
                 self._swept = now
                 self.streams.sweep(now)
-            if request.path == PREFIX:
-                raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
-            return handler(request, (request.path.decode("latin-1"),), client)
+            return handler(request, (path,), client)
         except PushUpError as e:
             return _error(e)
+
+    def _shared_answer(self, request: Request, handler: Callable[
+            [Request, tuple[str, ...], object], Response | Held | Pending],
+                       path: str, client: object) -> Pending:
+        """``request`` answered on the streams Redis holds (``--engine
+        redis``): read from it, decided here, written before the answer."""
+        assert self.shared is not None
+        source = request.headers.get(b"stream-forked-from") if request.method == b"PUT" else None
+        paths = [path] if source is None else [source.decode("latin-1"), path]
+        answered = self.shared.serve(paths, lambda: handler(request, (path,), client))
+
+        def outcome(result: Response | Held | Pending) -> object:
+            return result.answer if isinstance(result, Pending) else result
+
+        def refused(failure: Failure) -> Response:
+            if not isinstance(failure.value, PushUpError):
+                return failure  # type: ignore[return-value]  # a bug: the front answers 500
+            return _error(failure.value)
+
+        answered.addCallback(outcome)
+        answered.addErrback(refused)
+        return Pending(answered)
 
     # -- create, append, close, delete -----------------------------------------
 

@@ -93,7 +93,15 @@ class Node:
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port)
-        if self.data is not None:  # Durable Streams kept in the data directory too
+        if config.engine != "mesh":  # Durable Streams in Redis, shared by every node
+            from pushup.backplane.redis.engine import RedisEngine
+            from pushup.backplane.redis.streams import SharedStreams
+
+            assert isinstance(self.backplane, RedisEngine)
+            self.handlers.streams.shared = SharedStreams(
+                self.backplane.shards, self.handlers.streams.streams, self.service.now,
+                self.backplane.timeout, reactor)
+        elif self.data is not None:  # Durable Streams kept in the data directory too
             try:
                 kept = StreamsFile(self.data.path)
             except StreamsFileError as e:

@@ -1,5 +1,7 @@
 """The Durable Streams conformance suite (npm ``@durable-streams/server-conformance-tests``,
-pinned by tests/conformance/streams/package-lock.json) against one real `pushup serve`.
+pinned by tests/conformance/streams/package-lock.json) against one real `pushup serve`,
+and (``make conformance-streams-cluster``) against 3 nodes on one redis-server behind
+HAProxy round robin.
 
 The suite is the protocol authors' own (vitest, ~330 tests: core, idempotent
 producers, forks); it runs whole against ``CONFORMANCE_TEST_URL`` and this test
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launch import LocalCluster
 from tests.toolkit import ServedNode, wait_healthy
 
 SUITE = Path(__file__).resolve().parent / "streams"
@@ -78,3 +81,24 @@ def test_the_durable_streams_suite_passes_whole_on_one_node() -> None:
         - report.get("numTodoTests", 0)  # type: ignore[operator]
     skipped = {group for group, counts in groups.items() if counts["skipped"]}
     assert skipped == {"Reserved subscription APIs"}
+
+
+@pytest.mark.timeout(RUN_GUARD + 120)
+@pytest.mark.skipif(os.environ.get("PUSHUP_STREAMS_CLUSTER") != "1",
+                    reason="~50 s: `make conformance-streams-cluster` runs it")
+def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
+        redis_server) -> None:
+    """Round robin: each request of a test goes to another node than the last,
+    so every stream is written, read and followed across nodes."""
+    cluster = LocalCluster(nodes=3, haproxy=True, engine=redis_server.url)
+    try:
+        cluster.start()
+        report = run_suite(cluster.front_url)
+    finally:
+        cluster.stop()
+    groups = outcomes(report)
+    for group, counts in sorted(groups.items()):
+        print(f"{group}: {dict(counts)}")
+    assert failures(report) == []
+    assert report["numPassedTests"] == report["numTotalTests"] - report["numPendingTests"] \
+        - report.get("numTodoTests", 0)  # type: ignore[operator]

@@ -1,0 +1,164 @@
+"""Durable Streams on nodes sharing one Redis (``--engine redis``): a stream
+written through one node is read, followed and resumed through any other,
+with the same offsets, and an append a node acknowledged outlives that node.
+
+Real ``pushup serve`` processes on a ``redis-server`` of the test's own
+(docs/api.md, "Durable Streams", "In a cluster").
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+from tests.cluster.clients import request, uniq
+from tests.toolkit import wait_until
+
+
+def stream_url(base: str, path: str) -> str:
+    return f"{base}/v1/stream/{path}"
+
+
+def append(base: str, path: str, body: bytes) -> str:
+    status, headers, _ = request("POST", stream_url(base, path), body,
+                                 {"Content-Type": "text/plain"})
+    assert status == 204, status
+    return headers["stream-next-offset"]
+
+
+def test_a_stream_written_through_each_node_reads_alike_through_every_node(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(3, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    status, headers, _ = request("PUT", stream_url(c.bases[0], path), b"",
+                                 {"Content-Type": "text/plain"})
+    assert status == 201
+    issued = [append(c.bases[i % 3], path, b"part%d;" % i) for i in range(6)]
+    assert issued == sorted(issued) and len(set(issued)) == 6
+    for base in c.bases:
+        status, headers, body = request("GET", stream_url(base, path) + "?offset=-1")
+        assert (status, body) == (200, b"".join(b"part%d;" % i for i in range(6)))
+        assert headers["stream-next-offset"] == issued[-1]
+        status, headers, _ = request("HEAD", stream_url(base, path))
+        assert headers["stream-next-offset"] == issued[-1]
+    # an offset node 0 issued resumes on node 2: what came after it, nothing else
+    status, _, body = request("GET", stream_url(c.bases[2], path) + f"?offset={issued[2]}")
+    assert (status, body) == (200, b"part3;part4;part5;")
+
+
+def test_a_long_poll_on_one_node_is_answered_by_an_append_through_another(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    status, headers, _ = request("PUT", stream_url(c.bases[0], path), b"",
+                                 {"Content-Type": "text/plain"})
+    tail = headers["stream-next-offset"]
+    answer: list[tuple[int, dict[str, str], bytes]] = []
+    # timeout=30: only the append can answer it within the test's time
+    poll = threading.Thread(target=lambda: answer.append(request(
+        "GET", stream_url(c.bases[1], path) + f"?offset={tail}&live=long-poll&timeout=30",
+        timeout=40)))
+    poll.start()
+    status, headers, body = request("GET", stream_url(c.bases[1], path) + f"?offset={tail}")
+    assert (status, body) == (200, b"")  # node 1 holds the stream: the poll is held on it
+    after = append(c.bases[0], path, b"hello")
+    poll.join(40)
+    assert [(s, h["stream-next-offset"], b) for s, h, b in answer] == [(200, after, b"hello")]
+
+
+def test_a_node_killed_mid_append_loses_no_append_it_acknowledged(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    status, _, _ = request("PUT", stream_url(c.bases[0], path), b"",
+                           {"Content-Type": "text/plain"})
+    acked: list[tuple[bytes, str]] = []
+    sent: list[bytes] = []
+    enough = threading.Event()
+
+    def write() -> None:
+        for i in range(100_000):
+            sent.append(b"%06d," % i)
+            try:
+                acked.append((sent[-1], append(c.bases[0], path, sent[-1])))
+            except (OSError, AssertionError):
+                return  # the node is gone: this append was never acknowledged
+            if i == 200:
+                enough.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert enough.wait(60), "no 200 appends acknowledged within 60 s"
+    c.kill(0, signal.SIGKILL)
+    writer.join(30)
+    assert not writer.is_alive()
+    status, headers, body = request("GET", stream_url(c.bases[1], path) + "?offset=-1")
+    assert status == 200
+    kept = b"".join(part for part, _ in acked)
+    # every acknowledged append, in order; nothing that was not sent
+    assert body.startswith(kept)
+    assert b"".join(sent).startswith(body)
+    # each at the offset it was acknowledged with, which node 1 resumes from
+    assert [offset for _, offset in acked] == [
+        f"{i + 1:016d}_{7 * (i + 1):016d}" for i in range(len(acked))]
+    status, _, rest = request("GET", stream_url(c.bases[1], path) + f"?offset={acked[-1][1]}")
+    assert (status, rest) == (200, body[len(kept):])
+
+
+def test_while_redis_is_paused_stream_requests_are_503_and_work_after(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    request("PUT", stream_url(c.bases[0], path), b"", {"Content-Type": "text/plain"})
+    redis_server.pause()  # SIGSTOP
+    try:
+        status, _, raw = request("POST", stream_url(c.bases[0], path), b"x",
+                                 {"Content-Type": "text/plain"}, timeout=20)
+        # the stream could not be read first: nothing was written
+        assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+        status, _, raw = request("GET", stream_url(c.bases[1], path) + "?offset=-1",
+                                 timeout=20)
+        assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+    finally:
+        redis_server.resume()  # SIGCONT
+    # the first tries may still get 503 while the dropped connection comes back
+    wait_until(lambda: request("POST", stream_url(c.bases[0], path), b"y",
+                               {"Content-Type": "text/plain"})[0] == 204,
+               20, 0.2, "an append once Redis answers")
+    read: list[tuple[int, bytes]] = []
+    wait_until(lambda: read.append(request("GET", stream_url(c.bases[1], path)
+                                           + "?offset=-1")[::2]) or read[-1][0] != 503,
+               20, 0.2, "node 1 reads once Redis answers")
+    assert read[-1] == (200, b"y")
+
+
+def test_writers_racing_through_two_nodes_each_get_the_offset_their_append_is_at(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    request("PUT", stream_url(c.bases[0], path), b"", {"Content-Type": "text/plain"})
+    acked: dict[bytes, str] = {}
+    refused: list[int] = []
+
+    def write(node: int) -> None:
+        for i in range(150):
+            body = b"n%d-%03d;" % (node, i)  # 7 bytes each
+            status, headers, _ = request("POST", stream_url(c.bases[node], path), body,
+                                         {"Content-Type": "text/plain"})
+            if status != 204:
+                refused.append(status)
+                return
+            acked[body] = headers["stream-next-offset"]
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in (0, 1)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(60)
+    assert refused == []
+    status, _, body = request("GET", stream_url(c.bases[1], path) + "?offset=-1")
+    assert status == 200
+    parts = [body[i:i + 7] for i in range(0, len(body), 7)]
+    # each acknowledged append once, ending exactly where its offset says
+    assert sorted(parts) == sorted(acked)
+    assert {part: f"{i + 1:016d}_{7 * (i + 1):016d}" for i, part in enumerate(parts)} == acked
