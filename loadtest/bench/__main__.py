@@ -32,6 +32,7 @@ not targets were met), 1 when one failed to run, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -113,6 +114,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "(default 0.1:"
                     " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
                     "generator are not what the trip time measures; docs/benchmarks.md)")
+    ap.add_argument("--redis-partitions", type=int,
+                    help="capacity: the nodes' --redis-partitions (default: theirs, 64)")
+    ap.add_argument("--capacity-modes",
+                    help="capacity: comma-separated subset of: "
+                    + ",".join(capacity.MODES) + " (default: all)")
     ap.add_argument("--worker-budget", type=float, default=0.2,
                     help="workers: CPU cores per serving process (default 0.2: two workers "
                     "take 0.4 of this box's 2 cores, so the unbudgeted generator, which "
@@ -130,6 +136,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [x for x in args.only if x not in CHOICES]
     if bad:
         ap.error(f"unknown benchmark(s) {bad}; choose from {CHOICES}")
+    if args.capacity_modes:
+        args.capacity_modes = [x.strip() for x in args.capacity_modes.split(",") if x.strip()]
+        bad = [x for x in args.capacity_modes if x not in capacity.MODES]
+        if bad:
+            ap.error(f"unknown capacity mode(s) {bad}; choose from {list(capacity.MODES)}")
     if args.soak_minutes is not None and args.soak_minutes <= 0:
         ap.error("--soak-minutes must be positive")
     if args.budget <= 0:
@@ -238,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, cfg["scale_nodes"], cfg["scale_n"], cfg["scale_publishes"],
                 cfg["scale_interval"], args.budget, cfg["round_timeout"], args.front_shares)))
         if "capacity" in args.only:
+            settings = cfg["capacity"]
+            if args.redis_partitions:
+                settings = dataclasses.replace(settings, partitions=args.redis_partitions)
+            if args.capacity_modes:
+                settings = dataclasses.replace(settings, modes=tuple(args.capacity_modes))
             plan.append(("capacity", lambda: capacity.bench_capacity(
-                ctx, cfg["capacity"], args.budget, args.front_shares)))
+                ctx, settings, args.budget, args.front_shares)))
         if "faults" in args.only:
             plan.append(("faults", lambda: faults.bench_faults(ctx, args.quick)))
         if "soak" in args.only:

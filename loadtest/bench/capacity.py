@@ -25,7 +25,10 @@ of their channel, ``haproxy_config(balance="channel")``); ``redis-sticky``
 re-polls stay on one node, but a channel's subscribers are spread); ``redis-
 publish-only`` (Redis, no subscribers: a step passes on 201s and a publish
 answer p99 under 1 s); ``mesh`` (full replication, round robin, for
-comparison). Each row keeps the CPU (percent of one core over the passing
+comparison). ``partitions`` sets the nodes' ``--redis-partitions`` (a node
+follows whole partitions: with 64, a node holding a few hundred channels
+follows nearly every partition, so it receives nearly every message). Each row
+keeps the CPU (percent of one core over the passing
 step) of every node, HAProxy, Redis and the generator, the nodes' throttling
 and the load average; ratios are to the same mode's 1 node.
 """
@@ -83,6 +86,7 @@ class Settings:
     refine: bool = True
     max_steps: int = MAX_STEPS
     modes: tuple[str, ...] = tuple(MODES)
+    partitions: int | None = None  # the nodes' --redis-partitions (None: their default, 64)
 
 
 class CapacityWorker(Worker):
@@ -339,8 +343,11 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
     load0 = os.getloadavg()
     channels = [f"cap-{mode}-{k}-{i}" for i in range(s.channels)]
     steps: list[dict[str, Any]] = []
+    node_args = list(NODE_ARGS)
+    if engine == "redis" and s.partitions:
+        node_args += ["--redis-partitions", str(s.partitions)]
     with cgroups.CpuBudgets(run, cores, log=ctx.log) as budgets, \
-            LocalCluster(k, node_args=NODE_ARGS, workdir=str(workdir), engine=engine,
+            LocalCluster(k, node_args=node_args, workdir=str(workdir), engine=engine,
                          balance=balance) as c:
         node_pids = [p.pid for p in c.nodes if p is not None]
         for i, pid in enumerate(node_pids):
@@ -421,6 +428,8 @@ def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: lis
     cpu = {f"node{i + 1}": _cpu([p]) for i, p in enumerate(node_pids)}
     cpu.update({role: _cpu(pids) for role, pids in others.items()})
     throttle = budgets.throttling()
+    # Redis: how many partitions each node follows (of --redis-partitions)
+    followed = [x.stats().get("redis", {}).get("followed") for x in nodes]
     cpu_pct = {role: round(100 * (cpu[role] - cpu0[role]) / wall, 1) for role in cpu}
     delivered = round(100.0 * len(trips) / expected, 2) if expected else None
     p99 = percentile(trips, 99) if trips else None
@@ -448,7 +457,7 @@ def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: lis
         "trip_p99_s": round(p99, 4) if p99 is not None else None,
         "publish_p50_s": round(percentile(lat, 50), 4) if lat else None,
         "publish_p99_s": round(pub_p99, 4) if pub_p99 is not None else None,
-        "cpu_pct": cpu_pct,
+        "cpu_pct": cpu_pct, "followed_partitions": followed,
         "node_cpu_pct_max": max(cpu_pct[f"node{i + 1}"] for i in range(k)),
         "throttled": {g: v.get("nr_throttled", 0) - throttle0.get(g, {}).get("nr_throttled", 0)
                       for g, v in throttle.items()},
@@ -465,14 +474,17 @@ def table(res: dict[str, Any]) -> str:
     first = next(iter(next(iter(res["modes"].values())).values()))
     budget = (f"{st['cores']:g} core per node" if first.get("budget_cores")
               else f"NO budgets ({first.get('budget_note')})")
+    parts = st.get("partitions") or 64
     lines = [f"Publish capacity: {st['channels']} channels x {st['per_channel']} long polls "
              f"through HAProxy, publishes round robin over the nodes, open loop, steps of "
-             f"{st['step_s']:g} s x{st['factor']:g}; {budget}; generator {res['generator']}",
+             f"{st['step_s']:g} s x{st['factor']:g}; {parts} Redis partitions; {budget}; "
+             f"generator {res['generator']}",
              "",
              "| mode | nodes | capacity publishes/s | x 1 node | target | first failed at | why "
-             "| fan-out p50 / p99 s | node CPU % (each) | HAProxy % | redis % | generator % "
+             "| fan-out p50 / p99 s | node CPU % (each) | partitions followed (each) "
+             "| HAProxy % | redis % | generator % "
              "| load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, rows in res["modes"].items():
         for k, r in rows.items():
             b = r.get("at_capacity") or {}
@@ -480,6 +492,8 @@ def table(res: dict[str, Any]) -> str:
             fail = r.get("first_failed")
             cap = r["capacity"] if r["first_failed_rate"] else f">= {r['capacity']}"
             target = TARGETS.get(mode, {}).get(int(k))
+            followed = " / ".join(str(f) for f in b.get("followed_partitions", [])
+                                  if f is not None) or "-"
             nodes_cpu = " / ".join(str(c.get(f"node{i + 1}", "-")) for i in range(int(k)))
             trip = (f"{b.get('trip_p50_s')} / {b.get('trip_p99_s')}" if r["subscribers"]
                     else f"(publish {b.get('publish_p50_s')} / {b.get('publish_p99_s')})")
@@ -487,7 +501,7 @@ def table(res: dict[str, Any]) -> str:
                 f"| {mode} | {k} | {cap} | {r['ratio_to_1']} "
                 f"| {f'>= {target}' if target else '-'} "
                 f"| {r['first_failed_rate']} | {fail['why'] if fail else '-'} | {trip} "
-                f"| {nodes_cpu} | {c.get('haproxy', '-')} "
+                f"| {nodes_cpu} | {followed} | {c.get('haproxy', '-')} "
                 f"| {c.get('redis', '-') if r['engine'] == 'redis' else '-'} "
                 f"| {c.get('generator', '-')} | {r['loadavg_before'][0]:.2f} |")
     return "\n".join(lines)
