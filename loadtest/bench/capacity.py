@@ -325,7 +325,13 @@ def bench_capacity(ctx: Context, s: Settings, cores: float, shares: int = 0) -> 
             for k in s.node_counts:
                 base = rows.get("1", {}).get("capacity")
                 first = max(s.start_rate, 0.6 * k * base) if base else s.start_rate
-                rows[str(k)] = _one(ctx, pool, s, mode, k, first, cores, shares)
+                try:
+                    rows[str(k)] = _one(ctx, pool, s, mode, k, first, cores, shares)
+                except Exception as e:  # one configuration that cannot run hides no other
+                    ctx.log(f"    {mode} {k} node(s): ERROR {type(e).__name__}: {e}")
+                    rows[str(k)] = {"mode": mode, "nodes": k, "error": f"{type(e).__name__}: {e}",
+                                    "capacity": None, "engine": MODES[mode][0], "steps": []}
+                    pool.close_all()
             cap1 = rows.get("1", {}).get("capacity")
             for r in rows.values():
                 r["ratio_to_1"] = (round(r["capacity"] / cap1, 2)
@@ -365,7 +371,12 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
             opened = pool.follow(c.front_port, channels, s.per_channel)
             if opened < n:
                 raise BenchError(f"only {opened}/{n} subscribers connected through HAProxy")
-            _wait(f"{n} polls held over {k} nodes", lambda: _waiting(nodes) >= n, 180)
+            try:
+                _wait(f"{n} polls held over {k} nodes", lambda: _waiting(nodes) >= n, 180)
+            except BenchError as e:
+                alive, counters = pool.counters()
+                raise BenchError(f"{e}: {[x.stats()['waiting'] for x in nodes]} held, "
+                                 f"{sum(alive)} connected, client counters {counters}") from None
             held = [x.stats()["waiting"] for x in nodes]
         rate, passed, failed = first, None, None
         going_down = False
@@ -471,7 +482,8 @@ def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: lis
 def table(res: dict[str, Any]) -> str:
     """The capacities as a Markdown table, a row per (mode, nodes)."""
     st = res["settings"]
-    first = next(iter(next(iter(res["modes"].values())).values()))
+    first = next((r for rows in res["modes"].values() for r in rows.values()
+                  if "error" not in r), {})
     budget = (f"{st['cores']:g} core per node" if first.get("budget_cores")
               else f"NO budgets ({first.get('budget_note')})")
     parts = st.get("partitions") or 64
@@ -487,6 +499,9 @@ def table(res: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, rows in res["modes"].items():
         for k, r in rows.items():
+            if "error" in r:
+                lines.append(f"| {mode} | {k} | ERROR: {r['error']} |")
+                continue
             b = r.get("at_capacity") or {}
             c = b.get("cpu_pct", {})
             fail = r.get("first_failed")
