@@ -46,6 +46,12 @@ def test_quick_capacity_of_one_and_two_nodes_in_every_mode() -> None:
             assert set(best["cpu_pct"]) == {*nodes, "haproxy", "redis", "generator"}
             assert best["cpu_pct"]["generator"] > 0
             assert (best["cpu_pct"]["redis"] > 0) == (engine == "redis")
+            if engine == "redis" and subscribed:  # each follows its clients' partitions
+                assert all(f > 0 for f in best["followed_partitions"])
+            elif engine == "redis":  # a publish alone makes a node follow nothing
+                assert best["followed_partitions"] == [0] * int(k)
+            else:
+                assert best["followed_partitions"] == [None] * int(k)
             if subscribed:
                 assert row["subscribers"] == channels * per_channel
                 assert sum(row["held_per_node"]) == row["subscribers"]
