@@ -3,7 +3,7 @@
     python deploy/launch.py [--nodes 3] [--port 8000] [--haproxy-procs 1]
                             [--engine mesh|redis|redis-cluster|redis://HOST:PORT]
                             [--logs DIR]
-                            [--balance roundrobin|channel]
+                            [--balance roundrobin|channel|sticky]
                             [--leave-dead] [--web-backend 127.0.0.1:5000]
                             [-- extra pushup flags]
 
@@ -54,7 +54,7 @@ TEMPLATE = HERE / "haproxy.cfg.template"
 ERRORS = HERE / "errors"  # the JSON answers HAProxy gives itself (errorfile)
 
 
-BALANCES = ("roundrobin", "channel")
+BALANCES = ("roundrobin", "channel", "sticky")
 
 
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",
@@ -65,7 +65,13 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
     hash of its ``channels`` parameter (so a channel's pollers share a node,
     and with the Redis engine a node holds fewer channels' work), everything
     else round robin. Any node still answers any request: affinity only
-    saves work, and a node that is down sends its channels elsewhere."""
+    saves work, and a node that is down sends its channels elsewhere.
+
+    ``balance="sticky"``: every request to the node with the fewest
+    connections, and a keep-alive client's next requests to the node that
+    answered its last one (``balance leastconn``, ``option
+    prefer-last-server``, ``http-reuse never``): a client's re-polls stay on
+    one node, without affinity by channel. ``roundrobin`` moves every request."""
     if balance not in BALANCES:
         raise ValueError(f"balance is one of {', '.join(BALANCES)}")
     servers = "\n".join(f"    server node{i + 1} {host}:{p} check"
@@ -86,6 +92,14 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
         text = (f"{head}\nbackend pushup\n{backend}\n\n"
                 f"# Subscribes by channel (deploy/launch.py --balance channel)\n"
                 f"backend pushup_by_channel\n{by_channel}\n\n{rest}")
+    if balance == "sticky":
+        text = text.replace("\nbackend pushup\n    balance roundrobin\n",
+                            "\nbackend pushup\n    # keep-alive stickiness (deploy/launch.py "
+                            "--balance sticky)\n    balance leastconn\n"
+                            "    option prefer-last-server\n"
+                            # a shared idle pool hands a client's next request to
+                            # any server connection: prefer-last-server needs its own
+                            "    http-reuse never\n", 1)
     return text
 
 
@@ -127,7 +141,7 @@ class LocalCluster:
                  engine: str = "mesh", node_env: dict[str, str] | None = None,
                  balance: str = "roundrobin") -> None:
         self.node_ports = [free_port() for _ in range(nodes)]
-        self.balance = balance  # HAProxy's: roundrobin, or channel (haproxy_config)
+        self.balance = balance  # HAProxy's: roundrobin, channel or sticky (haproxy_config)
         self.front_port = front_port or free_port()
         self.haproxy_procs = haproxy_procs if haproxy else 0
         self.node_args = list(node_args)
@@ -517,9 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(a Redis Cluster of our own: 3 primaries, a replica each) "
                              "or a redis:// URL")
     parser.add_argument("--balance", default="roundrobin", choices=BALANCES,
-                        help="how HAProxy spreads subscribes: roundrobin, or channel (a "
+                        help="how HAProxy spreads subscribes: roundrobin, channel (a "
                              "consistent hash of the channels parameter; publishes stay "
-                             "round robin)")
+                             "round robin), or sticky (leastconn, a keep-alive client "
+                             "kept on its last node)")
     parser.add_argument("--logs", default=os.environ.get("PUSHUP_CLUSTER_DIR", str(LOGS)),
                         help="directory of the logs, the last run's removed at start "
                              "(default .cluster/ in the repository)")

@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,workers,faults,soak] [--quick] [--budget CORES] [--worker-budget CORES]
+engines,scale,capacity,workers,faults,soak] [--quick] [--budget CORES] [--worker-budget CORES]
 [--soak-minutes M]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
@@ -13,8 +13,14 @@ figures with their ratios; it needs `make bench-packages` (nginx, nchan).
 node scaling (Figures 12-13): 1, 2 and 4 nodes behind HAProxy on each engine,
 every node in its own CPU cgroup of `--budget` cores, made and removed by the
 run (nodescale.py, loadtest/cgroups.py; unbudgeted, and saying so, where
-/sys/fs/cgroup/cpu is not writable). `workers` measures `--workers 2` against
-one process with every serving process in a CPU cgroup of `--worker-budget`
+/sys/fs/cgroup/cpu is not writable). `capacity` is issue 28's cluster publish
+capacity: 1, 2 and 4 nodes, each in a cgroup of `--budget` cores, 1,000
+channels x 3 long polls through HAProxy, open-loop publishes round robin over
+the nodes, stepped up until a step fails (every publish 201, 100 % delivered,
+fan-out p99 < 1 s); on Redis with channel-affine balancing, Redis with
+keep-alive stickiness, Redis publish-only and the mesh, with ratios to 1 node
+(capacity.py). `workers` measures `--workers 2` against one process with every
+serving process in a CPU cgroup of `--worker-budget`
 cores, the generator outside (workerscale.py): what a core per worker buys.
 `soak` is steady service for `--soak-minutes` (default 10): 5,000 re-polling
 subscribers on 50 channels, a publish per channel a second, the server's RSS a
@@ -26,6 +32,7 @@ not targets were met), 1 when one failed to run, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -37,14 +44,25 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import cluster, compare, engines, faults, nodescale, report, scenarios, soak, workerscale
+from . import (
+    capacity,
+    cluster,
+    compare,
+    engines,
+    faults,
+    nodescale,
+    report,
+    scenarios,
+    soak,
+    workerscale,
+)
 from .pool import WorkerPool
 from .server import raise_nofile
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale", "workers", "faults", "soak"]
+           "engines", "scale", "capacity", "workers", "faults", "soak"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -55,7 +73,7 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "scale_nodes": [1, 2, 4], "scale_n": 4000, "scale_publishes": 10,
         "scale_interval": 1.0, "workers_n": 5000,
         "soak_subscribers": soak.SUBSCRIBERS, "soak_channels": soak.CHANNELS,
-        "soak_minutes": soak.MINUTES}
+        "soak_minutes": soak.MINUTES, "capacity": capacity.Settings()}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
@@ -63,7 +81,10 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "lag_samples": 20, "ack_lone": 50, "engines_publish_seconds": 2.0, "engines_reps": 1,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
          "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2,
-         "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25}
+         "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25,
+         "capacity": capacity.Settings(channels=100, node_counts=(1, 2), step_s=1.5,
+                                       factor=2.0, start_rate=40.0, refine=False,
+                                       max_steps=2)}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -83,14 +104,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="scale: write its record, table and Figures 12-13 to the committed "
                     "loadtest/results/nodes (default: loadtest/out/scale-<timestamp>)")
     ap.add_argument("--front-shares", type=int, default=10240,
-                    help="scale: HAProxy, redis-server and the generator in one unbudgeted "
+                    help="scale, capacity: HAProxy, redis-server and the generator in one "
+                    "unbudgeted "
                     "cgroup with this cpu.shares, 10x a root-group task's weight, so other "
                     "users of the machine do not make them the bottleneck (0: left in the "
                     "root group)")
     ap.add_argument("--budget", type=float, default=0.1,
-                    help="scale: CPU cores per node, each node in its own cgroup (default 0.1:"
+                    help="scale, capacity: CPU cores per node, each node in its own cgroup "
+                    "(default 0.1:"
                     " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
                     "generator are not what the trip time measures; docs/benchmarks.md)")
+    ap.add_argument("--redis-partitions", type=int,
+                    help="capacity: the nodes' --redis-partitions (default: theirs, 64)")
+    ap.add_argument("--capacity-modes",
+                    help="capacity: comma-separated subset of: "
+                    + ",".join(capacity.MODES) + " (default: all)")
     ap.add_argument("--worker-budget", type=float, default=0.2,
                     help="workers: CPU cores per serving process (default 0.2: two workers "
                     "take 0.4 of this box's 2 cores, so the unbudgeted generator, which "
@@ -108,6 +136,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [x for x in args.only if x not in CHOICES]
     if bad:
         ap.error(f"unknown benchmark(s) {bad}; choose from {CHOICES}")
+    if args.capacity_modes:
+        args.capacity_modes = [x.strip() for x in args.capacity_modes.split(",") if x.strip()]
+        bad = [x for x in args.capacity_modes if x not in capacity.MODES]
+        if bad:
+            ap.error(f"unknown capacity mode(s) {bad}; choose from {list(capacity.MODES)}")
     if args.soak_minutes is not None and args.soak_minutes <= 0:
         ap.error("--soak-minutes must be positive")
     if args.budget <= 0:
@@ -215,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("scale", lambda: nodescale.bench_node_scaling(
                 ctx, cfg["scale_nodes"], cfg["scale_n"], cfg["scale_publishes"],
                 cfg["scale_interval"], args.budget, cfg["round_timeout"], args.front_shares)))
+        if "capacity" in args.only:
+            settings = cfg["capacity"]
+            if args.redis_partitions:
+                settings = dataclasses.replace(settings, partitions=args.redis_partitions)
+            if args.capacity_modes:
+                settings = dataclasses.replace(settings, modes=tuple(args.capacity_modes))
+            plan.append(("capacity", lambda: capacity.bench_capacity(
+                ctx, settings, args.budget, args.front_shares)))
         if "faults" in args.only:
             plan.append(("faults", lambda: faults.bench_faults(ctx, args.quick)))
         if "soak" in args.only:
@@ -257,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if "engines_side_by_side" in record:
         print()
         print(engines.table(eng))
+    cap = results.get("capacity")
+    if isinstance(cap, dict) and "modes" in cap:
+        print()
+        print(capacity.table(cap))
     workers = results.get("workers")
     if isinstance(workers, dict) and "fanout" in workers:
         print()

@@ -1,6 +1,7 @@
 """HAProxy's front-end role and several HAProxy processes on one port."""
 from __future__ import annotations
 
+import http.client
 import http.server
 import threading
 
@@ -64,3 +65,26 @@ def test_balance_by_channel_keeps_a_channels_subscribes_on_one_node_and_spreads_
     # publishes go round robin, whatever their channel
     publish_body = b'{"channels":["%s"],"data":1}' % channels[0].encode()
     assert len({node_of("POST", "/publish", publish_body) for _ in range(6)}) == 3
+
+
+def test_balance_sticky_keeps_a_keep_alive_clients_requests_on_one_node_and_spreads_clients(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=True, balance="sticky")
+    clients = [http.client.HTTPConnection("127.0.0.1", c.front_port, timeout=10)
+               for _ in range(6)]
+    try:
+        homes = []
+        for k, conn in enumerate(clients):  # every connection stays open: leastconn spreads
+            nodes = set()
+            for _ in range(5):  # polls on other channels each time: no affinity by channel
+                conn.request("GET", f"/subscribe?channels={uniq(f'sticky{k}')}&timeout=0")
+                resp = conn.getresponse()
+                resp.read()
+                assert resp.status == 200
+                nodes.add(resp.getheader("X-PushUp-Node"))
+            homes.append(nodes)
+        assert all(len(nodes) == 1 for nodes in homes), homes
+        assert len({next(iter(nodes)) for nodes in homes}) == 3, homes
+    finally:
+        for conn in clients:
+            conn.close()
