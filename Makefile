@@ -78,7 +78,8 @@ run: $(RUN_STAMP) $(BUILT)
 # dies is reported and restarted; logs in .cluster/; Ctrl-C stops everything.
 # ENGINE=mesh (peers, the default), redis (a redis-server of its own), redis-cluster (a
 # Redis Cluster of its own: 3 primaries, a replica each) or a redis:// URL.
-# BALANCE=channel sends each subscribe by a consistent hash of its channels.
+# BALANCE=channel sends each subscribe by a consistent hash of its channels;
+# BALANCE=sticky keeps a keep-alive client on its last node (leastconn).
 NODES ?= 3
 ENGINE ?= mesh
 PORT ?= 8000
@@ -108,8 +109,8 @@ test: setup bench-packages lint $(BUILT)
 # messages exactly once across 3 node restarts and a reconnect before their first
 # event, and the HTTP vectors (smuggler, Http11Probe, RFC 9112) are replayed.
 conformance: setup
-	PUSHUP_STREAMS_CLUSTER=1 PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
-	  $(PY) -m pytest tests/conformance --timeout 600
+	PUSHUP_CONFORMANCE_MESSAGES=200 PUSHUP_CONFORMANCE_RESTARTS=3 \
+	  $(PY) -m pytest tests/conformance -m '' --timeout 600
 
 # The Durable Streams conformance suite, whole, against one `pushup serve` (make test
 # runs the same; this runs only it, printing each group's counts).
@@ -119,8 +120,8 @@ conformance-streams: setup
 # The same suite against 3 nodes on one redis-server behind HAProxy round robin
 # (~50 s, so not in make test; tests/cluster/test_streams_redis.py is).
 conformance-streams-cluster: setup
-	PUSHUP_STREAMS_CLUSTER=1 $(PY) -m pytest tests/conformance/test_durable_streams.py \
-	  -k three_nodes -s --timeout 900
+	$(PY) -m pytest tests/conformance/test_durable_streams.py -m streams_cluster -s \
+	  --timeout 900
 
 # ONLY=scale runs just the node scaling (Figures 12-13: 1, 2, 4 nodes on the mesh and
 # on Redis, each node in a CPU cgroup of BUDGET cores that the run makes and removes;

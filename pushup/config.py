@@ -39,7 +39,9 @@ class Config:
     peer: tuple[str, ...] = ()
     engine: str = "mesh"
     redis_maxlen: int = 100_000
-    redis_partitions: int = 64
+    # A node follows whole partitions: with more channels than partitions,
+    # every node would follow every one (docs/scaling.md, measured)
+    redis_partitions: int = 1024
     cluster_secret: str = ""
     publish_token: str = ""
     subscribe_secret: str = ""

@@ -84,8 +84,7 @@ def test_the_durable_streams_suite_passes_whole_on_one_node() -> None:
 
 
 @pytest.mark.timeout(RUN_GUARD + 120)
-@pytest.mark.skipif(os.environ.get("PUSHUP_STREAMS_CLUSTER") != "1",
-                    reason="~50 s: `make conformance-streams-cluster` runs it")
+@pytest.mark.streams_cluster  # ~50 s: `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
         redis_server) -> None:
     """Round robin: each request of a test goes to another node than the last,

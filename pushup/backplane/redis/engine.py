@@ -226,7 +226,8 @@ class RedisEngine:
         if d in p.when_ready:
             p.when_ready.remove(d)
             d.errback(errors.EngineUnavailable(
-                "Redis did not answer in time to read this channel; retry shortly"))
+                "this node could not read the channel from Redis in time (Redis slow or "
+                "unreachable, or this node too busy); retry shortly"))
 
     def _follow(self, p: Partition) -> None:
         """Subscribe to the partition's notifications (its read back follows)."""

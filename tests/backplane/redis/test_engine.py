@@ -8,6 +8,7 @@ back empty is a new epoch, counted, and the old log is marked lost.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -30,13 +31,13 @@ def engine(redis_server) -> Iterator[Callable[..., RedisEngine]]:
     ``name``), loaded; all are stopped at teardown, and no timer may outlive them."""
     made: list[RedisEngine] = []
 
-    def make(name: str, url: str | None = None, partitions: int = 64,
+    def make(name: str, url: str | None = None, partitions: int | None = None,
              loaded: bool = True) -> RedisEngine:
         store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin(name, 1))
-        made.append(RedisEngine(Service(store, reactor, 60.0),
-                                Config(node_id=name, engine=url or redis_server.url,
-                                       redis_partitions=partitions),
-                                reactor))
+        config = Config(node_id=name, engine=url or redis_server.url)
+        if partitions is not None:
+            config = replace(config, redis_partitions=partitions)
+        made.append(RedisEngine(Service(store, reactor, 60.0), config, reactor))
         if loaded:
             wait_for(made[-1].start(), 10.0)
         return made[-1]
