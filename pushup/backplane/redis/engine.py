@@ -244,7 +244,11 @@ class RedisEngine:
         for p in self.partitions:
             if not p.followed:
                 continue
-            if any(hub.waiting_on(name) for name in p.needed_by):
+            # (only the channels clients wait on now: a poll that comes back
+            # names its channel again, so the set does not grow with every
+            # channel ever read)
+            p.needed_by = {name for name in p.needed_by if hub.waiting_on(name)}
+            if p.needed_by:
                 p.needed_at = now
             elif now - p.needed_at > self.linger and not p.reading and not p.when_ready:
                 self._unfollow(p)

@@ -219,3 +219,14 @@ def test_on_a_cluster_a_publish_is_acknowledged_once_a_replica_holds_it(engine, 
         redis_cluster.nodes[replica].resume()
     assert isinstance(second, Unconfirmed)
     assert [m.seq for m in second] == [first[0].seq + 1]  # stored all the same
+
+
+def test_a_followed_partition_keeps_only_the_channels_waited_on_now(engine):
+    a = engine("a")
+    same = [f"{{kept}}.{k}" for k in range(20)]  # one hash tag: one partition
+    for name in same:
+        follow(a, name)
+    p = a.partition(same[0])
+    assert p.needed_by == set(same)
+    a._let_go_of_unneeded()  # the sweep: nobody waits on them now
+    assert p.needed_by == set() and p.followed  # still followed, for its linger
