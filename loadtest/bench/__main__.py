@@ -115,7 +115,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     " 4 nodes take 0.4 of this box's 2 cores, so the unbudgeted HAProxy and "
                     "generator are not what the trip time measures; docs/benchmarks.md)")
     ap.add_argument("--redis-partitions", type=int,
-                    help="capacity: the nodes' --redis-partitions (default: theirs, 64)")
+                    help="capacity: the nodes' --redis-partitions (default: theirs, 1,024)")
     ap.add_argument("--capacity-modes",
                     help="capacity: comma-separated subset of: "
                     + ",".join(capacity.MODES) + " (default: all)")

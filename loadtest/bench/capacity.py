@@ -87,7 +87,7 @@ class Settings:
     refine: bool = True
     max_steps: int = MAX_STEPS
     modes: tuple[str, ...] = tuple(MODES)
-    partitions: int | None = None  # the nodes' --redis-partitions (None: their default, 64)
+    partitions: int | None = None  # the nodes' --redis-partitions (None: their default, 1,024)
 
 
 class CapacityWorker(Worker):
