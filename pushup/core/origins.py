@@ -42,7 +42,7 @@ class Origins:
         self.newest: dict[str, int] = {}  # node id -> its newest epoch known
         self.retired: set[str] = set()
         # Origins a cursor names only for the channels that hold their messages
-        # (a Redis partition's log: a node holds dozens, a channel lives in
+        # (a Redis partition's log: a node may hold hundreds, a channel lives in
         # one), and how many origins outside them the horizon holds past 0.
         self.scoped: set[str] = set()
         self.live_unscoped = 0

@@ -355,7 +355,7 @@ class Store:
         older origins are superseded, and a cursor naming one we do not hold
         is told of the gap at once (:mod:`pushup.core.origins`). A ``scoped``
         origin is named by a cursor only for the channels that hold its
-        messages (a Redis partition: a channel lives in one of dozens)."""
+        messages (a Redis partition: a channel lives in one of many)."""
         if origin not in self._horizon:
             self._origins.raise_horizon(origin, 0)
         if scoped:
