@@ -90,7 +90,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
                "Redis Cluster)", "ENGINE"),
     "redis_maxlen": ("entries the Redis log keeps (about; older ones are trimmed)", "N"),
     "redis_partitions": ("channels are hashed over this many partitions of the Redis log, "
-                         "each its own slot; every node of a cluster must say the same", "K"),
+                         "each in one Cluster slot; a node follows those its clients read; "
+                         "every node of a cluster must say the same", "K"),
     "cluster_secret": ("shared secret peers authenticate with", "S"),
     "publish_token": ("bearer token required to publish and manage channels", "T"),
     "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
