@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 from deploy.redis_cluster import RedisCluster
 from deploy.redis_server import RedisServer
+
+
+def running_cluster(replicas: int) -> Iterator[RedisCluster]:
+    """A Redis Cluster of 3 primaries with ``replicas`` each, for a fixture to
+    yield from: started, and stopped by PID when the fixture ends."""
+    cluster = RedisCluster(primaries=3, replicas=replicas)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 class OneServer:

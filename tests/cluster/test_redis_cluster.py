@@ -36,19 +36,14 @@ from tests.cluster.clients import (
     wait_clients_have,
     wait_until,
 )
-from tests.cluster.redis_backends import Cluster
+from tests.cluster.redis_backends import Cluster, running_cluster
 
 RETRY_FOR_S = 10.0  # how long a publisher retries one message (same Idempotency-Key)
 
 
 @pytest.fixture(scope="module")
 def shared_redis_cluster() -> Iterator[RedisCluster]:
-    cluster = RedisCluster(primaries=3, replicas=1)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster(replicas=1)
 
 
 @pytest.fixture
@@ -141,6 +136,15 @@ def subscribers(bases: Sequence[str], channels: Sequence[str]) -> list[history.S
     return subs
 
 
+def stop_everyone(pubs: Sequence[RetryingPublisher],
+                  subs: Sequence[history.Subscriber]) -> None:
+    """The publishers stop after their request, the readers after their poll."""
+    for p in pubs:
+        p.count = 0
+    for s in subs:
+        s.stop_event.set()
+
+
 def test_a_slot_migrated_while_publishing_loses_and_repeats_nothing(fresh_cluster, redis):
     c = fresh_cluster(3, haproxy=False, engine=redis.url)
     # Each publisher its own channels (history's order is per channel), one of
@@ -177,10 +181,7 @@ def test_a_slot_migrated_while_publishing_loses_and_repeats_nothing(fresh_cluste
         assert owner_of_channel(redis, moved[0]) == target
         history.wait_delivered(log, subs, 30)
     finally:
-        for p in pubs:
-            p.count = 0
-        for s in subs:
-            s.stop_event.set()
+        stop_everyone(pubs, subs)
     for s in subs:
         s.finish()
     # Every publish got its 201 (a 5xx before it was retried with its key) ...
@@ -248,10 +249,7 @@ def test_a_primary_killed_with_a_lagging_replica_promoted_is_one_gap_never_a_dup
             assert not p.is_alive(), f"{p.name} did not finish"
         history.wait_delivered(log, subs, 30)
     finally:
-        for p in pubs:
-            p.count = 0
-        for s in subs:
-            s.stop_event.set()
+        stop_everyone(pubs, subs)
     for s in subs:
         s.finish()
     costs = history.check(log, subs, allow_gaps=True)

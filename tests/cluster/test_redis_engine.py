@@ -40,18 +40,13 @@ from tests.cluster.clients import (
     wait_clients_have,
     wait_until,
 )
-from tests.cluster.redis_backends import Cluster, OneServer
+from tests.cluster.redis_backends import Cluster, OneServer, running_cluster
 
 
 @pytest.fixture(scope="module")
 def shared_redis_cluster() -> Iterator[RedisCluster]:
     """3 primaries, no replica (no test here fails one over), for the whole module."""
-    cluster = RedisCluster(primaries=3, replicas=0)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster(replicas=0)
 
 
 @pytest.fixture(params=["server", "cluster"])
