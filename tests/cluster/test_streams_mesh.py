@@ -1,0 +1,84 @@
+"""Durable Streams on the mesh: each stream is held by the node its path picks
+(its owner), and every other node hands the stream's requests on to it, so a
+stream written through one node is read, followed and resumed through any
+other, with the same offsets, and with ``--data-dir`` an append the owner
+acknowledged outlives its SIGKILL.
+
+Real ``pushup serve`` processes peered with each other (docs/api.md,
+"Durable Streams", "On the mesh").
+"""
+from __future__ import annotations
+
+import json
+import signal
+
+from deploy.launch import LocalCluster
+from pushup.backplane.mesh.owners import member, owner_of
+from tests.cluster.clients import request, uniq
+from tests.cluster.stream_checks import (
+    append,
+    appends_until_killed,
+    check_every_acknowledged_append_kept,
+    check_long_poll_is_answered_by_an_append_through_another_node,
+    check_reads_alike_through_every_node,
+    create,
+    stream_url,
+)
+
+
+def path_owned_by(c: LocalCluster, i: int) -> str:
+    """A fresh stream path whose owner is node ``i``."""
+    members = [member(c.node_url(j)) for j in range(len(c.node_ports))]
+    while True:
+        path = uniq("s")
+        if owner_of(f"/v1/stream/{path}", members) == members[i]:
+            return path
+
+
+def test_a_stream_written_through_each_node_reads_alike_through_every_node(fresh_cluster):
+    c = fresh_cluster(3, haproxy=False)
+    check_reads_alike_through_every_node(c.bases, path_owned_by(c, 1))
+
+
+def test_a_long_poll_through_one_node_is_answered_by_an_append_through_another(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=False)
+    # neither the reader's node nor the writer's holds the stream
+    check_long_poll_is_answered_by_an_append_through_another_node(
+        c.bases[1], c.bases[2], path_owned_by(c, 0))
+
+
+def test_an_owner_killed_mid_append_loses_no_append_it_acknowledged(fresh_cluster):
+    c = fresh_cluster(3, haproxy=False, data_dirs=True)
+    path = path_owned_by(c, 0)
+    create(c.bases[1], path)
+    acked, sent = appends_until_killed(c.bases[1], path, lambda: c.kill(0, signal.SIGKILL))
+    c.start_node(0)
+    check_every_acknowledged_append_kept(c.bases[2], path, acked, sent)
+
+
+def test_while_the_owner_is_down_its_streams_are_503_and_nothing_is_half_done(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=False, data_dirs=True)
+    path = path_owned_by(c, 0)
+    create(c.bases[1], path)
+    before = append(c.bases[1], path, b"kept;")
+    c.kill(0, signal.SIGKILL)
+    status, headers, raw = request("POST", stream_url(c.bases[1], path), b"lost;",
+                                   {"Content-Type": "text/plain"})
+    assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+    assert headers["content-type"].startswith("application/json")
+    status, _, raw = request("GET", stream_url(c.bases[2], path) + "?offset=-1")
+    assert (status, json.loads(raw)["error"]["code"]) == (503, "engine_unavailable")
+    c.start_node(0)
+    status, headers, body = request("GET", stream_url(c.bases[2], path) + "?offset=-1")
+    assert (status, body, headers["stream-next-offset"]) == (200, b"kept;", before)
+
+
+def test_a_client_cannot_make_a_node_serve_a_stream_it_does_not_own(fresh_cluster):
+    c = fresh_cluster(3, haproxy=False)
+    path = path_owned_by(c, 0)
+    status, _, raw = request("PUT", stream_url(c.bases[1], path), b"",
+                             {"Content-Type": "text/plain",
+                              "X-PushUp-Stream-Hop": "here 1 forged"})
+    assert (status, json.loads(raw)["error"]["code"]) == (401, "unauthorized")
