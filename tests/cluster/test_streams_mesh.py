@@ -82,3 +82,27 @@ def test_a_client_cannot_make_a_node_serve_a_stream_it_does_not_own(fresh_cluste
                              {"Content-Type": "text/plain",
                               "X-PushUp-Stream-Hop": "here 1 forged"})
     assert (status, json.loads(raw)["error"]["code"]) == (401, "unauthorized")
+
+
+def test_a_fork_placed_on_its_sources_node_is_found_after_its_paths_owner_restarts(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=False, data_dirs=True)
+    source, fork = path_owned_by(c, 1), path_owned_by(c, 0)
+    create(c.bases[2], source)
+    tail = append(c.bases[2], source, b"inherited;")
+    status, _, _ = request("PUT", stream_url(c.bases[2], fork), b"",
+                           {"Content-Type": "text/plain",
+                            "Stream-Forked-From": f"/v1/stream/{source}"})
+    assert status == 201
+    append(c.bases[2], fork, b"own;")
+    c.kill(0, signal.SIGKILL)  # the fork's path's owner, which knows where it lives
+    c.start_node(0)
+    status, headers, body = request("GET", stream_url(c.bases[2], fork) + "?offset=-1")
+    assert (status, body) == (200, b"inherited;own;")
+    status, _, _ = request("DELETE", stream_url(c.bases[1], source))
+    assert status == 204
+    # the source waits for its fork (on one node with it): gone, its path not free
+    status, _, _ = request("HEAD", stream_url(c.bases[0], source))
+    assert status == 410
+    status, _, body = request("GET", stream_url(c.bases[0], fork) + f"?offset={tail}")
+    assert (status, body) == (200, b"own;")

@@ -32,8 +32,9 @@ from pushup.backplane.mesh.owners import HOP, hop_mark
 from pushup.core import errors
 
 # Not sent on: what belongs to the client's connection to us.
+# (Expect too: the body is here whole, nothing waits for a 100 Continue.)
 _NOT_SENT = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
-                       b"upgrade", b"proxy-connection", b"content-length", HOP))
+                       b"upgrade", b"proxy-connection", b"content-length", b"expect", HOP))
 # Not given back: what our own front writes (its connection, its date, its CORS).
 _NOT_GIVEN = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                         b"content-type", b"date", b"server", b"x-content-type-options",

@@ -111,15 +111,15 @@ class StreamRoutes:
         names it; ``kind`` its hop's (``hop``); a ``PushUpError`` refuses it."""
         if kind == SERVE_HERE:
             return here()
-        if kind == WHERE:
-            return Relayed(204, None, ((NODE, self.placed(path).encode()),), b"")
         owner = self.owner(path)
         if owner != self.me:
-            if kind == TO_OWNER:  # its sender thinks we own it: the members differ
+            if kind is not None:  # its sender thinks we own it: the members differ
                 raise errors.EngineUnavailable(
                     "the nodes disagree on which of them holds this stream: every node's "
                     "--peer list and --advertise-url must name the same members")
             return self._hand_on(owner, TO_OWNER, request, client)
+        if kind == WHERE:
+            return Relayed(204, None, ((NODE, self.placed(path).encode()),), b"")
         waiting = self._deciding.get(path)
         if waiting is not None:  # a fork is being placed at this path
             turn: defer.Deferred[None] = defer.Deferred()
