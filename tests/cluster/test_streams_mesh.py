@@ -9,6 +9,7 @@ Real ``pushup serve`` processes peered with each other (docs/api.md,
 """
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 
@@ -106,3 +107,24 @@ def test_a_fork_placed_on_its_sources_node_is_found_after_its_paths_owner_restar
     assert status == 410
     status, _, body = request("GET", stream_url(c.bases[0], fork) + f"?offset={tail}")
     assert (status, body) == (200, b"own;")
+
+
+def test_a_node_that_stops_ends_the_event_streams_it_relays_cleanly(fresh_cluster):
+    c = fresh_cluster(3, haproxy=False)
+    path = path_owned_by(c, 0)
+    create(c.bases[2], path)
+    append(c.bases[2], path, b"hello")
+    conn = http.client.HTTPConnection("127.0.0.1", c.node_ports[1], timeout=20)
+    try:
+        conn.request("GET", f"/v1/stream/{path}?offset=-1&live=sse")
+        response = conn.getresponse()
+        assert (response.status, response.getheader("content-type")) == (
+            200, "text/event-stream")
+        seen = b""
+        while b"event: control" not in seen:
+            seen += response.read1(65536)
+        c.kill(1, signal.SIGTERM)  # drains: the relayed stream ends, the client resumes
+        seen += response.read()  # to its end: http.client raises on a cut chunked body
+    finally:
+        conn.close()
+    assert seen.startswith(b"event: data\ndata:hello\n\nevent: control\n")
