@@ -74,13 +74,19 @@ class SharedStore(Protocol):
         ``PushUpError`` fails it)."""
 
 
+# The one hop that is no client's request handed on (``owners.WHERE``): a
+# node asks the owner of a path where its stream lives. Every other is
+# authorized again where it is served, with the client's own headers.
+WHERE_HOP = "where"
+
+
 class Routes(Protocol):
     """Which node serves a stream, when each stream is one node's on a
     cluster of nodes (the mesh: ``pushup.backplane.mesh.stream_routes``)."""
 
     def hop(self, request: Request) -> str | None:
-        """The kind of hop a request another node handed on is (it was
-        authorized there), or None: a client's own; 401 if wrongly signed."""
+        """The kind of hop a request another node handed on is, or None: a
+        client's own; 401 if wrongly signed."""
 
     def route(self, request: Request, path: str, client: Any,
               here: Callable[[], Response | Held | Pending], kind: str | None) -> object:
@@ -165,8 +171,8 @@ class StreamEndpoints:
                     f"{request.method.decode('latin-1')} is not allowed on a stream",
                     tuple(m.decode() for m in self.routes))
             hop = None if self.routing is None else self.routing.hop(request)
-            if hop is not None:
-                pass  # handed on by a node, which authorized it
+            if hop == WHERE_HOP:
+                pass  # a node asks where a stream lives: no client's request
             elif request.method in (b"GET", b"HEAD"):
                 if self.config.subscribe_secret and self.config.publish_token:
                     self._authorize(request)

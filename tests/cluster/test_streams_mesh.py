@@ -128,3 +128,20 @@ def test_a_node_that_stops_ends_the_event_streams_it_relays_cleanly(fresh_cluste
     finally:
         conn.close()
     assert seen.startswith(b"event: data\ndata:hello\n\nevent: control\n")
+
+
+def test_with_a_publish_token_a_stream_is_written_and_read_through_another_node_with_it(
+        fresh_cluster):
+    c = fresh_cluster(3, haproxy=False, node_env={"PUSHUP_PUBLISH_TOKEN": "t0ken",
+                                                  "PUSHUP_SUBSCRIBE_SECRET": "s3cret"})
+    path = path_owned_by(c, 0)
+    token = {"Authorization": "Bearer t0ken", "Content-Type": "text/plain"}
+    status, _, _ = request("PUT", stream_url(c.bases[1], path), b"", token)
+    assert status == 201
+    status, _, _ = request("POST", stream_url(c.bases[1], path), b"x",
+                           {"Content-Type": "text/plain"})
+    assert status == 401
+    status, _, _ = request("POST", stream_url(c.bases[1], path), b"x", token)
+    assert status == 204
+    status, _, body = request("GET", stream_url(c.bases[2], path) + "?offset=-1", None, token)
+    assert (status, body) == (200, b"x")

@@ -159,8 +159,9 @@ class StreamRoutes:
             where: str = yield self._locate(source)
             placed = self.placements.get(path)
             if placed is not None and placed != where:
-                head: IResponse = yield self.relay.send(placed, SERVE_HERE, b"HEAD",
-                                                        path.encode("latin-1"))
+                head: IResponse = yield self.relay.send(  # with the client's token
+                    placed, SERVE_HERE, b"HEAD", path.encode("latin-1"),
+                    fields=_token_of(request))
                 if head.code != 404:  # a stream is there still: it answers (409 or 200)
                     return (yield self._hand_on(placed, SERVE_HERE, request, client))
             if where == self.me:
@@ -192,3 +193,8 @@ class StreamRoutes:
 
         asked.addCallback(answered)
         return asked
+
+
+def _token_of(request: Outgoing) -> dict[bytes, bytes]:
+    given = request.headers.get(b"authorization")
+    return {} if given is None else {b"authorization": given}

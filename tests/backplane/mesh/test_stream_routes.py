@@ -54,7 +54,7 @@ class RecordingRelay:
         self.handed.append((node, kind, request.method, request.path))
         return defer.succeed(Relayed(200, None, (), node.encode()))
 
-    def send(self, node: str, kind: str, method: bytes, path: bytes, *_: Any) -> Any:
+    def send(self, node: str, kind: str, method: bytes, path: bytes, *_: Any, **__: Any) -> Any:
         self.sent.append((node, kind, method, path))
         return self.answers.pop((node, kind, path), defer.succeed(Head(404)))
 
