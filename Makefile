@@ -101,7 +101,7 @@ cluster-packages: $(RUN_STAMP)
 # The suite runs against the build pip made (compiled where a C compiler exists);
 # the pure core's unit tests run once more on the interpreted sources.
 test: setup bench-packages lint $(BUILT)
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 	PUSHUP_PURE=1 $(PY) -m pytest tests/core
 
 # The external checks, longer than `make test` runs them: the SSE clients (npm
