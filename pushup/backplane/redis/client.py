@@ -14,7 +14,7 @@ Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is 
 ``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
 
 ``RedisPubSubProtocol`` is the same connection in sharded pub/sub mode, where Redis
-also sends arrays no command asked for (cluster.py's subscriber connections).
+also sends arrays no command asked for (pool.py's subscriber connections).
 """
 
 from __future__ import annotations
