@@ -14,7 +14,7 @@ Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is 
 ``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
 
 ``RedisPubSubProtocol`` is the same connection in sharded pub/sub mode, where Redis
-also sends arrays no command asked for (cluster.py's subscriber connections).
+also sends arrays no command asked for (pool.py's subscriber connections).
 """
 
 from __future__ import annotations
@@ -72,6 +72,14 @@ def script_sha(script: str | bytes) -> str:
     return hashlib.sha1(script.encode() if isinstance(script, str) else script).hexdigest()
 
 
+def first_failure(failure: Failure) -> Failure:
+    """A call over several commands (``gatherResults``) failed: the first one's failure."""
+    if isinstance(failure.value, defer.FirstError):
+        first: Failure = failure.value.subFailure
+        return first
+    return failure
+
+
 def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
     """The client endpoint dialling ``url`` (TCP, or its Unix socket)."""
     if url.path is not None:
@@ -123,8 +131,7 @@ class RedisProtocol(Protocol):
             lambda _: self.ready.callback(self), self._handshake_failed)
 
     def _handshake_failed(self, failure: Failure) -> None:
-        if isinstance(failure.value, defer.FirstError):
-            failure = failure.value.subFailure
+        failure = first_failure(failure)
         self.abort(f"handshake failed: {trouble(failure)}")
         self.ready.errback(failure)
 

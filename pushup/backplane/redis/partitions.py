@@ -5,7 +5,8 @@ The rule: a channel lives in one of K partitions (its name hashed, or the
 part of it in ``{…}``, as Redis Cluster hashes keys), every key of partition
 T carries the hash tag ``{T}`` (one Cluster slot), and every write to a
 partition is one script call that appends to its log and notifies its
-followers. Values and text only: no connection (``engine.py`` runs them).
+followers. Values and text only: no connection (``publishing.py`` and
+``reader.py`` run them).
 
 Keys of partition T (see ``Partition``):
 

@@ -1,7 +1,7 @@
 """Which Redis node holds what: the slot of a key (``key_slot``) and the slot map a
 node reports (``Topology``), read by ``read_topology`` with one question to one node on
 a connection of its own. Values and pure functions otherwise: no routing, and no
-connection outlives its question (cluster.py keeps the long-lived ones).
+connection outlives its question (pool.py keeps the long-lived ones).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def test_a_cold_read_on_a_node_that_never_followed_finds_the_whole_history(engin
 
 def test_a_partition_nobody_needs_for_the_linger_is_let_go_and_read_again_whole(engine):
     a, b = engine("a"), engine("b", loaded=False)
-    b.linger = 0.2  # (30 s in service)
+    b.interest.linger = 0.2  # (30 s in service)
     wait_for(b.start(), 10.0)
     first = publish(a, "brief", b"1")
     assert ids_held(b, "brief") == first
@@ -204,7 +204,7 @@ def test_on_a_cluster_a_publish_is_acknowledged_once_a_replica_holds_it(engine, 
     once a replica of the partition's primary holds the append (WAIT); with
     that replica stopped, 202 (stored, not copied) after --publish-ack-timeout."""
     a = engine("a", url=redis_cluster.seeds)
-    a.ack_timeout_ms = 300
+    a.publisher.ack_timeout_ms = 300
     first = wait_for(a.publish([Draft(("acked",), b"1")]), 10.0)
     assert not isinstance(first, Unconfirmed)
     slot = key_slot(a.partition("acked").log)
@@ -228,5 +228,5 @@ def test_a_followed_partition_keeps_only_the_channels_waited_on_now(engine):
         follow(a, name)
     p = a.partition(same[0])
     assert p.needed_by == set(same)
-    a._let_go_of_unneeded()  # the sweep: nobody waits on them now
+    a.interest.let_go_of_unneeded()  # the sweep: nobody waits on them now
     assert p.needed_by == set() and p.followed  # still followed, for its linger
