@@ -117,8 +117,9 @@ conformance: setup
 conformance-streams: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -s --timeout 900
 
-# The same suite against 3 nodes on one redis-server behind HAProxy round robin
-# (~50 s, so not in make test; tests/cluster/test_streams_redis.py is).
+# The same suite against 3 nodes behind HAProxy round robin, on one redis-server and
+# on a 3-primary Redis Cluster (~2 min, so not in make test;
+# tests/cluster/test_streams_redis.py is).
 conformance-streams-cluster: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -m streams_cluster -s \
 	  --timeout 900
