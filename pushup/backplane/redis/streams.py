@@ -15,8 +15,8 @@ Where each stream is (pushup/backplane/redis/stream_keys.py): every stream of
 one fork family in one Cluster slot, its family's home, so that a write is one
 script on one slot; a fork's path holds a pointer to it, set after the
 family's script created the fork (a refused pointer: the fork is dropped
-again, :meth:`SharedStreams._undo`), removed after it dropped it. A node
-reads a pointer, then the stream where it points.
+again, :meth:`SharedStreams._undo`), removed after it dropped it. What a
+node holds of Redis, and how it reads it in: pushup/backplane/redis/stream_cache.py.
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ from twisted.logger import Logger
 
 from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.stream_cache import StreamCache
 from pushup.backplane.redis.stream_keys import (
     POINT,
     POINT_SHA,
-    READ,
-    READ_SHA,
     TOUCH,
     TOUCH_SHA,
     UNPOINT,
@@ -44,32 +43,24 @@ from pushup.backplane.redis.stream_keys import (
     WRITE,
     WRITE_SHA,
     channel_of,
-    home_of_pointer,
-    pointer,
     prefix_of,
     uid_in,
 )
 from pushup.core import errors
 from pushup.core.errors import PushUpError
-from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, Streams, entry_of, state_of, stream_of
+from pushup.core.stream_values import Entry
+from pushup.core.streams import Stream, Streams, state_of
 
 log = Logger()
 EXPIRY_GRACE_MS = 3_600_000  # Redis drops an expired stream nobody asked for after this
 ATTEMPTS = 16  # a request is decided this often, on conflicting writes, before a 503
 MAX_BACKOFF_S = 0.05  # the most it waits before deciding again (random, doubling)
 
+
 def _packed(entry: Entry) -> bytes:
     lengths = None if entry.messages is None else [len(m) for m in entry.messages]
     head = json.dumps([entry.begins.appends, entry.begins.size, lengths])
     return head.encode() + b"\n" + entry.data
-
-
-def _unpacked(item: bytes) -> Entry:
-    head, _, data = item.partition(b"\n")
-    appends, size, lengths = json.loads(head)
-    return entry_of(Position(appends, size), data,
-                  None if lengths is None else json.dumps(lengths))
 
 
 def _expiry_ms(stream: Stream) -> str:
@@ -94,15 +85,11 @@ def _unwritten(e: Exception) -> PushUpError:
     return errors.EngineUnavailable(f"Redis refused the write: {e}")
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Conflict(Exception):
     """Another node wrote one of the streams since this node read it."""
 
 
-class SharedStreams:
+class SharedStreams(StreamCache):
     """The streams of every node on this Redis, with ``streams`` this node's
     cache of them (its ``Journal``: the changes the core makes are collected
     here and written by :meth:`serve`)."""
@@ -111,23 +98,14 @@ class SharedStreams:
                  timeout: float, clock: Any) -> None:
         """``timeout``: seconds a Redis command may take before the request
         is 503; ``clock``: the reactor (a retry's pause)."""
-        self.shards = shards
+        super().__init__(shards, streams, timeout, self._refresh)
         self.clock = clock
-        self.timeout = timeout
-        self.streams = streams
         self.now = now
         streams.journal = self
         self.lock = defer.DeferredLock()  # one request's read-decide-write at a time
-        self.versions: dict[str, int] = {}  # uid -> the version the cache holds
-        self.by_uid: dict[str, Stream] = {}  # every cached stream, mapped or a fork's source
-        self.at: dict[str, str] = {}  # path -> its ``at`` (uid or pointer), as last read
-        self.homes: dict[str, str] = {}  # uid -> its family's home (a key prefix)
-        self.sources: dict[str, str] = {}  # fork uid -> its source's uid
-        self.followed: dict[str, str] = {}  # path -> the channel this node follows it on
         # uid -> (fork, its version) created here whose path another stream took
         # first: it is dropped again before the next request (``_undo``)
         self.orphans: dict[str, tuple[Stream, int]] = {}
-        self._involved: dict[str, Stream] = {}  # uid -> the streams this request read
         self._saved: dict[str, tuple[Stream, list[Entry], bool]] = {}
         self._dropped: dict[str, Stream] = {}
 
@@ -140,26 +118,6 @@ class SharedStreams:
     def dropped(self, stream: Stream) -> None:
         self._saved.pop(stream.uid, None)
         self._dropped[stream.uid] = stream
-
-    # -- where a stream is -----------------------------------------------------
-
-    def _home(self, stream: Stream) -> str:
-        """Where ``stream``'s keys are: where it was read or written, else
-        (new) its source's home, else its path's own tag."""
-        home = self.homes.get(stream.uid)
-        if home is not None:
-            return home
-        if stream.source is not None:
-            return self._home(stream.source)
-        return prefix_of(stream.path)
-
-    def _place(self, stream: Stream) -> tuple[str, str, str]:
-        """``stream``'s home, its path's ``at`` key when in the home's slot
-        (else ""), and the value that maps the path to it."""
-        home = self._home(stream)
-        if home == prefix_of(stream.path):
-            return home, home + "at", stream.uid
-        return home, "", pointer(home, stream.uid)
 
     # -- a request -------------------------------------------------------------
 
@@ -348,145 +306,6 @@ class SharedStreams:
                 continue
             del stream.entries[:], stream.begins[:]
 
-    # -- reading Redis into the cache -------------------------------------------
-
-    @defer.inlineCallbacks
-    def _read_path(self, path: str) -> Generator[Any, Any, None]:
-        """The stream at ``path`` (and a fork's sources) as Redis holds it
-        now: where the path's ``at`` points, read there."""
-        home = prefix_of(path)
-        cached = self.streams.at(path)
-        hint = "" if cached is None else cached.uid
-        known = (hint, len(cached.entries) if cached is not None else 0,
-                 self.versions.get(hint, ""))
-        reply = yield self.shards.evalsha(READ_SHA, READ, (home + "at",), (home, "", *known),
-                                          timeout=self.timeout)
-        at = _text(reply[0])
-        target = home_of_pointer(at)
-        if len(reply) == 1 and target is not None:  # a fork of another path's family
-            home, uid = target
-            reply = yield self.shards.evalsha(READ_SHA, READ, (home + "at",),
-                                              (home, uid, *known), timeout=self.timeout)
-            if len(reply) == 1 and (yield self._unpoint(path, at)):
-                at = ""  # it named a dropped (or in Redis expired) stream: none
-        if len(reply) == 1:
-            if at:
-                self.at[path] = at
-            else:
-                self.at.pop(path, None)
-            if cached is not None:
-                self._unmap(path, cached)
-            self._unfollow(path)
-            return
-        self.at[path] = at
-        stream = yield self._apply(home, reply, known)
-        if cached is not None and cached is not stream:
-            self._unmap(path, cached)
-        self.streams.place(path, stream)
-        self._follow(path, channel_of(path, home))
-
-    @defer.inlineCallbacks
-    def _unpoint(self, path: str, value: str) -> Generator[Any, Any, bool]:
-        """``path``'s pointer ``value`` names a dropped stream: it goes
-        (whether Redis said so)."""
-        try:
-            yield self.shards.evalsha(UNPOINT_SHA, UNPOINT, (prefix_of(path) + "at",),
-                                      (value,), timeout=self.timeout)
-        except Exception as e:
-            log.warn("redis: pointer of {path} not removed: {why}", path=path[:200],
-                     why=str(e))
-            return False
-        return True
-
-    @defer.inlineCallbacks
-    def _read_uid(self, home: str, uid: str) -> Generator[Any, Any, tuple[Stream | None, bool]]:
-        """The stream ``uid`` in ``home`` (or as cached, marked deleted, when
-        Redis has it no more) and whether Redis has it."""
-        cached = self.by_uid.get(uid)
-        known = (uid if cached is not None else "",
-                 len(cached.entries) if cached is not None else 0, self.versions.get(uid, ""))
-        reply = yield self.shards.evalsha(READ_SHA, READ, (home + "at",), (home, uid, *known),
-                                          timeout=self.timeout)
-        if len(reply) == 1:  # gone: nothing more to read of it
-            if cached is not None:
-                cached.deleted = True
-            return cached, False
-        stream: Stream = yield self._apply(home, reply, known)
-        return stream, True
-
-    @defer.inlineCallbacks
-    def _apply(self, home: str, reply: list[Any], known: tuple[str, int, Any],
-               ) -> Generator[Any, Any, Stream]:
-        """READ's ``reply`` into the cache, asked with ``known`` (the uid the
-        cache held, how many of its appends, its version). Appends the cached
-        stream holds already (read by uid as a source first) are not added
-        twice."""
-        uid, version, state_text, deadline = (_text(reply[1]), int(reply[2]),
-                                              _text(reply[3]), _text(reply[4]))
-        stream = self.by_uid.get(uid)
-        changed = stream is None or self.versions.get(uid) != version
-        state = json.loads(state_text) if state_text else None
-        if state is not None:  # new to the cache, or another version than it holds
-            fresh = stream_of(uid, state)
-            if stream is None:
-                stream = self.by_uid[uid] = fresh
-            else:
-                for name in ("content_type", "ttl", "expires_at", "deadline", "closed",
-                             "closed_by", "forked_at", "fork_request", "tail", "forks",
-                             "deleted", "producers", "writer_seq", "charged"):
-                    setattr(stream, name, getattr(fresh, name))
-        assert stream is not None  # READ sends the state of a stream new to the cache
-        if deadline and stream.deadline is not None:  # reads renew it in Redis only
-            stream.deadline = max(stream.deadline, int(deadline))
-        first = known[1] if uid == known[0] else 0
-        for item in reply[5 + max(0, len(stream.entries) - first):]:
-            entry = _unpacked(bytes(item))
-            stream.entries.append(entry)
-            stream.begins.append(entry.begins.size)
-        self.versions[uid] = version
-        self.homes[uid] = home
-        self._involved[uid] = stream
-        source_uid = (state["source"] if state is not None else self.sources.get(uid))
-        if source_uid is not None and stream.fork_request is not None:
-            self.sources[uid] = source_uid
-            source, found = yield self._read_uid(home, source_uid)  # its family's slot
-            legacy = prefix_of(stream.fork_request[0])
-            if not found and legacy != home:  # written before families shared a slot
-                source, _ = yield self._read_uid(legacy, source_uid)
-            stream.source = source
-        if changed:
-            stream.wake()
-        return stream
-
-    def _unmap(self, path: str, stream: Stream) -> None:
-        """``stream`` no longer answers at ``path`` (deleted or expired
-        through another node): its readers hear it."""
-        if self.streams.at(path) is stream:
-            self.streams.place(path, None)
-        if stream.uid not in self.sources.values():
-            self.by_uid.pop(stream.uid, None)
-            self.versions.pop(stream.uid, None)
-            self.homes.pop(stream.uid, None)
-        stream.deleted = True
-        stream.wake()
-
-    # -- other nodes' writes ---------------------------------------------------
-
-    def _follow(self, path: str, channel: str) -> None:
-        """Hear each write to the stream at ``path``, told on ``channel``."""
-        if self.followed.get(path) == channel:
-            return
-        self._unfollow(path)
-        self.followed[path] = channel
-        self.shards.subscribe(channel, lambda _: self._refresh(path),
-                              lambda: self._refresh(path))
-
-    def _unfollow(self, path: str) -> None:
-        """No stream at ``path`` any more: its channel is not needed here."""
-        channel = self.followed.pop(path, None)
-        if channel is not None:
-            self.shards.unsubscribe(channel)
-
     def _refresh(self, path: str) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
         been missed): read it again, which wakes its readers, if it has any
@@ -497,11 +316,5 @@ class SharedStreams:
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",
                                         path=path[:200], why=f.getErrorMessage()))
-
-    def stop(self) -> None:
-        for channel in self.followed.values():
-            self.shards.unsubscribe(channel)
-        self.followed.clear()
-
 
 _AGAIN = object()
