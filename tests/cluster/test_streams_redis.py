@@ -255,6 +255,11 @@ def test_a_deleted_forks_path_serves_a_fork_of_another_family_then_a_plain_strea
         assert read_all(c.bases[1], source)[0] == 404
 
 
+def fork_into(statuses: list[int], node: int, base: str, path: str, source: str) -> None:
+    """Fork ``source`` at ``path`` through ``base``: its status at ``statuses[node]``."""
+    statuses[node] = create(base, path, **{"Stream-Forked-From": f"/v1/stream/{source}"})
+
+
 def test_one_fork_path_raced_from_two_families_goes_to_one_and_the_other_counts_no_fork(
         fresh_cluster, redis_cluster_url):
     c = fresh_cluster(2, haproxy=False, engine=redis_cluster_url)
@@ -263,12 +268,8 @@ def test_one_fork_path_raced_from_two_families_goes_to_one_and_the_other_counts_
         for source in sources:
             assert create(c.bases[0], source, source.encode()) == 201
         statuses: list[int] = [0, 0]
-
-        def fork(node: int) -> None:
-            statuses[node] = create(c.bases[node], path, **{
-                "Stream-Forked-From": f"/v1/stream/{sources[node]}"})
-
-        racers = [threading.Thread(target=fork, args=(node,)) for node in (0, 1)]
+        racers = [threading.Thread(target=fork_into, args=(
+            statuses, node, c.bases[node], path, sources[node])) for node in (0, 1)]
         for racer in racers:
             racer.start()
         for racer in racers:
