@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.redis_cluster import RedisCluster
+from deploy.redis_server import RedisServer
 from tests.cluster.clients import request, uniq
 from tests.cluster.redis_backends import Cluster, running_cluster
 from tests.toolkit import wait_until
@@ -170,7 +171,7 @@ def test_writers_racing_through_two_nodes_each_get_the_offset_their_append_is_at
     assert {part: f"{i + 1:016d}_{7 * (i + 1):016d}" for i, part in enumerate(parts)} == acked
 
 
-# -- forks on a real Redis Cluster: each fork family in one slot -------------------
+# -- forks, on one redis-server and on a real Redis Cluster (a family in one slot) --
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +180,21 @@ def shared_redis_cluster() -> Iterator[RedisCluster]:
     yield from running_cluster(replicas=0)
 
 
-@pytest.fixture
-def redis_cluster_url(shared_redis_cluster: RedisCluster) -> Iterator[str]:
-    """The ``--engine`` value of the module's Redis Cluster, emptied."""
-    cluster = Cluster(shared_redis_cluster)
-    cluster.clean()
-    yield cluster.url
+@pytest.fixture(params=["server", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The ``--engine`` value of a fresh redis-server, or of the module's Redis
+    Cluster emptied: forks behave alike on both."""
+    if request.param == "cluster":
+        cluster = Cluster(request.getfixturevalue("shared_redis_cluster"))
+        cluster.clean()
+        yield cluster.url
+        return
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def create(base: str, path: str, body: bytes = b"", **headers: str) -> int:
@@ -198,9 +208,9 @@ def read_all(base: str, path: str) -> tuple[int, bytes]:
     return status, body
 
 
-def test_a_fork_created_through_one_node_is_appended_and_read_through_others_on_a_redis_cluster(
-        fresh_cluster, redis_cluster_url):
-    c = fresh_cluster(3, haproxy=False, engine=redis_cluster_url)
+def test_a_fork_created_through_one_node_is_appended_and_read_through_others(
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
     source, fork, grandchild = uniq("src"), uniq("fork"), uniq("fork2")
     assert create(c.bases[0], source, b"one;") == 201
     append(c.bases[1], source, b"two;")
@@ -216,8 +226,8 @@ def test_a_fork_created_through_one_node_is_appended_and_read_through_others_on_
 
 
 def test_a_fork_deleted_through_another_node_takes_its_soft_deleted_source_along(
-        fresh_cluster, redis_cluster_url):
-    c = fresh_cluster(3, haproxy=False, engine=redis_cluster_url)
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
     source, fork = uniq("src"), uniq("fork")
     assert create(c.bases[0], source, b"kept;") == 201
     assert create(c.bases[1], fork, **{"Stream-Forked-From": f"/v1/stream/{source}"}) == 201
@@ -233,8 +243,8 @@ def test_a_fork_deleted_through_another_node_takes_its_soft_deleted_source_along
 
 
 def test_a_deleted_forks_path_serves_a_fork_of_another_family_then_a_plain_stream(
-        fresh_cluster, redis_cluster_url):
-    c = fresh_cluster(3, haproxy=False, engine=redis_cluster_url)
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
     first, second, path = uniq("src"), uniq("src"), uniq("fork")
     assert create(c.bases[0], first, b"first;") == 201
     assert create(c.bases[0], second, b"second;") == 201
@@ -261,8 +271,8 @@ def fork_into(statuses: list[int], node: int, base: str, path: str, source: str)
 
 
 def test_one_fork_path_raced_from_two_families_goes_to_one_and_the_other_counts_no_fork(
-        fresh_cluster, redis_cluster_url):
-    c = fresh_cluster(2, haproxy=False, engine=redis_cluster_url)
+        fresh_cluster, redis_url):
+    c = fresh_cluster(2, haproxy=False, engine=redis_url)
     for _race in range(20):
         sources, path = (uniq("src"), uniq("src")), uniq("fork")
         for source in sources:
