@@ -117,9 +117,9 @@ conformance: setup
 conformance-streams: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -s --timeout 900
 
-# The same suite against 3 nodes behind HAProxy round robin, on one redis-server and
-# on the mesh (~50-70 s each, so not in make test; tests/cluster/test_streams_redis.py
-# and test_streams_mesh.py are).
+# The same suite against 3 nodes behind HAProxy round robin: on one redis-server, on
+# a 3-primary Redis Cluster and on the mesh (~1-2 min each, so not in make test;
+# tests/cluster/test_streams_redis.py and test_streams_mesh.py are).
 conformance-streams-cluster: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -m streams_cluster -s \
 	  --timeout 900

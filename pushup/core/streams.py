@@ -352,6 +352,12 @@ class Streams:
             return
         self._remove(stream)
 
+    def drop(self, stream: Stream) -> None:
+        """Forget ``stream``, which no path answers with: a fork a shared
+        store created but then gave its path to another (its source counts
+        it no more; a deleted source whose last fork it was goes too)."""
+        self._remove(stream)
+
     def _remove(self, stream: Stream) -> None:
         """Forget ``stream`` (its forks still read what they hold of it: it
         goes once they do); its source too when that was deleted and this

@@ -2,17 +2,25 @@
 written through one node is read, followed and resumed through any other,
 with the same offsets, and an append a node acknowledged outlives that node.
 
-Real ``pushup serve`` processes on a ``redis-server`` of the test's own
-(docs/api.md, "Durable Streams", "In a cluster").
+Real ``pushup serve`` processes on a ``redis-server`` of the test's own, and
+(forks, whose family shares one slot) on a real 3-primary Redis Cluster
+(docs/api.md, "Durable Streams", "In a cluster on Redis").
 """
 from __future__ import annotations
 
 import json
 import signal
 import threading
+from collections.abc import Iterator
 
+import pytest
+
+from deploy.redis_cluster import RedisCluster
+from deploy.redis_server import RedisServer
 from tests.cluster.clients import request, uniq
+from tests.cluster.redis_backends import Cluster, running_cluster
 from tests.cluster.stream_checks import (
+    append,
     appends_until_killed,
     check_every_acknowledged_append_kept,
     check_long_poll_is_answered_by_an_append_through_another_node,
@@ -102,3 +110,126 @@ def test_writers_racing_through_two_nodes_each_get_the_offset_their_append_is_at
     # each acknowledged append once, ending exactly where its offset says
     assert sorted(parts) == sorted(acked)
     assert {part: f"{i + 1:016d}_{7 * (i + 1):016d}" for i, part in enumerate(parts)} == acked
+
+
+# -- forks, on one redis-server and on a real Redis Cluster (a family in one slot) --
+
+
+@pytest.fixture(scope="module")
+def shared_redis_cluster() -> Iterator[RedisCluster]:
+    """3 primaries, no replica, for the whole module (emptied between tests)."""
+    yield from running_cluster(replicas=0)
+
+
+@pytest.fixture(params=["server", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The ``--engine`` value of a fresh redis-server, or of the module's Redis
+    Cluster emptied: forks behave alike on both."""
+    if request.param == "cluster":
+        cluster = Cluster(request.getfixturevalue("shared_redis_cluster"))
+        cluster.clean()
+        yield cluster.url
+        return
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def put(base: str, path: str, body: bytes = b"", **headers: str) -> int:
+    """PUT a text stream (a fork with Stream-Forked-From); its status."""
+    status, _, _ = request("PUT", stream_url(base, path), body,
+                           {"Content-Type": "text/plain", **headers})
+    return status
+
+
+def read_all(base: str, path: str) -> tuple[int, bytes]:
+    status, _, body = request("GET", stream_url(base, path) + "?offset=-1")
+    return status, body
+
+
+def test_a_fork_created_through_one_node_is_appended_and_read_through_others(
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
+    source, fork, grandchild = uniq("src"), uniq("fork"), uniq("fork2")
+    assert put(c.bases[0], source, b"one;") == 201
+    append(c.bases[1], source, b"two;")
+    assert put(c.bases[1], fork, **{"Stream-Forked-From": f"/v1/stream/{source}"}) == 201
+    append(c.bases[2], fork, b"mine;")
+    append(c.bases[0], source, b"three;")  # after the fork: not in it
+    assert put(c.bases[2], grandchild, **{"Stream-Forked-From": f"/v1/stream/{fork}"}) == 201
+    append(c.bases[0], grandchild, b"deeper;")
+    for base in c.bases:
+        assert read_all(base, fork) == (200, b"one;two;mine;")
+        assert read_all(base, grandchild) == (200, b"one;two;mine;deeper;")
+        assert read_all(base, source) == (200, b"one;two;three;")
+
+
+def test_a_fork_deleted_through_another_node_takes_its_soft_deleted_source_along(
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
+    source, fork = uniq("src"), uniq("fork")
+    assert put(c.bases[0], source, b"kept;") == 201
+    assert put(c.bases[1], fork, **{"Stream-Forked-From": f"/v1/stream/{source}"}) == 201
+    assert request("DELETE", stream_url(c.bases[2], source))[0] == 204
+    assert read_all(c.bases[0], source)[0] == 410  # the fork still reads it
+    assert read_all(c.bases[1], fork) == (200, b"kept;")
+    assert request("DELETE", stream_url(c.bases[0], fork))[0] == 204
+    for base in c.bases:  # its last fork gone, the source goes too
+        assert read_all(base, fork)[0] == 404
+        assert read_all(base, source)[0] == 404
+    assert put(c.bases[2], source, b"anew;") == 201
+    assert read_all(c.bases[1], source) == (200, b"anew;")
+
+
+def test_a_deleted_forks_path_serves_a_fork_of_another_family_then_a_plain_stream(
+        fresh_cluster, redis_url):
+    c = fresh_cluster(3, haproxy=False, engine=redis_url)
+    first, second, path = uniq("src"), uniq("src"), uniq("fork")
+    assert put(c.bases[0], first, b"first;") == 201
+    assert put(c.bases[0], second, b"second;") == 201
+    assert put(c.bases[1], path, **{"Stream-Forked-From": f"/v1/stream/{first}"}) == 201
+    assert read_all(c.bases[2], path) == (200, b"first;")
+    assert request("DELETE", stream_url(c.bases[2], path))[0] == 204
+    assert put(c.bases[0], path, **{"Stream-Forked-From": f"/v1/stream/{second}"}) == 201
+    append(c.bases[1], path, b"more;")
+    for base in c.bases:
+        assert read_all(base, path) == (200, b"second;more;")
+    assert request("DELETE", stream_url(c.bases[1], path))[0] == 204
+    assert put(c.bases[2], path, b"plain;") == 201
+    for base in c.bases:
+        assert read_all(base, path) == (200, b"plain;")
+    # the sources count no fork: deleted, they go at once
+    for source in (first, second):
+        assert request("DELETE", stream_url(c.bases[0], source))[0] == 204
+        assert read_all(c.bases[1], source)[0] == 404
+
+
+def fork_into(statuses: list[int], node: int, base: str, path: str, source: str) -> None:
+    """Fork ``source`` at ``path`` through ``base``: its status at ``statuses[node]``."""
+    statuses[node] = put(base, path, **{"Stream-Forked-From": f"/v1/stream/{source}"})
+
+
+def test_one_fork_path_raced_from_two_families_goes_to_one_and_the_other_counts_no_fork(
+        fresh_cluster, redis_url):
+    c = fresh_cluster(2, haproxy=False, engine=redis_url)
+    for _race in range(20):
+        sources, path = (uniq("src"), uniq("src")), uniq("fork")
+        for source in sources:
+            assert put(c.bases[0], source, source.encode()) == 201
+        statuses: list[int] = [0, 0]
+        racers = [threading.Thread(target=fork_into, args=(
+            statuses, node, c.bases[node], path, sources[node])) for node in (0, 1)]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(30)
+        assert sorted(statuses) == [201, 409]
+        winner = statuses.index(201)
+        assert read_all(c.bases[1 - winner], path) == (200, sources[winner].encode())
+        # the loser's source has no fork: deleted, it is gone at once (not 410)
+        loser = sources[1 - winner]
+        assert request("DELETE", stream_url(c.bases[winner], loser))[0] == 204
+        assert read_all(c.bases[1 - winner], loser)[0] == 404

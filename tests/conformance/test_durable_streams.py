@@ -1,7 +1,7 @@
 """The Durable Streams conformance suite (npm ``@durable-streams/server-conformance-tests``,
 pinned by tests/conformance/streams/package-lock.json) against one real `pushup serve`,
-and (``make conformance-streams-cluster``) against 3 nodes behind HAProxy round robin: on
-one redis-server, and on the mesh.
+and (``make conformance-streams-cluster``) against 3 nodes behind HAProxy round robin:
+on one redis-server, on a 3-primary Redis Cluster, and on the mesh.
 
 The suite is the protocol authors' own (vitest, ~330 tests: core, idempotent
 producers, forks); it runs whole against ``CONFORMANCE_TEST_URL`` and this test
@@ -20,11 +20,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.launch import LocalCluster
+from deploy.redis_cluster import RedisCluster
+from tests.cluster.redis_backends import running_cluster
 from tests.toolkit import ServedNode, wait_healthy
 
 SUITE = Path(__file__).resolve().parent / "streams"
@@ -83,33 +86,54 @@ def test_the_durable_streams_suite_passes_whole_on_one_node() -> None:
     assert skipped == {"Reserved subscription APIs"}
 
 
-def assert_whole_on_three_nodes_behind_haproxy(**cluster: str) -> None:
-    """The suite against 3 nodes behind HAProxy round robin (``cluster``:
-    ``LocalCluster``'s engine): each request of a test goes to another node
-    than the last, so every stream is written, read and followed across nodes."""
-    nodes = LocalCluster(nodes=3, haproxy=True, **cluster)  # type: ignore[arg-type]
+def suite_on_three_nodes(engine: str) -> dict[str, object]:
+    """The suite's report against 3 nodes on ``engine`` behind HAProxy round robin:
+    each request of a test goes to another node than the last, so every stream is
+    written, read and followed across nodes."""
+    cluster = LocalCluster(nodes=3, haproxy=True, engine=engine)
     try:
-        nodes.start()
-        report = run_suite(nodes.front_url)
+        cluster.start()
+        report = run_suite(cluster.front_url)
     finally:
-        nodes.stop()
-    groups = outcomes(report)
-    for group, counts in sorted(groups.items()):
+        cluster.stop()
+    for group, counts in sorted(outcomes(report).items()):
         print(f"{group}: {dict(counts)}")
+    return report
+
+
+def assert_whole(report: dict[str, object]) -> None:
+    """Every test of the suite passed but the 6 it skips itself."""
     assert failures(report) == []
     assert report["numPassedTests"] == report["numTotalTests"] - report["numPendingTests"] \
         - report.get("numTodoTests", 0)  # type: ignore[operator]
+    skipped = {group for group, counts in outcomes(report).items() if counts["skipped"]}
+    assert skipped == {"Reserved subscription APIs"}
 
 
 @pytest.mark.timeout(RUN_GUARD + 120)
 @pytest.mark.streams_cluster  # ~50 s: `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
         redis_server) -> None:
-    assert_whole_on_three_nodes_behind_haproxy(engine=redis_server.url)
+    assert_whole(suite_on_three_nodes(redis_server.url))
+
+
+@pytest.fixture
+def three_primaries() -> Iterator[RedisCluster]:
+    """A Redis Cluster of 3 primaries, no replica, stopped by PID at the end."""
+    yield from running_cluster(replicas=0)
+
+
+@pytest.mark.timeout(RUN_GUARD + 180)
+@pytest.mark.streams_cluster  # ~70 s: `make conformance-streams-cluster` runs it
+def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_a_redis_cluster(
+        three_primaries) -> None:
+    """Forks and their sources over a Cluster's slots: each fork family in one
+    slot (docs/api.md, "In a cluster on Redis")."""
+    assert_whole(suite_on_three_nodes(three_primaries.seeds))
 
 
 @pytest.mark.timeout(RUN_GUARD + 120)
 @pytest.mark.streams_cluster  # `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_mesh_nodes_behind_haproxy() -> None:
     """Each stream is held by one node; the others hand its requests on."""
-    assert_whole_on_three_nodes_behind_haproxy(engine="mesh")
+    assert_whole(suite_on_three_nodes("mesh"))

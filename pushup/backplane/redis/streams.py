@@ -11,23 +11,20 @@ fresh read. The answer waits for that script: an acknowledged append is in
 Redis, whichever node dies. Offsets are the core's, a function of a stream's
 content, so identical on every node.
 
-Keys, one Cluster slot per stream path (hash tag ``{s:<path hash>}``):
-``pushup:{s:H}:at`` the uid of the stream at the path; ``pushup:{s:H}:<uid>:m``
-a hash (``v`` version, ``state`` JSON, ``deadline`` microseconds, raised by
-reads that renew a TTL without a new version); ``pushup:{s:H}:<uid>:l`` the
-appends, one list item each; ``pushup:{s:H}:n`` the sharded channel told the
-uid after each write, which wakes the long polls and SSE readers of every
-node (they read from the refreshed cache). A fork and its source are two
-paths, two slots: on a Redis Cluster a fork's write needs both on one slot
-(docs/api.md, "Durable Streams").
+Where each stream is (pushup/backplane/redis/stream_keys.py): every stream of
+one fork family in one Cluster slot, its family's home, so that a write is one
+script on one slot; a fork's path holds a pointer to it, set after the
+family's script created the fork (a refused pointer: the fork is dropped
+again, :meth:`SharedStreams._undo`), removed after it dropped it. What a
+node holds of Redis, and how it reads it in: pushup/backplane/redis/stream_cache.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import Any
 
 from twisted.internet import defer, task
@@ -35,132 +32,35 @@ from twisted.logger import Logger
 
 from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.stream_cache import StreamCache
+from pushup.backplane.redis.stream_keys import (
+    POINT,
+    POINT_SHA,
+    TOUCH,
+    TOUCH_SHA,
+    UNPOINT,
+    UNPOINT_SHA,
+    WRITE,
+    WRITE_SHA,
+    channel_of,
+    prefix_of,
+    uid_in,
+)
 from pushup.core import errors
 from pushup.core.errors import PushUpError
-from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, Streams, entry_of, state_of, stream_of
+from pushup.core.stream_values import Entry
+from pushup.core.streams import Stream, Streams, state_of
 
 log = Logger()
 EXPIRY_GRACE_MS = 3_600_000  # Redis drops an expired stream nobody asked for after this
 ATTEMPTS = 16  # a request is decided this often, on conflicting writes, before a 503
 MAX_BACKOFF_S = 0.05  # the most it waits before deciding again (random, doubling)
 
-# The stream at a path (ARGV[2] "") or a given uid: where the path points,
-# the uid, its version, state, deadline, then its appends from ARGV[4] on
-# (all of them when ARGV[3] is not the uid the cache holds). The state is ""
-# when the cache holds this version (ARGV[5]) already.
-READ = """
-local at = redis.call('GET', KEYS[1]) or ''
-local uid = ARGV[2]
-if uid == '' then uid = at end
-if uid == '' then return {at} end
-local m = ARGV[1] .. uid
-local meta = redis.call('HMGET', m .. ':m', 'v', 'state', 'deadline')
-if not meta[1] then return {at} end
-local from = 0
-if uid == ARGV[3] then from = tonumber(ARGV[4]) end
-local state = meta[2]
-if uid == ARGV[3] and meta[1] == ARGV[5] then state = '' end
-local out = {at, uid, meta[1], state, meta[3] or ''}
-local appends = redis.call('LRANGE', m .. ':l', from, -1)
-for i = 1, #appends do out[#out + 1] = appends[i] end
-return out
-"""
-READ_SHA = hashlib.sha1(READ.encode()).hexdigest()
-
-# Every change of one request, or none: ARGV[1] is a JSON list of changes,
-# one per stream (KEYS[i]: its path's key), ARGV[2...] their appends in order.
-# A change names the version it was decided on; any other version (or, when
-# it maps the path, another stream at the path; or, dropping an expired
-# stream, a deadline a read has renewed since) refuses them all: {0}.
-WRITE = """
-local changes = cjson.decode(ARGV[1])
-for i, c in ipairs(changes) do
-  local m = c.p .. c.u .. ':m'
-  if tonumber(redis.call('HGET', m, 'v') or '0') ~= c.v then return {0, i} end
-  if c.map == 1 and (redis.call('GET', KEYS[i]) or '') ~= c.at then return {0, i} end
-  if c.drop == 1 and c.now ~= '' then
-    local deadline = redis.call('HGET', m, 'deadline')
-    if deadline and tonumber(deadline) > tonumber(c.now) then return {0, i} end
-  end
-end
-local arg = 2
-for i, c in ipairs(changes) do
-  local m = c.p .. c.u
-  if c.drop == 1 then
-    redis.call('DEL', m .. ':m', m .. ':l')
-  else
-    redis.call('HSET', m .. ':m', 'v', c.v + 1, 'state', c.s)
-    if c.d ~= '' then
-      local deadline = redis.call('HGET', m .. ':m', 'deadline')
-      if not deadline or tonumber(deadline) < tonumber(c.d) then
-        redis.call('HSET', m .. ':m', 'deadline', c.d)
-      end
-    end
-    local last = arg + c.n - 1
-    while arg <= last do
-      local upto = math.min(last, arg + 999)
-      redis.call('RPUSH', m .. ':l', unpack(ARGV, arg, upto))
-      arg = upto + 1
-    end
-  end
-  if c.map == 1 then
-    redis.call('SET', KEYS[i], c.u)
-  elseif c.map == 0 and redis.call('GET', KEYS[i]) == c.u then
-    redis.call('DEL', KEYS[i])
-  end
-  if c.drop == 0 then  -- Redis drops what nobody asks for a while after its deadline
-    local mapped = redis.call('GET', KEYS[i]) == c.u
-    if c.x ~= '' then
-      redis.call('PEXPIREAT', m .. ':m', c.x)
-      redis.call('PEXPIREAT', m .. ':l', c.x)
-      if mapped then redis.call('PEXPIREAT', KEYS[i], c.x) end
-    else
-      redis.call('PERSIST', m .. ':m')
-      redis.call('PERSIST', m .. ':l')
-      if mapped then redis.call('PERSIST', KEYS[i]) end
-    end
-  end
-  redis.call('SPUBLISH', c.p .. 'n', c.u)
-end
-return {1}
-"""
-WRITE_SHA = hashlib.sha1(WRITE.encode()).hexdigest()
-
-# A read renewed a sliding TTL: the later deadline, kept (no new version).
-TOUCH = """
-local m = ARGV[1] .. ARGV[2] .. ':m'
-local deadline = redis.call('HGET', m, 'deadline')
-if redis.call('EXISTS', m) == 1 and (not deadline or tonumber(deadline) < tonumber(ARGV[3])) then
-  redis.call('HSET', m, 'deadline', ARGV[3])
-  if ARGV[4] ~= '' then
-    redis.call('PEXPIREAT', m, ARGV[4])
-    redis.call('PEXPIREAT', ARGV[1] .. ARGV[2] .. ':l', ARGV[4])
-    if redis.call('GET', KEYS[1]) == ARGV[2] then redis.call('PEXPIREAT', KEYS[1], ARGV[4]) end
-  end
-end
-return 1
-"""
-TOUCH_SHA = hashlib.sha1(TOUCH.encode()).hexdigest()
-
-
-def prefix_of(path: str) -> str:
-    """The keys' common start for ``path``: one hash tag, one slot."""
-    digest = hashlib.sha1(path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"pushup:{{s:{digest}}}:"
-
 
 def _packed(entry: Entry) -> bytes:
     lengths = None if entry.messages is None else [len(m) for m in entry.messages]
     head = json.dumps([entry.begins.appends, entry.begins.size, lengths])
     return head.encode() + b"\n" + entry.data
-
-
-def _unpacked(item: bytes) -> Entry:
-    head, _, data = item.partition(b"\n")
-    appends, size, lengths = json.loads(head)
-    return entry_of(Position(appends, size), data,
-                  None if lengths is None else json.dumps(lengths))
 
 
 def _expiry_ms(stream: Stream) -> str:
@@ -185,15 +85,11 @@ def _unwritten(e: Exception) -> PushUpError:
     return errors.EngineUnavailable(f"Redis refused the write: {e}")
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Conflict(Exception):
     """Another node wrote one of the streams since this node read it."""
 
 
-class SharedStreams:
+class SharedStreams(StreamCache):
     """The streams of every node on this Redis, with ``streams`` this node's
     cache of them (its ``Journal``: the changes the core makes are collected
     here and written by :meth:`serve`)."""
@@ -202,19 +98,14 @@ class SharedStreams:
                  timeout: float, clock: Any) -> None:
         """``timeout``: seconds a Redis command may take before the request
         is 503; ``clock``: the reactor (a retry's pause)."""
-        self.shards = shards
+        super().__init__(shards, streams, timeout, self._refresh)
         self.clock = clock
-        self.timeout = timeout
-        self.streams = streams
         self.now = now
         streams.journal = self
         self.lock = defer.DeferredLock()  # one request's read-decide-write at a time
-        self.versions: dict[str, int] = {}  # uid -> the version the cache holds
-        self.by_uid: dict[str, Stream] = {}  # every cached stream, mapped or a fork's source
-        self.at: dict[str, str] = {}  # path -> the uid Redis maps it to, as last read
-        self.sources: dict[str, str] = {}  # fork uid -> its source's uid
-        self.followed: set[str] = set()  # paths whose channel this node subscribes to
-        self._involved: dict[str, Stream] = {}  # uid -> the streams this request read
+        # uid -> (fork, its version) created here whose path another stream took
+        # first: it is dropped again before the next request (``_undo``)
+        self.orphans: dict[str, tuple[Stream, int]] = {}
         self._saved: dict[str, tuple[Stream, list[Entry], bool]] = {}
         self._dropped: dict[str, Stream] = {}
 
@@ -241,6 +132,8 @@ class SharedStreams:
                 yield task.deferLater(self.clock, pause, lambda: None)
             yield self.lock.acquire()
             try:
+                if self.orphans:
+                    yield self._undo()
                 result = yield self._attempt(paths, run)
             finally:
                 self.lock.release()
@@ -262,6 +155,27 @@ class SharedStreams:
                 f"Redis could not be read ({e}); nothing was changed") from None
         result = yield self._decide(run)
         return result
+
+    @defer.inlineCallbacks
+    def _undo(self) -> Generator[Any, Any, None]:
+        """Drop again each fork created here whose path another stream took
+        first (its source counts it no more), unless its path points to it
+        after all or it was written since (then it is a stream like any)."""
+        for uid, (orphan, version) in list(self.orphans.items()):
+            assert orphan.fork_request is not None
+            self._involved = {}
+            try:
+                yield self._read_path(orphan.fork_request[0])
+                yield self._read_path(orphan.path)
+                fork, found = yield self._read_uid(self._home(orphan), uid)
+                if (not found or self.versions.get(uid) != version
+                        or uid_in(self.at.get(orphan.path, "")) == uid):
+                    del self.orphans[uid]
+                    continue
+                if (yield self._decide(partial(self.streams.drop, fork))) is not _AGAIN:
+                    del self.orphans[uid]
+            except Exception as e:  # kept: tried again before the next request
+                log.warn("redis: fork {uid} not dropped yet: {why}", uid=uid, why=str(e))
 
     @defer.inlineCallbacks
     def _decide(self, run: Callable[[], Any]) -> Generator[Any, Any, Any]:
@@ -287,10 +201,10 @@ class SharedStreams:
             touched = [s for uid, s in involved.items() if s.ttl is not None
                        and uid not in saved and s.deadline != deadlines.get(uid, s.deadline)]
             for s in touched:
+                home, key, _ = self._place(s)
                 yield self.shards.evalsha(
-                    TOUCH_SHA, TOUCH, (prefix_of(s.path) + "at",),
-                    (prefix_of(s.path), s.uid, str(s.deadline), _expiry_ms(s)),
-                    timeout=self.timeout)
+                    TOUCH_SHA, TOUCH, (key or home + "at",),
+                    (home, s.uid, str(s.deadline), _expiry_ms(s)), timeout=self.timeout)
         except Conflict:
             self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
             return _AGAIN
@@ -306,47 +220,77 @@ class SharedStreams:
     @defer.inlineCallbacks
     def _write(self, saved: dict[str, tuple[Stream, list[Entry], bool]],
                dropped: dict[str, Stream]) -> Generator[Any, Any, None]:
+        """The changes, one script on their family's slot; then a new fork's
+        pointer (another stream took its path first: Conflict, the fork an
+        orphan) and a dropped fork's pointer removed."""
         changes: list[dict[str, Any]] = []
-        keys: list[str] = []
         appends: list[bytes] = []
+        points: list[tuple[Stream, str, str]] = []  # (fork, what its path held, pointer)
+        unpoints: list[tuple[str, str]] = []  # (a path's at key, the pointer it loses)
         now = self.now()
         for uid, (stream, entries, mapped) in saved.items():
-            prefix = prefix_of(stream.path)
+            home, key, value = self._place(stream)
             known = self.at.get(stream.path, "")
-            mapping = (-1 if mapped == (known == uid) else 1 if mapped else 0)
-            changes.append({"p": prefix, "u": uid, "v": self.versions.get(uid, 0),
+            mapping = (-1 if mapped == (known == value) else 1 if mapped else 0)
+            if not key and mapping == 1:
+                points.append((stream, known, value))
+            elif not key and mapping == 0:
+                unpoints.append((prefix_of(stream.path) + "at", value))
+            changes.append({"p": home, "u": uid, "v": self.versions.get(uid, 0),
                             "s": json.dumps(state_of(stream, mapped)), "n": len(entries),
                             "d": "" if stream.deadline is None else str(stream.deadline),
-                            "map": mapping, "at": known, "drop": 0, "now": "",
+                            "map": mapping if key else -1, "k": key, "at": known,
+                            "ch": channel_of(stream.path, home), "drop": 0, "now": "",
                             "x": _expiry_ms(stream)})
-            keys.append(prefix + "at")
             appends.extend(_packed(e) for e in entries)
         for uid, stream in dropped.items():
-            prefix = prefix_of(stream.path)
+            home, key, value = self._place(stream)
             expired = stream.deadline is not None and now >= stream.deadline
-            changes.append({"p": prefix, "u": uid, "v": self.versions.get(uid, 0),
-                            "s": "", "n": 0, "d": "", "map": 0, "at": "", "drop": 1,
+            if not key:
+                unpoints.append((prefix_of(stream.path) + "at", value))
+            changes.append({"p": home, "u": uid, "v": self.versions.get(uid, 0),
+                            "s": "", "n": 0, "d": "", "map": 0, "k": key, "at": "",
+                            "ch": channel_of(stream.path, home), "drop": 1,
                             "now": str(now) if expired else ""})
-            keys.append(prefix + "at")
-        reply = yield self.shards.evalsha(WRITE_SHA, WRITE, keys,
+        reply = yield self.shards.evalsha(WRITE_SHA, WRITE, (changes[0]["p"] + "at",),
                                           [json.dumps(changes), *appends], timeout=self.timeout)
         if int(reply[0]) != 1:
             raise Conflict()
+        for fork, known, value in points:
+            try:
+                pointed = yield self.shards.evalsha(
+                    POINT_SHA, POINT, (prefix_of(fork.path) + "at",), (known, value),
+                    timeout=self.timeout)
+            except Exception:
+                self.orphans[fork.uid] = (fork, self.versions.get(fork.uid, 0) + 1)
+                raise
+            if int(pointed) != 1:
+                self.orphans[fork.uid] = (fork, self.versions.get(fork.uid, 0) + 1)
+                raise Conflict()
+        for key, value in unpoints:  # a pointer left behind reads as no stream
+            try:
+                yield self.shards.evalsha(UNPOINT_SHA, UNPOINT, (key,), (value,),
+                                          timeout=self.timeout)
+            except Exception as e:
+                log.warn("redis: pointer {key} not removed: {why}", key=key, why=str(e))
         for uid, (stream, _, mapped) in saved.items():
+            home, _, value = self._place(stream)
             self.versions[uid] = self.versions.get(uid, 0) + 1
             self.by_uid[uid] = stream
+            self.homes[uid] = home
             if stream.source is not None:
                 self.sources[uid] = stream.source.uid
-            self._follow(stream.path)
             if mapped:
-                self.at[stream.path] = uid
-            elif self.at.get(stream.path) == uid:
+                self.at[stream.path] = value
+                self._follow(stream.path, channel_of(stream.path, home))
+            elif uid_in(self.at.get(stream.path, "")) == uid:
                 del self.at[stream.path]
         for uid, stream in dropped.items():
             self.versions.pop(uid, None)
             self.by_uid.pop(uid, None)
             self.sources.pop(uid, None)
-            if self.at.get(stream.path) == uid:
+            self.homes.pop(uid, None)
+            if uid_in(self.at.get(stream.path, "")) == uid:
                 del self.at[stream.path]
             if stream.path not in self.at:
                 self._unfollow(stream.path)
@@ -362,111 +306,6 @@ class SharedStreams:
                 continue
             del stream.entries[:], stream.begins[:]
 
-    # -- reading Redis into the cache -------------------------------------------
-
-    @defer.inlineCallbacks
-    def _read_path(self, path: str) -> Generator[Any, Any, None]:
-        """The stream at ``path`` (and a fork's sources) as Redis holds it now."""
-        prefix = prefix_of(path)
-        cached = self.streams.at(path)
-        hint = "" if cached is None else cached.uid
-        reply = yield self.shards.evalsha(
-            READ_SHA, READ, (prefix + "at",),
-            (prefix, "", hint, len(cached.entries) if cached is not None else 0,
-             self.versions.get(hint, "")), timeout=self.timeout)
-        at = _text(reply[0])
-        if len(reply) == 1:
-            if at:
-                self.at[path] = at
-            else:
-                self.at.pop(path, None)
-            if cached is not None:
-                self._unmap(path, cached)
-            self._unfollow(path)
-            return
-        self.at[path] = at
-        stream = yield self._apply(path, reply)
-        if cached is not None and cached is not stream:
-            self._unmap(path, cached)
-        self.streams.place(path, stream)
-        self._follow(path)
-
-    @defer.inlineCallbacks
-    def _read_uid(self, path: str, uid: str) -> Generator[Any, Any, Stream | None]:
-        prefix = prefix_of(path)
-        cached = self.by_uid.get(uid)
-        reply = yield self.shards.evalsha(
-            READ_SHA, READ, (prefix + "at",),
-            (prefix, uid, uid if cached is not None else "",
-             len(cached.entries) if cached is not None else 0,
-             self.versions.get(uid, "")), timeout=self.timeout)
-        if len(reply) == 1:  # gone: nothing more to read of it
-            if cached is not None:
-                cached.deleted = True
-            return cached
-        stream: Stream = yield self._apply(path, reply)
-        return stream
-
-    @defer.inlineCallbacks
-    def _apply(self, path: str, reply: list[Any]) -> Generator[Any, Any, Stream]:
-        uid, version, state_text, deadline = (_text(reply[1]), int(reply[2]),
-                                              _text(reply[3]), _text(reply[4]))
-        stream = self.by_uid.get(uid)
-        changed = stream is None or self.versions.get(uid) != version
-        state = json.loads(state_text) if state_text else None
-        if state is not None:  # new to the cache, or another version than it holds
-            fresh = stream_of(uid, state)
-            if stream is None:
-                stream = self.by_uid[uid] = fresh
-            else:
-                for name in ("content_type", "ttl", "expires_at", "deadline", "closed",
-                             "closed_by", "forked_at", "fork_request", "tail", "forks",
-                             "deleted", "producers", "writer_seq", "charged"):
-                    setattr(stream, name, getattr(fresh, name))
-        assert stream is not None  # READ sends the state of a stream new to the cache
-        if deadline and stream.deadline is not None:  # reads renew it in Redis only
-            stream.deadline = max(stream.deadline, int(deadline))
-        for item in reply[5:]:
-            entry = _unpacked(bytes(item))
-            stream.entries.append(entry)
-            stream.begins.append(entry.begins.size)
-        self.versions[uid] = version
-        self._involved[uid] = stream
-        source_uid = (state["source"] if state is not None else self.sources.get(uid))
-        if source_uid is not None and stream.fork_request is not None:
-            self.sources[uid] = source_uid
-            source = yield self._read_uid(stream.fork_request[0], source_uid)
-            stream.source = source
-        if changed:
-            stream.wake()
-        return stream
-
-    def _unmap(self, path: str, stream: Stream) -> None:
-        """``stream`` no longer answers at ``path`` (deleted or expired
-        through another node): its readers hear it."""
-        if self.streams.at(path) is stream:
-            self.streams.place(path, None)
-        if stream.uid not in self.sources.values():
-            self.by_uid.pop(stream.uid, None)
-            self.versions.pop(stream.uid, None)
-        stream.deleted = True
-        stream.wake()
-
-    # -- other nodes' writes ---------------------------------------------------
-
-    def _follow(self, path: str) -> None:
-        if path in self.followed:
-            return
-        self.followed.add(path)
-        self.shards.subscribe(prefix_of(path) + "n", lambda _: self._refresh(path),
-                              lambda: self._refresh(path))
-
-    def _unfollow(self, path: str) -> None:
-        """No stream at ``path`` any more: its channel is not needed here."""
-        if path in self.followed:
-            self.followed.discard(path)
-            self.shards.unsubscribe(prefix_of(path) + "n")
-
     def _refresh(self, path: str) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
         been missed): read it again, which wakes its readers, if it has any
@@ -477,11 +316,5 @@ class SharedStreams:
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",
                                         path=path[:200], why=f.getErrorMessage()))
-
-    def stop(self) -> None:
-        for path in self.followed:
-            self.shards.unsubscribe(prefix_of(path) + "n")
-        self.followed.clear()
-
 
 _AGAIN = object()
