@@ -257,7 +257,7 @@ class Harness:
 # Tests that use the whole machine (CPU cgroups, figures of CPU, apt, make in
 # the checkout, many processes at once) run one after another on one worker
 # under `make test`'s two (pytest-xdist --dist loadgroup); the rest share both.
-MACHINE = ("tests/loadtest/", "tests/conformance/", "tests/cluster/test_launcher.py",
+MACHINE = ("tests/loadtest/", "tests/cluster/test_launcher.py",
            "tests/cluster/test_faults.py",  # network namespaces, as the faults bench's
            "tests/test_system_packages.py", "tests/test_make_targets.py")
 

@@ -111,7 +111,6 @@ def assert_whole(report: dict[str, object]) -> None:
 
 
 @pytest.mark.timeout(RUN_GUARD + 120)
-@pytest.mark.streams_cluster  # ~50 s: `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
         redis_server) -> None:
     assert_whole(suite_on_three_nodes(redis_server.url))
@@ -124,7 +123,7 @@ def three_primaries() -> Iterator[RedisCluster]:
 
 
 @pytest.mark.timeout(RUN_GUARD + 180)
-@pytest.mark.streams_cluster  # ~70 s: `make conformance-streams-cluster` runs it
+@pytest.mark.streams_redis_cluster  # ~70 s: `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_a_redis_cluster(
         three_primaries) -> None:
     """Forks and their sources over a Cluster's slots: each fork family in one
@@ -133,7 +132,6 @@ def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_a_redis_cluste
 
 
 @pytest.mark.timeout(RUN_GUARD + 120)
-@pytest.mark.streams_cluster  # `make conformance-streams-cluster` runs it
 def test_the_durable_streams_suite_passes_whole_on_three_mesh_nodes_behind_haproxy() -> None:
     """Each stream is held by one node; the others hand its requests on."""
     assert_whole(suite_on_three_nodes("mesh"))
