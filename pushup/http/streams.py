@@ -118,6 +118,7 @@ class StreamEndpoints:
         # --engine redis: every node's streams, in Redis (this node's a cache)
         self.shared: SharedStore | None = None
         self.draining = False
+        self.long_polls = 0  # held now (/stats ``stream_long_polls``)
         # the last long poll's answer, and what it answered (see ``_wait``)
         self._shared: tuple[tuple[object, ...], Response] | None = None
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
@@ -335,6 +336,7 @@ class StreamEndpoints:
         def answer(response: Response) -> None:
             if timer and timer[0].active():
                 timer[0].cancel()
+            self.long_polls -= 1
             answered.callback(response)
 
         def woken() -> None:
@@ -371,8 +373,10 @@ class StreamEndpoints:
             if not answered.called:
                 if woken in stream.waiters:
                     stream.waiters.remove(woken)
+                self.long_polls -= 1
                 answered.callback(self._caught_up(stream, at, cursor))
 
+        self.long_polls += 1
         stream.waiters.append(woken)
         timer.append(self.service.clock.callLater(hold, timed_out))
         return Pending(answered)

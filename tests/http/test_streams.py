@@ -191,3 +191,19 @@ def test_a_held_long_poll_is_answered_404_when_its_stream_is_deleted():
     held.answer.addCallback(done.append)
     assert [(r.status, json.loads(r.body or b"")["error"]["code"]) for r in done] == [
         (404, "not_found")]
+
+
+def test_stats_count_the_long_polls_held_until_answered_or_timed_out():
+    clock = Clock()
+    clock.advance(START)
+    whole = Node(Config(node_id="s"), clock)  # type: ignore[arg-type]
+    handlers = whole.handlers
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    assert whole.stats()["stream_long_polls"] == 0
+    ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll")
+    ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert whole.stats()["stream_long_polls"] == 2
+    clock.advance(LONG_POLL_S)  # the first's 204
+    assert whole.stats()["stream_long_polls"] == 1
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"x", content_type=b"text/plain"))
+    assert whole.stats()["stream_long_polls"] == 0
