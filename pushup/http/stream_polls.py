@@ -4,17 +4,20 @@ wait, answered together.
 Every poll held at one offset of one stream that asks alike (the same
 ``cursor`` and ``If-None-Match``) waits in one ``Group``, which is one waiter
 of the stream: the append that wakes it has one answer built, and every poll
-of the group gets that answer, as a fan-out of ``/subscribe`` renders one body
-for all its subscribers. Timeouts are data, as the hub's: one heap of
-deadlines under one ``Alarm``, so a held poll costs no timer of the reactor.
-What a group is answered is its owner's (:mod:`pushup.http.streams`) to say.
-It parses no HTTP; time is the injected clock's.
+of the group gets that answer through its connection (``answer_held``: the
+same bytes, rendered once), as a fan-out of ``/subscribe`` answers its
+subscribers. Timeouts are data, as the hub's: one heap of deadlines under one
+``Alarm``, so a held poll costs no timer of the reactor. A poll whose client
+leaves is forgotten at once (``Held.cancel``). What a group is answered is its
+owner's (:mod:`pushup.http.streams`) to say. It parses no HTTP; time is the
+injected clock's.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Protocol
 
 from twisted.internet import defer
 
@@ -26,16 +29,47 @@ from pushup.http.exchange import Held, Response
 GroupKey = tuple[str, Position, str | None, bytes | None]
 
 
+class HeldClient(Protocol):
+    """The connection of a held poll (``protocol.HTTPProtocol``)."""
+
+    def answer_held(self, response: Response) -> bool:
+        """Answer the held request; False if it is not held any more."""
+
+
+class Later:
+    """A held poll answered through a Deferred (``Pending``), for a read whose
+    ``Held`` would reach its connection only later (``--engine redis``: after
+    Redis answers), so an append meanwhile is not lost; its client's leaving
+    is not seen (the poll is answered into the closed connection)."""
+
+    def __init__(self) -> None:
+        self.answer: defer.Deferred[Response | Held] = defer.Deferred()
+
+    def answer_held(self, response: Response) -> bool:
+        if self.answer.called:
+            return False
+        self.answer.callback(response)
+        return True
+
+
 class Poll:
-    """One held long poll: answered once, by its group's wake-up or its deadline."""
+    """One held long poll: answered once, by its group's wake-up or its
+    deadline, or forgotten when its client leaves."""
 
-    __slots__ = ("answered", "deadline", "done", "group")
+    __slots__ = ("client", "deadline", "done", "group", "owner")
 
-    def __init__(self, group: Group, deadline: int) -> None:
-        self.answered: defer.Deferred[Response | Held] = defer.Deferred()
+    def __init__(self, owner: LongPolls, group: Group, client: HeldClient,
+                 deadline: int) -> None:
+        self.owner = owner
+        self.group = group
+        self.client = client
         self.deadline = deadline
         self.done = False
-        self.group = group
+
+    def cancel(self) -> None:
+        """The client left (the front calls this: ``Held.cancel``)."""
+        if not self.done:
+            self.owner.let_go(self)
 
 
 class Group:
@@ -76,8 +110,8 @@ class LongPolls:
         self._alarm = Alarm(clock, self._expire)
         self.held = 0  # polls held now (/stats ``stream_long_polls``)
 
-    def hold(self, stream: Stream, at: Position, cursor: str | None,
-             if_none_match: bytes | None, seconds: float) -> defer.Deferred[Response | Held]:
+    def hold(self, client: HeldClient, stream: Stream, at: Position, cursor: str | None,
+             if_none_match: bytes | None, seconds: float) -> Held:
         """A poll held at ``at`` until the stream grows, closes or goes (its
         group's answer), or ``seconds`` pass (``caught_up``)."""
         key = (stream.uid, at, cursor, if_none_match)
@@ -87,7 +121,7 @@ class LongPolls:
                                               self._wake)
             stream.waiters.append(group.woken)
         now = micros(self._clock.seconds())
-        poll = Poll(group, now + micros(seconds))
+        poll = Poll(self, group, client, now + micros(seconds))
         group.polls.append(poll)
         group.live += 1
         self.held += 1
@@ -98,7 +132,7 @@ class LongPolls:
             heapq.heapify(deadlines)
         heapq.heappush(deadlines, (poll.deadline, self._serial, poll))
         self._alarm.set(poll.deadline, now)
-        return poll.answered
+        return Held(poll.cancel)
 
     def _wake(self, group: Group) -> None:
         if group.live == 0:
@@ -115,7 +149,7 @@ class LongPolls:
             if not poll.done:
                 poll.done = True
                 self.held -= 1
-                poll.answered.callback(response)
+                poll.client.answer_held(response)
 
     def _expire(self, deadline: int) -> None:
         """Answer every poll whose deadline has come (204), then wait for the next."""
@@ -125,14 +159,18 @@ class LongPolls:
             poll = heapq.heappop(deadlines)[2]
             if poll.done:
                 continue
-            poll.done = True
-            self.held -= 1
-            group = poll.group
-            group.live -= 1
-            if group.live == 0:
-                self._forget(group)
-            poll.answered.callback(self._caught_up(group))
+            self.let_go(poll)
+            poll.client.answer_held(self._caught_up(poll.group))
         self._alarm.set(deadlines[0][0] if deadlines else None, now)
+
+    def let_go(self, poll: Poll) -> None:
+        """``poll`` is held no more (timed out, or its client left)."""
+        poll.done = True
+        self.held -= 1
+        group = poll.group
+        group.live -= 1
+        if group.live == 0:
+            self._forget(group)
 
     def _forget(self, group: Group) -> None:
         """No poll of ``group`` is held any more: it waits on nothing."""

@@ -37,7 +37,7 @@ from pushup.core.stream_values import (
 from pushup.core.streams import Stream, Streams
 from pushup.http.exchange import Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
-from pushup.http.stream_polls import Group, LongPolls
+from pushup.http.stream_polls import Group, Later, LongPolls
 from pushup.http.stream_sse import Feed
 
 PREFIX = b"/v1/stream/"
@@ -296,8 +296,13 @@ class StreamEndpoints:
         if live == "long-poll" and not read.data and not read.messages:
             if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
-                return Pending(self.polls.hold(stream, at, cursor_text,
-                                               request.headers.get(b"if-none-match"), hold))
+                if_none_match = request.headers.get(b"if-none-match")
+                if self.shared is not None:  # answered after Redis: held through a Deferred
+                    later = Later()
+                    self.polls.hold(later, stream, at, cursor_text, if_none_match, hold)
+                    return Pending(later.answer)
+                return self.polls.hold(client, stream, at,  # type: ignore[arg-type]
+                                       cursor_text, if_none_match, hold)
             return self._caught_up(stream, at, cursor_text)
         return self._data(request.headers.get(b"if-none-match"), stream, given or "-1", read,
                           live, cursor_text)
