@@ -101,7 +101,7 @@ cluster-packages: $(RUN_STAMP)
 # The suite runs against the build pip made (compiled where a C compiler exists);
 # the pure core's unit tests run once more on the interpreted sources.
 test: setup bench-packages lint $(BUILT)
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 	PUSHUP_PURE=1 $(PY) -m pytest tests/core
 
 # The external checks, longer than `make test` runs them: the SSE clients (npm
@@ -117,8 +117,9 @@ conformance: setup
 conformance-streams: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -s --timeout 900
 
-# The same suite against 3 nodes on one redis-server behind HAProxy round robin
-# (~50 s, so not in make test; tests/cluster/test_streams_redis.py is).
+# The same suite against 3 nodes behind HAProxy round robin, on one redis-server and
+# on the mesh (~50-70 s each, so not in make test; tests/cluster/test_streams_redis.py
+# and test_streams_mesh.py are).
 conformance-streams-cluster: setup
 	$(PY) -m pytest tests/conformance/test_durable_streams.py -m streams_cluster -s \
 	  --timeout 900

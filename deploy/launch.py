@@ -139,9 +139,10 @@ class LocalCluster:
                  node_args: Sequence[str] = (), web_backend: str = "",
                  secret: str = "", workdir: str | None = None, haproxy: bool = True,
                  engine: str = "mesh", node_env: dict[str, str] | None = None,
-                 balance: str = "roundrobin") -> None:
+                 balance: str = "roundrobin", data_dirs: bool = False) -> None:
         self.node_ports = [free_port() for _ in range(nodes)]
         self.balance = balance  # HAProxy's: roundrobin, channel or sticky (haproxy_config)
+        self.data_dirs = data_dirs  # each mesh node a --data-dir of its own, in workdir
         self.front_port = front_port or free_port()
         self.haproxy_procs = haproxy_procs if haproxy else 0
         self.node_args = list(node_args)
@@ -176,6 +177,8 @@ class LocalCluster:
         for j in range(len(self.node_ports)):
             if j != i:
                 argv += ["--peer", self.node_url(j)]
+        if self.data_dirs:
+            argv += ["--data-dir", str(self.workdir / f"node{i + 1}-data")]
         return argv + self.node_args
 
     @property

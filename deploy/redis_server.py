@@ -65,6 +65,9 @@ def command(port: int, *args: Any, db: int = 0, timeout: float = 5.0) -> Any:
         return replies[-1]
 
 
+SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (sun_path less its NUL)
+
+
 class RedisServer:
     """One ``redis-server`` process: ``start``, ``pause``/``resume``, ``kill``, ``restart``,
     ``stop``. Without persistence arguments a restarted server is empty."""
@@ -90,6 +93,9 @@ class RedisServer:
         """Start on a free port (another one if the port was taken meanwhile)."""
         if shutil.which("redis-server") is None:
             raise RedisServerError("redis-server is not installed (make system-packages)")
+        if len(self.unix_path.encode()) > SOCKET_PATH_MAX:  # else redis-server exits at once
+            raise RedisServerError(f"the Unix socket path {self.unix_path} is longer than "
+                                   f"{SOCKET_PATH_MAX} bytes: set a shorter TMPDIR")
         for _attempt in range(3):
             self.port = free_port()
             if self._spawn():

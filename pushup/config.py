@@ -37,6 +37,7 @@ class Config:
     port: int = 8080
     node_id: str = ""  # empty: the data dir's, else <hostname>-<port> (random with port 0)
     peer: tuple[str, ...] = ()
+    advertise_url: str = ""  # empty: http://HOST:PORT
     engine: str = "mesh"
     redis_maxlen: int = 100_000
     # A node follows whole partitions: with more channels than partitions,
@@ -85,6 +86,9 @@ _HELP: dict[str, tuple[str, str | None]] = {
                 "--data-dir, else HOSTNAME-PORT (random with --port 0), so a restart keeps "
                 "it", "ID"),
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
+    "advertise_url": ("this node's base URL as the other nodes' --peer name it (default "
+                      "http://HOST:PORT): on the mesh, each Durable Stream is held by one "
+                      "node, chosen from these URLs", "URL"),
     "engine": ("what carries the cluster: mesh (peers, --peer) or "
                "redis://HOST:PORT[,HOST:PORT...][/DB] (one redis-server, or seeds of a "
                "Redis Cluster)", "ENGINE"),
@@ -130,7 +134,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "log_level": ("debug, info, warn, error or critical", "LEVEL"),
     "log_format": ("text, or json: one JSON object a line for log shippers", "FORMAT"),
     "data_dir": ("keep the cache in SQLite in this directory, so a restart loses nothing "
-                 "acknowledged and retained (single node only; one process at a time)", "DIR"),
+                 "acknowledged and retained (single node only; on the mesh, the node's "
+                 "Durable Streams only; one process at a time)", "DIR"),
     "admin_port": ("serve /stats and /metrics (and /health) on this port, on --admin-host, "
                    "and no longer on the client port (0: on the client port)", "PORT"),
     "admin_host": ("address of --admin-port (keep it private: /stats names the peers)",
@@ -408,6 +413,8 @@ def validate(c: Config) -> Config:
          "--cors-origin * already allows every origin: give it alone")
     for url in c.peer:
         need(url.startswith(("http://", "https://")), f"--peer {url!r} is not an http URL")
+    need(not c.advertise_url or c.advertise_url.startswith(("http://", "https://")),
+         f"--advertise-url {c.advertise_url!r} is not an http URL")
     if c.engine != "mesh":
         try:
             parse_seeds(c.engine)
@@ -420,10 +427,9 @@ def validate(c: Config) -> Config:
     need(not c.peer or bool(c.cluster_secret),
          f"{spelled('peer')} needs {spelled('cluster_secret')}: peers always authenticate "
          "each other")
-    need(not c.data_dir or not (c.peer or c.cluster_secret or c.workers > 1),
-         f"{spelled('data_dir')} is for a single node: it cannot be combined with "
-         f"{spelled('peer')}, {spelled('cluster_secret')} or {spelled('workers')} above 1 "
-         "(see README, Data directory)")
+    need(not c.data_dir or c.workers == 1,
+         f"{spelled('data_dir')} is for a single process: it cannot be combined with "
+         f"{spelled('workers')} above 1 (see README, Data directory)")
     need(not c.data_dir or c.engine == "mesh",
          f"{spelled('data_dir')} is for a single node: on a Redis {spelled('engine')}, "
          "Redis keeps the log")

@@ -254,6 +254,21 @@ class Harness:
         return sum(1 for c in conns if c.transport.value())
 
 
+# Tests that use the whole machine (CPU cgroups, figures of CPU, apt, make in
+# the checkout, many processes at once) run one after another on one worker
+# under `make test`'s two (pytest-xdist --dist loadgroup); the rest share both.
+MACHINE = ("tests/loadtest/", "tests/conformance/", "tests/cluster/test_launcher.py",
+           "tests/cluster/test_faults.py",  # network namespaces, as the faults bench's
+           "tests/test_system_packages.py", "tests/test_make_targets.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each item's group in its node id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(MACHINE):
+            item.add_marker(pytest.mark.xdist_group("machine"))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Locust imports gevent, which monkey-patches socket and threading in the
     importing process: the cluster and end-to-end tests (threads and blocking

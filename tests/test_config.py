@@ -195,13 +195,26 @@ def test_data_dir_comes_from_flag_env_and_file():
     assert serve(toml='data_dir = "/t"').data_dir == "/t"
 
 
-@pytest.mark.parametrize("flags", [("--peer", "http://127.0.0.1:8081", "--cluster-secret", "s"),
-                                   ("--cluster-secret", "s"), ("--workers", "2"),
-                                   ("--engine", "redis://127.0.0.1:6379")])
-def test_data_dir_is_refused_beside_a_cluster(flags):
-    assert refused("--data-dir", "/d", *flags).startswith(
+def test_data_dir_is_refused_beside_workers():
+    assert refused("--data-dir", "/d", "--workers", "2").startswith(
+        "data_dir (--data-dir, PUSHUP_DATA_DIR or data_dir in the config file) is for a single "
+        "process")
+
+
+def test_data_dir_is_refused_on_redis():
+    assert refused("--data-dir", "/d", "--engine", "redis://127.0.0.1:6379").startswith(
         "data_dir (--data-dir, PUSHUP_DATA_DIR or data_dir in the config file) is for a single "
         "node")
+
+
+def test_a_mesh_node_keeps_its_streams_in_a_data_dir():
+    config = serve("--data-dir", "/d", "--peer", "http://127.0.0.1:8081",
+                   "--cluster-secret", "s")
+    assert (config.data_dir, config.peer) == ("/d", ("http://127.0.0.1:8081",))
+
+
+def test_advertise_url_that_is_not_an_http_url_is_refused():
+    refused("--advertise-url", "127.0.0.1:8080")
 
 
 def test_peer_that_is_not_an_http_url_is_refused():

@@ -14,7 +14,9 @@ the hub and the cursor never know which backplane runs:
 A backplane may also answer requests of its own under one path prefix (a
 ``Mount``): the HTTP layer hands each over as an ``EngineRequest`` and
 renders the ``EngineAnswer``, or hands the connection to the protocol
-``Mount.upgrade`` gives, knowing nothing of what they carry.
+``Mount.upgrade`` gives, knowing nothing of what they carry. A request the
+node hands on to another (a Durable Stream's owner on the mesh) comes back
+``Relayed``, or as a ``RelayedStream`` for an event stream.
 
 This module holds the interface and the values that cross it (a channel
 operation, ``ChannelOp``, is the core's: :mod:`pushup.core.channels`); it
@@ -26,7 +28,7 @@ dials TCP.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -85,6 +87,28 @@ class Mount(Protocol):
 
     def answer(self, request: EngineRequest, now: float) -> EngineAnswer:
         """The answer to a request; a ``PushUpError`` to refuse it."""
+
+
+Fields = tuple[tuple[bytes, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """The whole answer another node gave a request this node handed on to
+    it (a Durable Stream's owner, on the mesh), to give the client as it is."""
+
+    status: int
+    content_type: bytes | None
+    fields: Fields  # its headers but those of the connection (length, date, ...)
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RelayedStream:
+    """An event stream another node answers, being relayed to the client
+    (already opened on it); ``cancel`` once the client goes first."""
+
+    cancel: Callable[[], None]
 
 
 class Unconfirmed(list[Message]):

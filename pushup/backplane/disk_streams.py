@@ -3,7 +3,8 @@
 This module writes each change :mod:`pushup.core.streams` names (a stream's
 state, the appends it gained, a stream gone) in one transaction committed,
 and fsynced, before the change is answered, and reads every stream back at
-start. It keeps ``streams.sqlite3`` next to the channels' ``pushup.sqlite3``
+start; on the mesh, also where the forks of paths this node owns live
+(``placed``). It keeps ``streams.sqlite3`` next to the channels' ``pushup.sqlite3``
 in the data directory :class:`pushup.backplane.disk.DataDir` holds locked.
 """
 
@@ -29,6 +30,9 @@ CREATE TABLE IF NOT EXISTS entries (
     data BLOB NOT NULL,
     lengths TEXT,  -- JSON streams: each message's length in data (each has a comma after)
     PRIMARY KEY (uid, appends)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS placements (  -- the mesh: forks of paths we own, on another node
+    path TEXT PRIMARY KEY,
+    node TEXT NOT NULL) WITHOUT ROWID;
 """
 
 
@@ -84,6 +88,18 @@ class StreamsFile:
                (stream.uid, e.begins.appends, e.begins.size, e.data,
                 None if e.messages is None else json.dumps([len(m) for m in e.messages])))
               for e in entries)])
+
+    def placements(self) -> dict[str, str]:
+        """Every placement kept: a path this node owns, and the node its fork is on."""
+        return dict(self.db.execute("SELECT path, node FROM placements"))
+
+    def placed(self, path: str, node: str | None) -> None:
+        """Keep (None: forget) where the stream at ``path`` lives."""
+        if node is None:
+            self._write([("DELETE FROM placements WHERE path = ?", (path,))])
+        else:
+            self._write([("INSERT OR REPLACE INTO placements (path, node) VALUES (?, ?)",
+                          (path, node))])
 
     def dropped(self, stream: Stream) -> None:
         self._write([("DELETE FROM streams WHERE uid = ?", (stream.uid,)),

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
+from pushup.backplane import Relayed, RelayedStream
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError
@@ -35,7 +36,7 @@ from pushup.core.stream_values import (
     parse_offset,
 )
 from pushup.core.streams import Stream, Streams
-from pushup.http.exchange import Held, Pending, Request, Response, error_body
+from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
 from pushup.http.stream_sse import Feed
@@ -71,6 +72,29 @@ class SharedStore(Protocol):
         """``run()``'s outcome, decided by ``self.streams`` on ``paths`` as
         the store holds them, its changes stored before it fires (a
         ``PushUpError`` fails it)."""
+
+
+# The one hop that is no client's request handed on (``owners.WHERE``): a
+# node asks the owner of a path where its stream lives. Every other is
+# authorized again where it is served, with the client's own headers.
+WHERE_HOP = "where"
+
+
+class Routes(Protocol):
+    """Which node serves a stream, when each stream is one node's on a
+    cluster of nodes (the mesh: ``pushup.backplane.mesh.stream_routes``)."""
+
+    def hop(self, request: Request) -> str | None:
+        """The kind of hop a request another node handed on is, or None: a
+        client's own; 401 if wrongly signed."""
+
+    def route(self, request: Request, path: str, client: Any,
+              here: Callable[[], Response | Held | Pending], kind: str | None) -> object:
+        """``here()``, or the serving node's answer: ``Relayed``,
+        ``RelayedStream``, or a Deferred of one of them or of ``here()``'s."""
+
+    def drain(self) -> None:
+        """The node stops: every event stream relayed from another node ends."""
 
 
 def cursor_after(given: str | None, now_s: float) -> str:
@@ -117,6 +141,8 @@ class StreamEndpoints:
         self._swept = 0
         # --engine redis: every node's streams, in Redis (this node's a cache)
         self.shared: SharedStore | None = None
+        # the mesh: each stream on one node, which the others hand requests on to
+        self.routing: Routes | None = None
         self.draining = False
         # the held long polls, answered together (pushup.http.stream_polls)
         self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
@@ -135,6 +161,8 @@ class StreamEndpoints:
         SSE response ends after its last control event."""
         self.draining = True
         self.streams.wake_all()
+        if self.routing is not None:
+            self.routing.drain()
 
     def answer(self, request: Request, client: object,
                ) -> Response | Held | Pending:
@@ -147,7 +175,10 @@ class StreamEndpoints:
                 raise errors.MethodNotAllowed(
                     f"{request.method.decode('latin-1')} is not allowed on a stream",
                     tuple(m.decode() for m in self.routes))
-            if request.method in (b"GET", b"HEAD"):
+            hop = None if self.routing is None else self.routing.hop(request)
+            if hop == WHERE_HOP:
+                pass  # a node asks where a stream lives: no client's request
+            elif request.method in (b"GET", b"HEAD"):
                 if self.config.subscribe_secret and self.config.publish_token:
                     self._authorize(request)
             else:
@@ -161,9 +192,19 @@ class StreamEndpoints:
             if now - self._swept > 10_000_000:  # expired streams go within ~10 s
                 self._swept = now
                 self.streams.sweep(now)
+            if self.routing is not None:
+                return _routed(self.routing.route(
+                    request, path, client, lambda: handler(request, (path,), client), hop))
             return handler(request, (path,), client)
         except PushUpError as e:
             return _error(e)
+
+    def holds(self, path: str) -> bool:
+        """Whether a stream is at ``path`` here (live, or deleted while its
+        forks read it), expired ones not counted."""
+        stream = self.streams.at(path)
+        return stream is not None and (stream.deadline is None
+                                       or self.service.now() < stream.deadline)
 
     def _shared_answer(self, request: Request, handler: Callable[
             [Request, tuple[str, ...], object], Response | Held | Pending],
@@ -366,6 +407,36 @@ class StreamEndpoints:
                     fields=_COMMON)
         feed.start()
         return Held(feed.stop)
+
+
+def _relayed(outcome: object) -> Response | Held | Pending:
+    """What another node answered (or this one), as the front takes it."""
+    if isinstance(outcome, Relayed):
+        return Response(outcome.status, outcome.body, outcome.content_type or JSON,
+                        outcome.fields)
+    if isinstance(outcome, RelayedStream):
+        return Held(outcome.cancel)
+    assert isinstance(outcome, Response | Held | Pending), outcome
+    return outcome
+
+
+def _routed(outcome: object) -> Response | Held | Pending:
+    """A routed request's outcome, now or later (``Routes.route``)."""
+    if not isinstance(outcome, defer.Deferred):
+        return _relayed(outcome)
+
+    def later(value: object) -> object:
+        answer = _relayed(value)
+        return answer.answer if isinstance(answer, Pending) else answer
+
+    def refused(failure: Failure) -> Response:
+        if not isinstance(failure.value, PushUpError):
+            return failure  # type: ignore[return-value]  # a bug: the front answers 500
+        return _error(failure.value)
+
+    outcome.addCallback(later)
+    outcome.addErrback(refused)
+    return Pending(outcome)
 
 
 def _producer(request: Request) -> tuple[str, int, int] | None:

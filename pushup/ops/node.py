@@ -26,9 +26,12 @@ from pushup import BUILD
 from pushup.backplane import Alone, Backplane
 from pushup.backplane.disk import DataDir, DataDirError, Durable
 from pushup.backplane.disk_streams import StreamsFile, StreamsFileError
-from pushup.backplane.mesh.dial import http_client
+from pushup.backplane.mesh.dial import http_agent, http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
+from pushup.backplane.mesh.owners import advertised
+from pushup.backplane.mesh.relay import Relay
+from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
 from pushup.config import Config
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
@@ -49,6 +52,8 @@ log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
+STREAM_IDLE_CONNECTIONS = 8  # idle connections kept to each peer for streams handed on
+STREAM_ANSWER_S = 10.0  # the most a stream's owner may take to answer (past a long poll's hold)
 
 
 class Node:
@@ -101,12 +106,15 @@ class Node:
             self.handlers.streams.shared = SharedStreams(
                 self.backplane.shards, self.handlers.streams.streams, self.service.now,
                 self.backplane.timeout, reactor)
-        elif self.data is not None:  # Durable Streams kept in the data directory too
+        kept = None
+        if config.engine == "mesh" and self.data is not None:  # Durable Streams on disk too
             try:
                 kept = StreamsFile(self.data.path)
             except StreamsFileError as e:
                 raise DataDirError(str(e)) from None
             self.handlers.streams.streams.restore(kept, kept.load(), self.service.now())
+        if self.mesh is not None and config.peer:  # each stream on one node of the mesh
+            self.handlers.streams.routing = self._stream_routes(kept)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -129,6 +137,18 @@ class Node:
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def _stream_routes(self, kept: StreamsFile | None) -> StreamRoutes:
+        """The mesh's Durable Streams: each on the node its path picks
+        (``--advertise-url`` and ``--peer``), requests handed on to it."""
+        config = self.config
+        relay = Relay(http_agent(self.reactor, STREAM_IDLE_CONNECTIONS), self.reactor,
+                      config.cluster_secret, answer_s=STREAM_ANSWER_S)
+        placements = (Placements({}) if kept is None
+                      else Placements(kept.placements(), kept))
+        return StreamRoutes(config.advertise_url or advertised(config.host, config.port),
+                            config.peer, config.cluster_secret, relay, placements,
+                            self.handlers.streams.holds, config.max_timeout)
 
     def listen(self, reuse_port: bool = False) -> int:
         """Start accepting connections; returns the port (useful with port 0).

@@ -11,10 +11,12 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -37,8 +39,9 @@ class Launcher:
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.port = free_port()
-        self.tmpdir = tmp / "tmp"  # the launcher's TMPDIR: must be empty after it
-        self.tmpdir.mkdir()
+        # the launcher's TMPDIR, which must be empty after it: short, as a Unix
+        # socket's path in it must fit 107 bytes (pytest-xdist's tmp_path is long)
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="launch-"))
         env = {**os.environ, "TMPDIR": str(self.tmpdir)}
         env.pop("PUSHUP_CLUSTER_DIR", None)
         self.proc = subprocess.Popen(
@@ -92,6 +95,7 @@ class Launcher:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self.proc.wait()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def environ(pid: int) -> dict[str, str]:

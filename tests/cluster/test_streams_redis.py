@@ -12,97 +12,37 @@ import signal
 import threading
 
 from tests.cluster.clients import request, uniq
+from tests.cluster.stream_checks import (
+    appends_until_killed,
+    check_every_acknowledged_append_kept,
+    check_long_poll_is_answered_by_an_append_through_another_node,
+    check_reads_alike_through_every_node,
+    create,
+    stream_url,
+)
 from tests.toolkit import wait_until
-
-
-def stream_url(base: str, path: str) -> str:
-    return f"{base}/v1/stream/{path}"
-
-
-def append(base: str, path: str, body: bytes) -> str:
-    status, headers, _ = request("POST", stream_url(base, path), body,
-                                 {"Content-Type": "text/plain"})
-    assert status == 204, status
-    return headers["stream-next-offset"]
 
 
 def test_a_stream_written_through_each_node_reads_alike_through_every_node(
         fresh_cluster, redis_server):
     c = fresh_cluster(3, haproxy=False, engine=redis_server.url)
-    path = uniq("s")
-    status, headers, _ = request("PUT", stream_url(c.bases[0], path), b"",
-                                 {"Content-Type": "text/plain"})
-    assert status == 201
-    issued = [append(c.bases[i % 3], path, b"part%d;" % i) for i in range(6)]
-    assert issued == sorted(issued) and len(set(issued)) == 6
-    for base in c.bases:
-        status, headers, body = request("GET", stream_url(base, path) + "?offset=-1")
-        assert (status, body) == (200, b"".join(b"part%d;" % i for i in range(6)))
-        assert headers["stream-next-offset"] == issued[-1]
-        status, headers, _ = request("HEAD", stream_url(base, path))
-        assert headers["stream-next-offset"] == issued[-1]
-    # an offset node 0 issued resumes on node 2: what came after it, nothing else
-    status, _, body = request("GET", stream_url(c.bases[2], path) + f"?offset={issued[2]}")
-    assert (status, body) == (200, b"part3;part4;part5;")
+    check_reads_alike_through_every_node(c.bases, uniq("s"))
 
 
 def test_a_long_poll_on_one_node_is_answered_by_an_append_through_another(
         fresh_cluster, redis_server):
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
-    path = uniq("s")
-    status, headers, _ = request("PUT", stream_url(c.bases[0], path), b"",
-                                 {"Content-Type": "text/plain"})
-    tail = headers["stream-next-offset"]
-    answer: list[tuple[int, dict[str, str], bytes]] = []
-    # timeout=30: only the append can answer it within the test's time
-    poll = threading.Thread(target=lambda: answer.append(request(
-        "GET", stream_url(c.bases[1], path) + f"?offset={tail}&live=long-poll&timeout=30",
-        timeout=40)))
-    poll.start()
-    status, headers, body = request("GET", stream_url(c.bases[1], path) + f"?offset={tail}")
-    assert (status, body) == (200, b"")  # node 1 holds the stream: the poll is held on it
-    after = append(c.bases[0], path, b"hello")
-    poll.join(40)
-    assert [(s, h["stream-next-offset"], b) for s, h, b in answer] == [(200, after, b"hello")]
+    check_long_poll_is_answered_by_an_append_through_another_node(
+        c.bases[1], c.bases[0], uniq("s"))
 
 
 def test_a_node_killed_mid_append_loses_no_append_it_acknowledged(
         fresh_cluster, redis_server):
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
     path = uniq("s")
-    status, _, _ = request("PUT", stream_url(c.bases[0], path), b"",
-                           {"Content-Type": "text/plain"})
-    acked: list[tuple[bytes, str]] = []
-    sent: list[bytes] = []
-    enough = threading.Event()
-
-    def write() -> None:
-        for i in range(100_000):
-            sent.append(b"%06d," % i)
-            try:
-                acked.append((sent[-1], append(c.bases[0], path, sent[-1])))
-            except (OSError, AssertionError):
-                return  # the node is gone: this append was never acknowledged
-            if i == 200:
-                enough.set()
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    assert enough.wait(60), "no 200 appends acknowledged within 60 s"
-    c.kill(0, signal.SIGKILL)
-    writer.join(30)
-    assert not writer.is_alive()
-    status, headers, body = request("GET", stream_url(c.bases[1], path) + "?offset=-1")
-    assert status == 200
-    kept = b"".join(part for part, _ in acked)
-    # every acknowledged append, in order; nothing that was not sent
-    assert body.startswith(kept)
-    assert b"".join(sent).startswith(body)
-    # each at the offset it was acknowledged with, which node 1 resumes from
-    assert [offset for _, offset in acked] == [
-        f"{i + 1:016d}_{7 * (i + 1):016d}" for i in range(len(acked))]
-    status, _, rest = request("GET", stream_url(c.bases[1], path) + f"?offset={acked[-1][1]}")
-    assert (status, rest) == (200, body[len(kept):])
+    create(c.bases[0], path)
+    acked, sent = appends_until_killed(c.bases[0], path, lambda: c.kill(0, signal.SIGKILL))
+    check_every_acknowledged_append_kept(c.bases[1], path, acked, sent)
 
 
 def test_while_redis_is_paused_stream_requests_are_503_and_work_after(

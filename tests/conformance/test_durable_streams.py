@@ -1,7 +1,7 @@
 """The Durable Streams conformance suite (npm ``@durable-streams/server-conformance-tests``,
 pinned by tests/conformance/streams/package-lock.json) against one real `pushup serve`,
-and (``make conformance-streams-cluster``) against 3 nodes on one redis-server behind
-HAProxy round robin.
+and (``make conformance-streams-cluster``) against 3 nodes behind HAProxy round robin: on
+one redis-server, and on the mesh.
 
 The suite is the protocol authors' own (vitest, ~330 tests: core, idempotent
 producers, forks); it runs whole against ``CONFORMANCE_TEST_URL`` and this test
@@ -83,21 +83,33 @@ def test_the_durable_streams_suite_passes_whole_on_one_node() -> None:
     assert skipped == {"Reserved subscription APIs"}
 
 
-@pytest.mark.timeout(RUN_GUARD + 120)
-@pytest.mark.streams_cluster  # ~50 s: `make conformance-streams-cluster` runs it
-def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
-        redis_server) -> None:
-    """Round robin: each request of a test goes to another node than the last,
-    so every stream is written, read and followed across nodes."""
-    cluster = LocalCluster(nodes=3, haproxy=True, engine=redis_server.url)
+def assert_whole_on_three_nodes_behind_haproxy(**cluster: str) -> None:
+    """The suite against 3 nodes behind HAProxy round robin (``cluster``:
+    ``LocalCluster``'s engine): each request of a test goes to another node
+    than the last, so every stream is written, read and followed across nodes."""
+    nodes = LocalCluster(nodes=3, haproxy=True, **cluster)  # type: ignore[arg-type]
     try:
-        cluster.start()
-        report = run_suite(cluster.front_url)
+        nodes.start()
+        report = run_suite(nodes.front_url)
     finally:
-        cluster.stop()
+        nodes.stop()
     groups = outcomes(report)
     for group, counts in sorted(groups.items()):
         print(f"{group}: {dict(counts)}")
     assert failures(report) == []
     assert report["numPassedTests"] == report["numTotalTests"] - report["numPendingTests"] \
         - report.get("numTodoTests", 0)  # type: ignore[operator]
+
+
+@pytest.mark.timeout(RUN_GUARD + 120)
+@pytest.mark.streams_cluster  # ~50 s: `make conformance-streams-cluster` runs it
+def test_the_durable_streams_suite_passes_whole_on_three_nodes_on_redis_behind_haproxy(
+        redis_server) -> None:
+    assert_whole_on_three_nodes_behind_haproxy(engine=redis_server.url)
+
+
+@pytest.mark.timeout(RUN_GUARD + 120)
+@pytest.mark.streams_cluster  # `make conformance-streams-cluster` runs it
+def test_the_durable_streams_suite_passes_whole_on_three_mesh_nodes_behind_haproxy() -> None:
+    """Each stream is held by one node; the others hand its requests on."""
+    assert_whole_on_three_nodes_behind_haproxy(engine="mesh")

@@ -100,13 +100,11 @@ def test_a_data_dir_in_use_is_refused_with_exit_2(started, tmp_path):
     assert b"in use" in second.stderr
 
 
-@pytest.mark.parametrize("flags", [("--peer", "http://127.0.0.1:1", "--cluster-secret", "s"),
-                                   ("--workers", "2")])
-def test_a_data_dir_is_for_a_single_node(tmp_path, flags):
-    r = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path), *flags)
+def test_a_data_dir_is_for_a_single_process(tmp_path):
+    r = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path), "--workers", "2")
     assert r.returncode == 2
     assert b"data_dir (--data-dir, PUSHUP_DATA_DIR or data_dir in the config file) is for a " \
-        b"single node" in r.stderr
+        b"single process" in r.stderr
 
 
 # -- a data directory that cannot be used: one line, exit 2, before listening ------

@@ -7,8 +7,9 @@ the cluster secret and checks that the peer does (the challenge-response of
 the connection to its link (:mod:`pushup.backplane.mesh.peers`), which owns
 every other decision. What holds for one connection only lives on it and
 goes with it. ``http_client`` is the treq client for the rare signed
-requests (snapshots, repair). Both connect to an IP literal directly, and to
-a sibling worker (``--workers``) over a Unix socket: its URL is
+requests (snapshots, repair); ``http_agent``, the Agent beneath it, also
+hands Durable Streams requests to their owner. Both connect to an IP
+literal directly, and to a sibling worker (``--workers``) over a Unix socket: its URL is
 ``http+unix://NAME``, NAME a socket in Linux's abstract namespace (no file).
 """
 
@@ -184,18 +185,24 @@ class _Endpoints:
         return endpoint_for_url(self.reactor, uri.toBytes().decode())
 
 
-def http_client(reactor: Any) -> Any:
-    """A treq client with its own pool; idle connections close before the
-    peer's 60 s idle timeout would (Twisted issue #7843)."""
-    from treq.client import HTTPClient
+def http_agent(reactor: Any, idle_per_peer: int) -> Any:
+    """A Twisted ``Agent`` with its own persistent pool, keeping at most
+    ``idle_per_peer`` idle connections to each peer; an idle one closes
+    before the peer's 60 s idle timeout would (Twisted issue #7843)."""
     from twisted.web.client import Agent
 
     from pushup._twisted import quiet_pool
 
     pool = quiet_pool(reactor)
-    pool.maxPersistentPerHost = 2
+    pool.maxPersistentPerHost = idle_per_peer
     pool.cachedConnectionTimeout = 30
-    agent = Agent.usingEndpointFactory(  # type: ignore[no-untyped-call]
+    return Agent.usingEndpointFactory(  # type: ignore[no-untyped-call]
         reactor, _Endpoints(reactor), pool=pool)
-    return HTTPClient(agent)
+
+
+def http_client(reactor: Any) -> Any:
+    """A treq client on ``http_agent`` (the peers' signed requests)."""
+    from treq.client import HTTPClient
+
+    return HTTPClient(http_agent(reactor, 2))
 

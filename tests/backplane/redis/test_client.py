@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from twisted.internet import defer
 
-from deploy.redis_server import RedisServer
+from deploy.redis_server import RedisServer, RedisServerError
 from pushup.backplane.redis.client import (
     RedisConnection,
     RedisError,
@@ -265,3 +265,14 @@ def test_parse_url_errors_and_str_never_show_the_password() -> None:
     assert "hunter2" not in str(raised.value)
     url = parse_url("redis://:hunter2@host/2")
     assert "hunter2" not in str(url) + repr(url) and str(url) == "redis://host:6379/2"
+
+
+def test_a_temporary_directory_too_long_for_a_socket_says_so(tmp_path, monkeypatch):
+    long = tmp_path / ("d" * 100)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    server = RedisServer()
+    with pytest.raises(RedisServerError, match="longer than 107 bytes: set a shorter TMPDIR"):
+        server.start()
+    server.stop()
