@@ -87,6 +87,9 @@ INTERPRETED = {
                            "compiled yet",
     "pushup.http.stream_sse": "a Durable Stream's SSE feed (issue 30): not measured compiled "
                               "yet",
+    "pushup.http.stream_polls": "a Durable Stream's held long polls (issue 30): once per "
+                                "group of polls and once per poll answered; not measured "
+                                "compiled yet",
     "pushup.http.upgrade": "runs once per peer link",
     "pushup.http.seams": "typing Protocols only: nothing runs",
 }

@@ -1,6 +1,6 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,capacity,workers,faults,soak] [--quick] [--budget CORES] [--worker-budget CORES]
-[--soak-minutes M]`.
+engines,scale,capacity,workers,faults,soak,streams] [--quick] [--budget CORES]
+[--worker-budget CORES] [--soak-minutes M]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -24,7 +24,9 @@ serving process in a CPU cgroup of `--worker-budget`
 cores, the generator outside (workerscale.py): what a core per worker buys.
 `soak` is steady service for `--soak-minutes` (default 10): 5,000 re-polling
 subscribers on 50 channels, a publish per channel a second, the server's RSS a
-line per minute and its slope over the last half (soak.py).
+line per minute and its slope over the last half (soak.py). `streams` is issue
+30's: a Durable Stream's catch-up read and long-poll wake-up against the same
+through /subscribe on one node, with their ratios (streams.py).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -54,6 +56,7 @@ from . import (
     report,
     scenarios,
     soak,
+    streams,
     workerscale,
 )
 from .pool import WorkerPool
@@ -62,7 +65,7 @@ from .server import raise_nofile
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale", "capacity", "workers", "faults", "soak"]
+           "engines", "scale", "capacity", "workers", "faults", "soak", "streams"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -73,7 +76,9 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "scale_nodes": [1, 2, 4], "scale_n": 4000, "scale_publishes": 10,
         "scale_interval": 1.0, "workers_n": 5000,
         "soak_subscribers": soak.SUBSCRIBERS, "soak_channels": soak.CHANNELS,
-        "soak_minutes": soak.MINUTES, "capacity": capacity.Settings()}
+        "soak_minutes": soak.MINUTES, "capacity": capacity.Settings(),
+        "streams_sizes": [10, 1000], "streams_read_seconds": 3.0, "streams_read_reps": 3,
+        "streams_holds": [1000, 10000], "streams_rounds": 20}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
@@ -84,7 +89,9 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25,
          "capacity": capacity.Settings(channels=100, node_counts=(1, 2), step_s=1.5,
                                        factor=2.0, start_rate=40.0, refine=False,
-                                       max_steps=2)}
+                                       max_steps=2),
+         "streams_sizes": [20], "streams_read_seconds": 0.5, "streams_read_reps": 1,
+         "streams_holds": [200], "streams_rounds": 2}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 
 
@@ -261,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         if "soak" in args.only:
             plan.append(("soak", lambda: soak.bench_soak(
                 ctx, cfg["soak_subscribers"], cfg["soak_channels"], cfg["soak_minutes"])))
+        if "streams" in args.only:
+            plan.append(("streams", lambda: streams.bench_streams(
+                ctx, cfg["streams_sizes"], cfg["streams_read_seconds"], cfg["streams_read_reps"],
+                cfg["streams_holds"], cfg["streams_rounds"], cfg["round_timeout"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -313,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         where = REPO / "loadtest" / "results" / "nodes" if args.results else OUT / f"scale-{stamp}"
         nodescale.write(record, scale, where)
         print(f"node scaling: {where.relative_to(REPO)}/report.md")
+    durable = results.get("streams")
+    if isinstance(durable, dict) and "wake_up" in durable:
+        print()
+        print(streams.table(durable))
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

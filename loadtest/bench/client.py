@@ -13,7 +13,8 @@ Two kinds of connection:
   receipt time (`time.time()`, the same clock in every process) of every
   benchmark round it contains and, if re-polling is on, immediately sends the
   next poll from its new position (else it waits for a `repoll_all` command).
-* publisher: a publish one after another until a deadline.
+* publisher: a publish one after another until a deadline; or (`fetch`) a
+  catch-up read one after another, the same request each time.
 
 What the requests and answers look like is the server's `dialect` (PushUp's API
 or nchan's), named in each command; everything else here is the same for both.
@@ -112,6 +113,7 @@ class Worker:
         # publishers
         self.pub_request = b""
         self.pub_ok: frozenset[int] = frozenset()
+        self.pub_counter = "publish_ok"  # what an answer in ``pub_ok`` counts as
         self.pub_end = 0.0
         self.pub_active = 0
         self.pub_latencies = array("d")
@@ -194,12 +196,13 @@ class Worker:
         elif op == "publish":
             _, self.port, n, duration, channel, name = msg
             pub = dialect(name, self.port, channel, 0)
-            self.pub_request = pub.publish_request({"bench": "publish", "w": self.index})
-            self.pub_ok = pub.publish_ok
-            self.counters.clear()  # the reply's counters are this run's alone
-            self.pub_end = time.time() + duration
-            self.pub_active = n
-            self.to_open, self.to_open_role, self.pub_reply_due = n, PUBLISHER, True
+            self.repeat(pub.publish_request({"bench": "publish", "w": self.index}),
+                        pub.publish_ok, "publish_ok", n, duration)
+        elif op == "fetch":
+            _, self.port, n, duration, channel, count, name = msg
+            reader = dialect(name, self.port, channel, 0)
+            self.repeat(reader.catch_up_request(count), frozenset({200}), "read_ok", n,
+                        duration)
         elif op == "close_all":
             for c in list(self.conns.values()):
                 self.drop(c, None)
@@ -210,6 +213,16 @@ class Worker:
             self.running = False
         else:
             raise ValueError(f"unknown command {op!r}")
+
+    def repeat(self, request: bytes, ok: frozenset[int], counter: str, n: int,
+               duration: float) -> None:
+        """Open ``n`` connections, each sending ``request`` one after another
+        for ``duration`` s; the reply is "published" (latencies, counters)."""
+        self.pub_request, self.pub_ok, self.pub_counter = request, ok, counter
+        self.counters.clear()  # the reply's counters are this run's alone
+        self.pub_end = time.time() + duration
+        self.pub_active = n
+        self.to_open, self.to_open_role, self.pub_reply_due = n, PUBLISHER, True
 
     # -- connections -------------------------------------------------------------------
 
@@ -342,7 +355,7 @@ class Worker:
 
     def on_publish_response(self, c: Conn, status: int, now: float) -> None:
         if status in self.pub_ok:
-            self.counters["publish_ok"] += 1
+            self.counters[self.pub_counter] += 1
             self.pub_latencies.append(now - c.sent_at)
         else:
             self.counters[f"publish_status_{status}"] += 1

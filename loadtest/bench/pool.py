@@ -124,6 +124,22 @@ class WorkerPool:
             lat.frombytes(rep[1])
         return lat, merge(rep[2] for rep in replies)
 
+    def fetch(
+        self, port: int, connections: int, duration: float, channel: str, count: int,
+        dialect: str = "pushup",
+    ) -> tuple[array[float], dict[str, int]]:
+        """Catch-up reads of `channel`'s first `count` messages, one after another on
+        each of `connections` keep-alive connections, for `duration` seconds; returns
+        (per-read latencies, counters: `read_ok` the reads answered 200)."""
+        shares = split(connections, len(self.pipes))
+        for pipe, k in zip(self.pipes, shares, strict=True):
+            pipe.send(("fetch", port, k, duration, channel, count, dialect))
+        replies = self._gather("published", duration + 60)
+        lat: array[float] = array("d")
+        for rep in replies:
+            lat.frombytes(rep[1])
+        return lat, merge(rep[2] for rep in replies)
+
     def repoll_all(self) -> int:
         """Send the held-back next poll of every subscriber (deferred re-poll mode)."""
         for pipe in self.pipes:

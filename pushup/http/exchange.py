@@ -154,6 +154,7 @@ class Writer:
         self._bodies: dict[int, tuple[Delivery, bytes]] = {}  # this fan-out's bodies
         self._shared: dict[int, tuple[Delivery, bytes]] = {}  # their whole responses
         self._shared_bytes = 0
+        self._answer: tuple[Response, bytes] | None = None  # see ``shared_answer``
 
     def cors_for(self, origin: bytes | None) -> bytes | None:
         """The CORS lines of an answer to a request from ``origin`` (its
@@ -167,6 +168,7 @@ class Writer:
             self._second = second
             self._date = formatdate(second, usegmt=True).encode()
             self._starts.clear()
+            self._answer = None
 
     def head(self, status: int, content_type: bytes | None, length: int | None,
              extra: tuple[tuple[bytes, bytes], ...] = (), connection: bytes = b"",
@@ -217,6 +219,18 @@ class Writer:
         head = self.head(response.status, response.content_type, len(body),
                          response.headers, connection, cors)
         return head if head_only else head + body
+
+    def shared_answer(self, response: Response) -> bytes:
+        """``render(response)`` for a plain keep-alive answer, kept for the
+        next connection it answers: the long polls of a Durable Stream woken
+        together are answered in turn with one ``Response``, rendered once
+        (the last one is kept, until the ``Date`` changes)."""
+        kept = self._answer
+        if kept is not None and kept[0] is response:
+            return kept[1]
+        raw = self.render(response)
+        self._answer = (response, raw)
+        return raw
 
     def shared(self, delivery: Delivery) -> bytes:
         """A plain keep-alive 200 answering ``delivery``, built once per delivery.

@@ -380,6 +380,28 @@ class HTTPProtocol(Protocol):
             self._clock.callLater(0, self._dispatch)
         return True
 
+    def answer_held(self, response: Response) -> bool:
+        """Answer the held request with ``response`` (a Durable Stream's long
+        poll: ``pushup.http.stream_polls``); False if it is not held any more.
+        The polls woken together get the same bytes, rendered once."""
+        if self._answering != HELD:
+            return False
+        self._waiting = None
+        self._answering = phase.answer_after(self._answering, Answer.ANSWER)
+        front = self.front
+        self._stamp = now = self._clock.seconds()
+        if (self._terms.shareable() and not front.draining and self._cors is None
+                and not response.close):
+            self._writer.tick(now)
+            self._write(self._writer.shared_answer(response))
+        else:
+            self._send(response)
+        if self._timer is None:
+            self._arm(now + front.keepalive_timeout)
+        if self._queue:  # not from inside the wake-up's loop: on the next turn
+            self._clock.callLater(0, self._dispatch)
+        return True
+
     # An event stream (pushup.http.sse) writes through these; it ends with the connection.
 
     def open_stream(self, content_type: bytes = framing.STREAM_TYPE,

@@ -20,7 +20,6 @@ from twisted.python.failure import Failure
 from pushup.backplane import Relayed, RelayedStream
 from pushup.config import Config
 from pushup.core import errors
-from pushup.core.clock import DelayedCall
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.service import Service
 from pushup.core.stream_values import (
@@ -39,6 +38,7 @@ from pushup.core.stream_values import (
 from pushup.core.streams import Stream, Streams
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
+from pushup.http.stream_polls import Group, Later, LongPolls
 from pushup.http.stream_sse import Feed
 
 PREFIX = b"/v1/stream/"
@@ -144,12 +144,17 @@ class StreamEndpoints:
         # the mesh: each stream on one node, which the others hand requests on to
         self.routing: Routes | None = None
         self.draining = False
-        # the last long poll's answer, and what it answered (see ``_wait``)
-        self._shared: tuple[tuple[object, ...], Response] | None = None
+        # the held long polls, answered together (pushup.http.stream_polls)
+        self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
             b"HEAD": self.head, b"DELETE": self.delete}
+
+    @property
+    def long_polls(self) -> int:
+        """Long polls held now (/stats ``stream_long_polls``)."""
+        return self.polls.held
 
     def drain(self) -> None:
         """The node stops: every held long poll is answered now (204), every
@@ -332,11 +337,18 @@ class StreamEndpoints:
         if live == "long-poll" and not read.data and not read.messages:
             if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
-                return self._wait(request, stream, at, cursor_text, hold)
+                if_none_match = request.headers.get(b"if-none-match")
+                if self.shared is not None:  # answered after Redis: held through a Deferred
+                    later = Later()
+                    self.polls.hold(later, stream, at, cursor_text, if_none_match, hold)
+                    return Pending(later.answer)
+                return self.polls.hold(client, stream, at,  # type: ignore[arg-type]
+                                       cursor_text, if_none_match, hold)
             return self._caught_up(stream, at, cursor_text)
-        return self._data(request, stream, given or "-1", read, live, cursor_text)
+        return self._data(request.headers.get(b"if-none-match"), stream, given or "-1", read,
+                          live, cursor_text)
 
-    def _data(self, request: Request, stream: Stream, start: str,
+    def _data(self, if_none_match: bytes | None, stream: Stream, start: str,
               read: Read, live: str | None, cursor: str | None) -> Response:
         headers: Headers = ((b"Stream-Next-Offset", read.next.offset.encode()),)
         if read.up_to_date:
@@ -349,7 +361,7 @@ class StreamEndpoints:
         etag = b'"%s:%s:%s%s"' % (stream.uid.encode(), start.encode(),
                                   read.next.offset.encode(), b":c" if final else b"")
         headers += ((b"ETag", etag),)
-        if request.headers.get(b"if-none-match") == etag:
+        if if_none_match == etag:
             return _answer(304, headers=((b"ETag", etag),))
         body = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
                 else read.data)
@@ -366,57 +378,26 @@ class StreamEndpoints:
     def _cursor(self, given: str | None) -> str:
         return cursor_after(given, self.service.now() / 1e6)
 
-    def _wait(self, request: Request, stream: Stream, at: Position,
-              cursor: str | None, hold: float) -> Pending:
-        """Hold the long poll until the stream grows, closes or goes, or
-        ``hold`` seconds pass (204)."""
-        answered: defer.Deferred[Response | Held] = defer.Deferred()
-        timer: list[DelayedCall] = []
+    def _answer_held(self, group: Group) -> Response | None:
+        """What the long polls of ``group`` get now that their stream was woken
+        (None: nothing yet, they hold on)."""
+        stream = group.stream
+        try:
+            current = self.streams.get(stream.path, self.service.now())
+        except PushUpError as e:
+            return _error(e)
+        if current is not stream:  # deleted, and another created at its path
+            return _error(errors.NotFound(f"the stream at {stream.path[:200]} was deleted"))
+        read = stream.read(group.at, self.config.max_response_bytes)
+        if read.data or read.messages:
+            return self._data(group.if_none_match, stream, group.at.offset, read, "long-poll",
+                              group.cursor)
+        if stream.closed or self.draining:
+            return self._caught_up(stream, group.at, group.cursor)
+        return None
 
-        def answer(response: Response) -> None:
-            if timer and timer[0].active():
-                timer[0].cancel()
-            answered.callback(response)
-
-        def woken() -> None:
-            if answered.called:
-                return
-            try:
-                current = self.streams.get(stream.path, self.service.now())
-            except PushUpError as e:
-                answer(_error(e))
-                return
-            if current is not stream:  # deleted, and another created at its path
-                answer(_error(errors.NotFound(f"the stream at {stream.path[:200]} was deleted")))
-                return
-            # Every poll held at one offset is woken by the same append: they
-            # share one answer (built once) when they ask alike.
-            key = (stream.uid, at, stream.tail, stream.closed, self.draining, cursor,
-                   request.headers.get(b"if-none-match"),
-                   self.service.now() // (CURSOR_INTERVAL_S * 1_000_000))
-            if self._shared is not None and self._shared[0] == key:
-                answer(self._shared[1])
-                return
-            read = stream.read(at, self.config.max_response_bytes)
-            if read.data or read.messages:
-                response = self._data(request, stream, at.offset, read, "long-poll", cursor)
-            elif stream.closed or self.draining:
-                response = self._caught_up(stream, at, cursor)
-            else:
-                stream.waiters.append(woken)
-                return
-            self._shared = (key, response)
-            answer(response)
-
-        def timed_out() -> None:
-            if not answered.called:
-                if woken in stream.waiters:
-                    stream.waiters.remove(woken)
-                answered.callback(self._caught_up(stream, at, cursor))
-
-        stream.waiters.append(woken)
-        timer.append(self.service.clock.callLater(hold, timed_out))
-        return Pending(answered)
+    def _timed_out(self, group: Group) -> Response:
+        return self._caught_up(group.stream, group.at, group.cursor)
 
     def _sse(self, stream: Stream, at: Position, cursor: str | None,
              client: object) -> Held:

@@ -203,6 +203,7 @@ class Node:
         """This process's figures (the node's, unless it is one of ``--workers``)."""
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
+                "stream_long_polls": self.handlers.streams.long_polls,
                 "timings": self.timings.figures()}
 
     def engine_up(self) -> int:

@@ -13,7 +13,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from pushup.config import Config
-from pushup.http.exchange import Pending, Request, Response
+from pushup.http.exchange import Held, Pending, Request, Response
 from pushup.http.handlers import Handlers
 from pushup.http.streams import LONG_POLL_S
 from pushup.ops.node import Node
@@ -27,18 +27,40 @@ def node(**config: object) -> Handlers:
     return Node(Config(node_id="s", **config), clock).handlers  # type: ignore[arg-type]
 
 
+class Connection:
+    """Where a held long poll's answer goes: what the front's connection
+    (``HTTPProtocol.answer_held``) is handed."""
+
+    def __init__(self) -> None:
+        self.answers: list[Response] = []
+        self.held: Held | None = None
+
+    def answer_held(self, response: Response) -> bool:
+        self.answers.append(response)
+        return True
+
+
 def ask(handlers: Handlers, method: bytes, target: bytes, body: bytes = b"",
-        **headers: bytes) -> Response | Pending:
+        client: Connection | None = None, **headers: bytes) -> Response | Pending | Held:
     path, _, query = target.partition(b"?")
     request = Request(method, path, query,
                       {k.replace("_", "-").lower().encode(): v for k, v in headers.items()},
                       body)
-    answer = handlers.handle(request, None)  # type: ignore[arg-type]
-    assert isinstance(answer, Response | Pending)
+    answer = handlers.handle(request, client)  # type: ignore[arg-type]
+    assert isinstance(answer, Response | Pending | Held)
     return answer
 
 
-def answered(answer: Response | Pending) -> Response:
+def hold(handlers: Handlers, target: bytes) -> Connection:
+    """A long poll held: its connection, which gets the answer."""
+    client = Connection()
+    held = ask(handlers, b"GET", target, client=client)
+    assert isinstance(held, Held) and client.answers == []
+    client.held = held
+    return client
+
+
+def answered(answer: Response | Pending | Held) -> Response:
     assert isinstance(answer, Response), answer
     return answer
 
@@ -88,28 +110,21 @@ def test_a_long_poll_holds_three_seconds_unless_it_asks_for_longer():
     handlers = node()
     answered(ask(handlers, b"PUT", b"/v1/stream/s", b"x", content_type=b"text/plain"))
     tail = b"0000000000000001_0000000000000001"
-    short = ask(handlers, b"GET", b"/v1/stream/s?offset=" + tail + b"&live=long-poll")
-    longer = ask(handlers, b"GET", b"/v1/stream/s?offset=" + tail + b"&live=long-poll&timeout=20")
-    assert isinstance(short, Pending) and isinstance(longer, Pending)
+    short = hold(handlers, b"/v1/stream/s?offset=" + tail + b"&live=long-poll")
+    longer = hold(handlers, b"/v1/stream/s?offset=" + tail + b"&live=long-poll&timeout=20")
     handlers.service.clock.advance(LONG_POLL_S)
-    done: list[Response] = []
-    short.answer.addCallback(done.append)
-    assert [r.status for r in done] == [204]
-    assert not longer.answer.called
+    assert [r.status for r in short.answers] == [204]
+    assert longer.answers == []
     handlers.service.clock.advance(20 - LONG_POLL_S)
-    longer.answer.addCallback(done.append)
-    assert [r.status for r in done] == [204, 204]
+    assert [r.status for r in longer.answers] == [204]
 
 
 def test_a_held_long_poll_is_answered_by_the_append():
     handlers = node()
     answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
-    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll")
-    assert isinstance(held, Pending) and not held.answer.called
+    held = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll")
     answered(ask(handlers, b"POST", b"/v1/stream/s", b"hello", content_type=b"text/plain"))
-    done: list[Response] = []
-    held.answer.addCallback(done.append)
-    assert [(r.status, r.body) for r in done] == [(200, b"hello")]
+    assert [(r.status, r.body) for r in held.answers] == [(200, b"hello")]
 
 
 def test_streams_hold_no_more_bytes_than_max_cached_bytes_and_a_delete_gives_them_back():
@@ -155,12 +170,10 @@ def test_with_a_subscribe_secret_and_a_publish_token_reads_need_the_publish_toke
 def test_a_drain_answers_a_held_long_poll_at_once():
     handlers = node()
     answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
-    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
-    assert isinstance(held, Pending) and not held.answer.called
+    held = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
     handlers.streams.drain()
-    done: list[Response] = []
-    held.answer.addCallback(done.append)
-    assert [(r.status, header(r, b"Stream-Up-To-Date")) for r in done] == [(204, b"true")]
+    assert [(r.status, header(r, b"Stream-Up-To-Date")) for r in held.answers] == [
+        (204, b"true")]
 
 
 @pytest.mark.parametrize(("body", "code"), [
@@ -184,10 +197,40 @@ def test_the_stream_prefix_alone_is_no_stream():
 def test_a_held_long_poll_is_answered_404_when_its_stream_is_deleted():
     handlers = node()
     answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
-    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
-    assert isinstance(held, Pending) and not held.answer.called
+    held = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
     answered(ask(handlers, b"DELETE", b"/v1/stream/s"))
-    done: list[Response] = []
-    held.answer.addCallback(done.append)
-    assert [(r.status, json.loads(r.body or b"")["error"]["code"]) for r in done] == [
+    assert [(r.status, json.loads(r.body or b"")["error"]["code"]) for r in held.answers] == [
         (404, "not_found")]
+
+
+def test_stats_count_the_long_polls_held_until_answered_or_timed_out():
+    clock = Clock()
+    clock.advance(START)
+    whole = Node(Config(node_id="s"), clock)  # type: ignore[arg-type]
+    handlers = whole.handlers
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    assert whole.stats()["stream_long_polls"] == 0
+    short = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll")
+    longer = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert whole.stats()["stream_long_polls"] == 2
+    clock.advance(LONG_POLL_S)  # the first's 204
+    assert whole.stats()["stream_long_polls"] == 1
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"x", content_type=b"text/plain"))
+    assert whole.stats()["stream_long_polls"] == 0
+    assert [r.status for r in short.answers + longer.answers] == [204, 200]
+
+
+def test_a_long_poll_whose_client_left_is_forgotten_and_the_others_are_answered():
+    clock = Clock()
+    clock.advance(START)
+    whole = Node(Config(node_id="s"), clock)  # type: ignore[arg-type]
+    handlers = whole.handlers
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    gone = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    staying = hold(handlers, b"/v1/stream/s?offset=-1&live=long-poll&timeout=60")
+    assert gone.held is not None
+    gone.held.cancel()  # what the front does when the connection is lost
+    assert whole.stats()["stream_long_polls"] == 1
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"x", content_type=b"text/plain"))
+    assert (gone.answers, [r.body for r in staying.answers]) == ([], [b"x"])
+    assert whole.stats()["stream_long_polls"] == 0
