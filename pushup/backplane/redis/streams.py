@@ -309,9 +309,10 @@ class SharedStreams(StreamCache):
     def _refresh(self, path: str) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
         been missed): read it again, which wakes its readers, if it has any
-        here (a request reads Redis anyway)."""
+        here, or may have: a request in flight (the lock held) may have read
+        the stream before this write and go on to hold a poll on that."""
         held = self.streams.at(path)
-        if held is None or not held.waiters:
+        if held is None or not (held.waiters or self.lock.locked):
             return
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",
