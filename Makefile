@@ -100,8 +100,11 @@ cluster-packages: $(RUN_STAMP)
 # error fails the tests as surely as a broken test does.
 # The suite runs against the build pip made (compiled where a C compiler exists);
 # the pure core's unit tests run once more on the interpreted sources.
+# TEST_WORKERS pytest-xdist workers share the tests (docs/contributing.md): most
+# wait on real processes, so three keep this 2-core machine busy without crowding it.
+TEST_WORKERS ?= 3
 test: setup bench-packages lint $(BUILT)
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 	PUSHUP_PURE=1 $(PY) -m pytest tests/core
 
 # The external checks, longer than `make test` runs them: the SSE clients (npm
