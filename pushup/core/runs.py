@@ -97,6 +97,19 @@ class Run:
         self._head = 0
 
 
+def oldest_head(runs: Iterable[Run]) -> Message | None:
+    """The first by (timestamp, id) of the runs' heads (each run holds one at
+    least), or None: what retention takes first. Compared field by field, as
+    ``min`` by ``Message.sort_key`` would, without a key tuple per head
+    (once per message evicted: per publish, once a channel is full)."""
+    best: Message | None = None
+    for run in runs:
+        head = run[0]
+        if best is None or head.ts < best.ts or (head.ts == best.ts and head.id < best.id):
+            best = head
+    return best
+
+
 _Head = tuple[int, str, int, Message, Iterator[Message]]  # (ts, id, stream no., msg, rest)
 
 

@@ -33,7 +33,7 @@ from pushup.core.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, reco
 from pushup.core.image import ChannelImage, StoreImage, channel_of
 from pushup.core.model import Draft, Message, Now, Origin, Query, parse_origin
 from pushup.core.origins import Origins, Position
-from pushup.core.runs import Run, merge
+from pushup.core.runs import Run, merge, oldest_head
 
 _by_time = attrgetter("sort_key")
 
@@ -502,8 +502,7 @@ class Store:
 
     def _oldest(self) -> Message | None:
         """The message retention takes first: the oldest of the origins' heads."""
-        heads = [run[0] for run in self._by_origin.values()]
-        return min(heads, key=_by_time) if heads else None
+        return oldest_head(self._by_origin.values())
 
     def _insert(self, m: Message, now: int, renew: bool = True,
                 into: tuple[str, ...] | None = None) -> None:
