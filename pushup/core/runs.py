@@ -54,8 +54,10 @@ class Run:
     def remove(self, m: Message) -> None:
         """Take ``m`` out (ValueError if absent); the oldest goes in O(1)."""
         head = self._head
-        i = bisect_left(self._seqs, m.seq, head)
-        if i == len(self._items) or self._items[i] is not m:
+        items = self._items
+        # the oldest (eviction's, once per publish to a full channel) without a bisect
+        i = head if head < len(items) and items[head] is m else bisect_left(self._seqs, m.seq, head)
+        if i == len(items) or items[i] is not m:
             raise ValueError(f"{m.id} is not in this run")
         if i == head:
             self._items[head] = None  # type: ignore[call-overload]  # free it now
