@@ -219,7 +219,7 @@ class Message:
 
     def __repr__(self) -> str:
         return (f"Message(origin={self.origin!r}, seq={self.seq!r}, ts={self.ts!r}, "
-                f"channels={self.channels!r})")
+                f"channels={self.channels!r}, id={self.id!r})")
 
     @property
     def data_json(self) -> bytes:
