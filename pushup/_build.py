@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-# The modules mypyc compiles: the pure core's values, cursor, store, hub and
+# The modules mypyc compiles: the pure core's values, clock, cursor, store, hub and
 # service, and the HTTP front's protocol, factory, request being read, phases,
 # query parsing, response framing and endpoints; and ``ops.timing``, which times
 # every request on its way to the endpoints. Every other module of the two layers that
@@ -48,6 +48,7 @@ from types import ModuleType
 COMPILED = (
     "pushup.core.changes",
     "pushup.core.channels",
+    "pushup.core.clock",
     "pushup.core.counters",
     "pushup.core.cursor",
     "pushup.core.hub",
@@ -69,8 +70,6 @@ COMPILED = (
 )
 # What stays interpreted, and why (as black keeps its exclusions).
 INTERPRETED = {
-    "pushup.core.clock": "typing Protocols, and Alarm, called from Service a few times "
-                         "per hold or sweep and once per reactor turn of publishes",
     "pushup.core.errors": "a compiled exception class loses its class-level status and code",
     "pushup.core.idempotency": "Replayed subclasses list, which mypyc cannot compile",
     "pushup.core.follow": "values and one rule, per batch or log page, called from "

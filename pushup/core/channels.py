@@ -12,7 +12,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Literal
 
 from pushup.core.changes import NO_CHANGES, Changes
@@ -20,12 +19,11 @@ from pushup.core.cursor import Cursor
 from pushup.core.errors import BadRequest, ChannelExists, NoSuchChannel
 from pushup.core.model import Message, check_channel_name
 from pushup.core.origins import Position
-from pushup.core.runs import Run
+from pushup.core.runs import Run, oldest_head
 
 MAX_TTL = 366 * 86400 * 1_000_000
 # The one ttl rule, as a client is told it (a ttl travels in seconds).
 TTL_RULE = f"ttl must be a number of seconds, more than 0, at most {MAX_TTL // 1_000_000}"
-_by_time = attrgetter("sort_key")
 
 
 def check_ttl(ttl: int | None, default: int) -> int:
@@ -100,8 +98,7 @@ class Channel:
         self.evicted_ts = 0
 
     def oldest(self) -> Message | None:
-        heads = [run[0] for run in self.runs.values()]
-        return min(heads, key=_by_time) if heads else None
+        return oldest_head(self.runs.values())
 
     def holds(self, m: Message) -> bool:
         run = self.runs.get(m.origin)

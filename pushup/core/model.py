@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -82,7 +83,10 @@ def default_node_id(hostname: str, port: int, random_suffix: str) -> str:
 
 def format_time(us: int) -> str:
     """Unix seconds with exactly six decimals: exact, and parses as a float."""
-    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+    seconds, fraction = divmod(us, 1_000_000)
+    # six digits with their leading zeros: those of 1,000,000 + fraction but
+    # its 1 (compiled, a third of formatting with ``:06d``; once per message)
+    return str(seconds) + "." + str(fraction + 1_000_000)[1:]
 
 
 def parse_time(value: str, name: str) -> int:
@@ -101,8 +105,8 @@ def parse_time(value: str, name: str) -> int:
 # msgspec's JSON decoder (C): ~0.5 µs for a small publish body where the stdlib
 # takes ~3.5 µs. It accepts exactly what the stdlib did here (strict UTF-8, no
 # NaN or Infinity, integers of any size up to the stdlib's 4,300 digits, the
-# last of duplicate keys) and the values it gives serialise, through the
-# stdlib's encoder (encode_data), to the same bytes (tests/core/test_loads.py).
+# last of duplicate keys) and the values it gives serialise (encode_data) to the
+# same bytes as those the stdlib's decoder gives (tests/core/test_loads.py).
 # orjson would not do: it turns an integer past 64 bits into a float.
 _decode = msgspec.json.Decoder().decode
 
@@ -132,35 +136,57 @@ def channel_list_json(names: tuple[str, ...]) -> bytes:
     return ('["' + '","'.join(names) + '"]').encode("utf-8")
 
 
-# The encoder ``json.dumps(data, ensure_ascii=False, separators=(",", ":"),
-# allow_nan=False)`` builds on every call, built once (the same bytes): the
-# construction was half of that call's ~4.4 µs, once per published message.
-_DATA_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# msgspec's JSON encoder (C), built once: ~0.3 µs for a small ``data`` where the
+# stdlib's encoder, even built once, took ~2 µs (issue 29), once per published
+# message. Compact, non-ASCII written as UTF-8, the same bytes as
+# ``json.dumps(data, ensure_ascii=False, separators=(",", ":"))`` but for a
+# float's exponent, which is written without ``+`` or leading zeros (``1e100``,
+# ``2.5e-7``: the same number; docs/api.md, "Publish").
+_encode_data = msgspec.json.Encoder().encode
 
 
 def encode_data(data: object, max_bytes: int) -> bytes:
-    """Serialise a message's ``data`` once; 413 when over ``max_bytes``."""
+    """Serialise a message's ``data`` once; 413 when over ``max_bytes``.
+
+    ``data`` is a value :func:`loads` gave: never a float that is not finite
+    (the decoder refuses ``NaN``, ``Infinity`` and ``1e400``; this encoder would
+    write ``null`` for one)."""
     try:
-        encoded = _DATA_ENCODER.encode(data)
-        raw = encoded.encode("utf-8")
+        raw = _encode_data(data)
     except RecursionError:
         raise BadJSON("data is nested too deeply") from None
-    except (ValueError, UnicodeEncodeError) as e:
+    except ValueError as e:  # UnicodeEncodeError: a lone surrogate
         raise BadJSON(f"data cannot be encoded as JSON: {e}") from None
     if len(raw) > max_bytes:
         raise TooLarge(f"a message's data is {len(raw)} bytes; the limit is {max_bytes}")
     return raw
 
 
-@dataclass(frozen=True, slots=True)
 class Draft:
-    """A message as a publisher sent it: validated, not yet given an id."""
+    """A message as a publisher sent it: validated, not yet given an id.
 
-    channels: tuple[str, ...]
-    data: bytes  # serialised JSON
+    A value (its fields are Final), but not a frozen dataclass: one is made per
+    message published, and a dataclass's generated ``__init__`` runs
+    interpreted even compiled (issue 29), as ``Message``'s."""
+
+    __slots__ = ("channels", "data")
+
+    def __init__(self, channels: tuple[str, ...], data: bytes) -> None:
+        self.channels: Final = channels
+        self.data: Final = data  # serialised JSON
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Draft):
+            return NotImplemented
+        return self.channels == other.channels and self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash((self.channels, self.data))
+
+    def __repr__(self) -> str:
+        return f"Draft(channels={self.channels!r}, data={self.data!r})"
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Message:
     """One published message, stored once however many channels it is on.
 
@@ -168,25 +194,32 @@ class Message:
     strictly increases with ``seq`` within an origin. The message's JSON is
     serialised once, at construction, into ``full``; a response that lists
     only some of its channels splices a new channel list into those bytes.
+
+    A value (its fields are Final; equal only to itself), not a frozen
+    dataclass: one is made per message published or applied, and a
+    dataclass's generated ``__init__`` runs interpreted even compiled, ~1 µs
+    of a publish with its ``object.__setattr__`` per field (issue 29).
     """
 
-    origin: str
-    seq: int
-    ts: int
-    channels: tuple[str, ...]
-    data: InitVar[bytes]  # serialised JSON of the publisher's ``data``
-    id: str = field(init=False)
-    full: bytes = field(init=False, repr=False)
-    _split: tuple[int, int] = field(init=False, repr=False)
+    __slots__ = ("_split", "channels", "full", "id", "origin", "seq", "ts")
 
-    def __post_init__(self, data: bytes) -> None:
-        ident = f"{self.origin}-{self.seq}"
-        head = f'{{"id":"{ident}","timestamp":{format_time(self.ts)},"channels":'.encode()
-        listed = channel_list_json(self.channels)
-        full = head + listed + b',"data":' + data + b"}"
-        object.__setattr__(self, "id", ident)
-        object.__setattr__(self, "full", full)
-        object.__setattr__(self, "_split", (len(head), len(head) + len(listed)))
+    def __init__(self, origin: str, seq: int, ts: int, channels: tuple[str, ...],
+                 data: bytes) -> None:
+        """``data``: the serialised JSON of the publisher's ``data``."""
+        ident = f"{origin}-{seq}"
+        head = f'{{"id":"{ident}","timestamp":{format_time(ts)},"channels":'.encode()
+        listed = channel_list_json(channels)
+        self.origin: Final = origin
+        self.seq: Final = seq
+        self.ts: Final = ts
+        self.channels: Final = channels
+        self.id: Final = ident
+        self.full: Final = head + listed + b',"data":' + data + b"}"
+        self._split: Final = (len(head), len(head) + len(listed))
+
+    def __repr__(self) -> str:
+        return (f"Message(origin={self.origin!r}, seq={self.seq!r}, ts={self.ts!r}, "
+                f"channels={self.channels!r}, id={self.id!r})")
 
     @property
     def data_json(self) -> bytes:

@@ -54,8 +54,10 @@ class Run:
     def remove(self, m: Message) -> None:
         """Take ``m`` out (ValueError if absent); the oldest goes in O(1)."""
         head = self._head
-        i = bisect_left(self._seqs, m.seq, head)
-        if i == len(self._items) or self._items[i] is not m:
+        items = self._items
+        # the oldest (eviction's, once per publish to a full channel) without a bisect
+        i = head if head < len(items) and items[head] is m else bisect_left(self._seqs, m.seq, head)
+        if i == len(items) or items[i] is not m:
             raise ValueError(f"{m.id} is not in this run")
         if i == head:
             self._items[head] = None  # type: ignore[call-overload]  # free it now
@@ -95,6 +97,19 @@ class Run:
         del self._items[: self._head]
         del self._seqs[: self._head]
         self._head = 0
+
+
+def oldest_head(runs: Iterable[Run]) -> Message | None:
+    """The first by (timestamp, id) of the runs' heads (each run holds one at
+    least), or None: what retention takes first. Compared field by field, as
+    ``min`` by ``Message.sort_key`` would, without a key tuple per head
+    (once per message evicted: per publish, once a channel is full)."""
+    best: Message | None = None
+    for run in runs:
+        head = run[0]
+        if best is None or head.ts < best.ts or (head.ts == best.ts and head.id < best.id):
+            best = head
+    return best
 
 
 _Head = tuple[int, str, int, Message, Iterator[Message]]  # (ts, id, stream no., msg, rest)

@@ -288,13 +288,21 @@ class Service:
         """
         shut = (closed,) if closed else ()
         deliveries: dict[Query, tuple[Delivery, int]] = {}
+        backlog = self._backlog
+        # Waiters of one query mostly share its object (the HTTP front caches
+        # parsed queries): a run of them looks it up, and hashes it, once.
+        last: Query | None = None
         for waiter in waiters:
-            entry = deliveries.get(waiter.query)
-            if entry is None:
-                result = self.store.query(waiter.query)
-                entry = (Delivery(waiter.query, result, shut), len(result.messages))
-                deliveries[waiter.query] = entry
-            self._backlog.append((waiter.target, *entry))  # type: ignore[arg-type]
+            query = waiter.query
+            if query is not last:
+                last = query
+                entry = deliveries.get(query)
+                if entry is None:
+                    result = self.store.query(query)
+                    entry = (Delivery(query, result, shut), len(result.messages))
+                    deliveries[query] = entry
+                delivery, count = entry
+            backlog.append((waiter.target, delivery, count))  # type: ignore[arg-type]
         if at_once:
             self._flush()
         elif self._backlog and self._flushing is None:

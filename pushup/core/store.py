@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from heapq import merge as merge_sorted
 from operator import attrgetter
+from typing import Final
 
 from pushup.core.changes import NO_CHANGES, Changes
 from pushup.core.channels import Channel as Channel  # re-exported: the store's channels
@@ -33,7 +34,7 @@ from pushup.core.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, reco
 from pushup.core.image import ChannelImage, StoreImage, channel_of
 from pushup.core.model import Draft, Message, Now, Origin, Query, parse_origin
 from pushup.core.origins import Origins, Position
-from pushup.core.runs import Run, merge
+from pushup.core.runs import Run, merge, oldest_head
 
 _by_time = attrgetter("sort_key")
 
@@ -49,13 +50,34 @@ class Retention:
     key_window: int = round(DEFAULT_WINDOW * 1e6)  # how long an Idempotency-Key is kept
 
 
-@dataclass(frozen=True, slots=True)
 class Result:
-    """An answer to a Query: messages in order, the next cursor, a gap flag."""
+    """An answer to a Query: messages in order, the next cursor, a gap flag.
 
-    messages: tuple[Message, ...]
-    cursor: Cursor
-    gap: bool
+    A value (its fields are Final), but not a frozen dataclass: one is made
+    per poll answered or held, and a dataclass's generated ``__init__`` runs
+    interpreted even in the compiled store (5 % of a delivery and its
+    re-poll, issue 29's profile)."""
+
+    __slots__ = ("cursor", "gap", "messages")
+
+    def __init__(self, messages: tuple[Message, ...], cursor: Cursor, gap: bool) -> None:
+        self.messages: Final = messages
+        self.cursor: Final = cursor
+        self.gap: Final = gap
+
+    def _fields(self) -> tuple[tuple[Message, ...], Cursor, bool]:
+        return self.messages, self.cursor, self.gap
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Result):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Result{self._fields()!r}"
 
 
 class Store:
@@ -502,8 +524,7 @@ class Store:
 
     def _oldest(self) -> Message | None:
         """The message retention takes first: the oldest of the origins' heads."""
-        heads = [run[0] for run in self._by_origin.values()]
-        return min(heads, key=_by_time) if heads else None
+        return oldest_head(self._by_origin.values())
 
     def _insert(self, m: Message, now: int, renew: bool = True,
                 into: tuple[str, ...] | None = None) -> None:

@@ -91,14 +91,30 @@ class Response:
         return f"Response{self._fields()!r}"
 
 
-@dataclass(frozen=True, slots=True)
 class Held:
     """The request waits: the client (a ``service.Subscriber``, or an event
     stream's ``StreamClient``) is answered through its own methods later.
     ``cancel`` is called once if the client goes away first (it forgets the
-    hold and any timer); never after the answer."""
+    hold and any timer); never after the answer.
 
-    cancel: Callable[[], None]
+    A value with a Final field, not a frozen dataclass, as ``Response``: one
+    is made per poll held (its generated ``__init__`` ran interpreted)."""
+
+    __slots__ = ("cancel",)
+
+    def __init__(self, cancel: Callable[[], None]) -> None:
+        self.cancel: Final = cancel
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Held):
+            return NotImplemented
+        return bool(self.cancel == other.cancel)
+
+    def __hash__(self) -> int:
+        return hash(self.cancel)
+
+    def __repr__(self) -> str:
+        return f"Held(cancel={self.cancel!r})"
 
 
 @dataclass(frozen=True, slots=True)

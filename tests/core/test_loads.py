@@ -21,9 +21,12 @@ def _refuse(name: str) -> object:
 
 
 def stdlib(body: bytes) -> bytes:
-    """What PushUp stored for ``body`` before msgspec: the stdlib both ways."""
+    """What PushUp stored for ``body`` before msgspec decoded it: the stdlib's
+    decoder, and a non-finite float (``1e400``) refused as the stdlib's encoder
+    refused it; the value then serialised as PushUp serialises ``data``."""
     try:
         value = json.loads(body.decode("utf-8"), parse_constant=_refuse)
+        json.dumps(value, allow_nan=False)
     except (ValueError, RecursionError):
         raise BadJSON("refused") from None
     return encode_data(value, LIMIT)

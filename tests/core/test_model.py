@@ -69,6 +69,13 @@ def test_data_over_the_limit_is_413():
         encode_data("x" * 100, 50)
 
 
+def test_data_is_stored_compact_with_exponents_written_short():
+    """docs/api.md, "Publish": compact, UTF-8, a float's exponent without + or
+    leading zeros (the same number as the publisher's)."""
+    sent = loads(b'{"data": {"a": [1e100, 2.5E-07, 1.5, "\\u00e9\\n"], "b": null}}')
+    assert encode_data(sent["data"], 1000) == b'{"a":[1e100,2.5e-7,1.5,"\xc3\xa9\\n"],"b":null}'
+
+
 def test_message_json_is_built_once_and_lists_only_subscribed_channels():
     m = Message("n1.a", 1, 1_000_000, ("x", "y"), b'{"k":[1,2]}')
     assert json.loads(m.full) == {"id": "n1.a-1", "timestamp": 1.0, "channels": ["x", "y"],
