@@ -161,10 +161,16 @@ class Timed:
         elif row is self._publish and status in (201, 202):
             self.timings.publish.observe(took)
 
-    def _later(self, outcome: Response | Failure, row: Row, began: float,
-               ) -> Response | Failure:
-        self._done(row, outcome if isinstance(outcome, Response) else _BUG, began)
-        return outcome  # a Failure is a bug: the front answers 500
+    def _later(self, outcome: Response | Held | Failure, row: Row, began: float,
+               ) -> Response | Held | Failure:
+        """A Pending's answer: a Response timed from the request; a Held (a poll
+        held once its channels or stream were read) counted as the 200 it will
+        be, as one held at once; a Failure is a bug: the front answers 500."""
+        if isinstance(outcome, Held):
+            row.statuses[200] = row.statuses.get(200, 0) + 1
+        else:
+            self._done(row, outcome if isinstance(outcome, Response) else _BUG, began)
+        return outcome
 
 
 _BUG = error_response(PushUpError("the server failed"))

@@ -4,9 +4,13 @@ counts of /metrics follow the traffic, on the node's clock."""
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 
+from pushup.core import errors
 from pushup.core.model import Draft
-from pushup.ops.timing import LATENCY_BUCKETS, Histogram, error_code
+from pushup.http.exchange import Held, Pending, Request, Response, error_response
+from pushup.ops.timing import LATENCY_BUCKETS, Histogram, Timed, Timings, error_code
 
 START = 1_763_800_000.0
 
@@ -72,3 +76,30 @@ def test_metrics_time_requests_count_answers_and_measure_delivery_lag(node):
     assert value("pushup_errors_total", code="bad_json") == 1
     assert value("pushup_errors_total", code="not_found") == 1
     assert value("pushup_engine_up", engine="single") == 1
+
+
+class Later:
+    """Handlers whose every answer comes later, as a cold poll's on Redis
+    (its channels read first, then held) and a stream request's on Redis."""
+
+    def __init__(self) -> None:
+        self.answers: list[Deferred[Response | Held]] = []
+
+    def handle(self, request: Request, client: object) -> Pending:
+        self.answers.append(Deferred())
+        return Pending(self.answers[-1])
+
+
+def test_an_answer_that_comes_later_and_holds_is_counted_as_the_200_it_will_be():
+    timings = Timings(Clock())
+    later = Later()
+    timed = Timed(later, timings)  # type: ignore[arg-type]
+    request = Request(b"GET", b"/subscribe", b"channels=a", {})
+    pending = [timed.handle(request, object()) for _ in range(3)]
+    later.answers[0].callback(Held(lambda: None))
+    later.answers[1].callback(error_response(errors.EngineUnavailable("no Redis")))
+    later.answers[2].errback(RuntimeError("a bug"))
+    pending[2].answer.addErrback(lambda _: None)  # type: ignore[union-attr]
+    statuses = timings.rows["subscribe"].statuses
+    assert statuses == {200: 1, 503: 1, 500: 1}
+    assert timings.errors == {"engine_unavailable": 1, "internal_error": 1}
