@@ -219,13 +219,8 @@ class StreamEndpoints:
         def outcome(result: Response | Held | Pending) -> object:
             return result.answer if isinstance(result, Pending) else result
 
-        def refused(failure: Failure) -> Response:
-            if not isinstance(failure.value, PushUpError):
-                return failure  # type: ignore[return-value]  # a bug: the front answers 500
-            return _error(failure.value)
-
         answered.addCallback(outcome)
-        answered.addErrback(refused)
+        answered.addErrback(_refused)
         return Pending(answered)
 
     # -- create, append, close, delete -----------------------------------------
@@ -429,14 +424,17 @@ def _routed(outcome: object) -> Response | Held | Pending:
         answer = _relayed(value)
         return answer.answer if isinstance(answer, Pending) else answer
 
-    def refused(failure: Failure) -> Response:
-        if not isinstance(failure.value, PushUpError):
-            return failure  # type: ignore[return-value]  # a bug: the front answers 500
-        return _error(failure.value)
-
     outcome.addCallback(later)
-    outcome.addErrback(refused)
+    outcome.addErrback(_refused)
     return Pending(outcome)
+
+
+def _refused(failure: Failure) -> Response:
+    """A later answer that failed: a PushUpError is its answer; anything else
+    is a bug, passed on for the front to log and answer 500."""
+    if not isinstance(failure.value, PushUpError):
+        return failure  # type: ignore[return-value]
+    return _error(failure.value)
 
 
 def _producer(request: Request) -> tuple[str, int, int] | None:
