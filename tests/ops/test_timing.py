@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred
-from twisted.internet.task import Clock
 
 from pushup.core import errors
 from pushup.core.model import Draft
-from pushup.http.exchange import Held, Pending, Request, Response, error_response
-from pushup.ops.timing import LATENCY_BUCKETS, Histogram, Timed, Timings, error_code
+from pushup.ops.timing import LATENCY_BUCKETS, Histogram, error_code
 
 START = 1_763_800_000.0
 
@@ -78,28 +76,38 @@ def test_metrics_time_requests_count_answers_and_measure_delivery_lag(node):
     assert value("pushup_engine_up", engine="single") == 1
 
 
-class Later:
-    """Handlers whose every answer comes later, as a cold poll's on Redis
-    (its channels read first, then held) and a stream request's on Redis."""
 
-    def __init__(self) -> None:
-        self.answers: list[Deferred[Response | Held]] = []
+class ColdEngine:
+    """The node's backplane, but each read's channels must be read first (as
+    the Redis engine's for a partition it does not follow): ``prepare`` gives a
+    Deferred the test fires."""
 
-    def handle(self, request: Request, client: object) -> Pending:
-        self.answers.append(Deferred())
-        return Pending(self.answers[-1])
+    def __init__(self, inner):
+        self.inner, self.reads = inner, []
+
+    def prepare(self, channels):
+        self.reads.append(Deferred())
+        return self.reads[-1]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
-def test_an_answer_that_comes_later_and_holds_is_counted_as_the_200_it_will_be():
-    timings = Timings(Clock())
-    later = Later()
-    timed = Timed(later, timings)  # type: ignore[arg-type]
-    request = Request(b"GET", b"/subscribe", b"channels=a", {})
-    pending = [timed.handle(request, object()) for _ in range(3)]
-    later.answers[0].callback(Held(lambda: None))
-    later.answers[1].callback(error_response(errors.EngineUnavailable("no Redis")))
-    later.answers[2].errback(RuntimeError("a bug"))
-    pending[2].answer.addErrback(lambda _: None)  # type: ignore[union-attr]
-    statuses = timings.rows["subscribe"].statuses
-    assert statuses == {200: 1, 503: 1, 500: 1}
-    assert timings.errors == {"engine_unavailable": 1, "internal_error": 1}
+def test_a_poll_held_once_its_channels_were_read_counts_as_the_200_it_will_be(node):
+    handlers = node.node.handlers
+    handlers.backplane = cold = ColdEngine(handlers.backplane)
+    held = node.open("GET", "/subscribe?channels=a&timeout=30")
+    refused = node.open("GET", "/subscribe?channels=b&timeout=30")
+    cold.reads[0].callback(None)  # read: the poll is held
+    cold.reads[1].errback(errors.EngineUnavailable("Redis is unreachable"))
+    assert held.response is None and refused.response.status == 503
+    handlers.backplane = cold.inner
+    assert node.publish("a", 1).status == 201
+    node.clock.advance(0)
+    assert held.response.status == 200
+
+    figures = samples(node.get("/metrics").body)
+    answers = {labels: n for (name, labels), n in figures.items()
+               if name == "pushup_responses_total" and ("endpoint", "subscribe") in labels}
+    assert answers == {(("endpoint", "subscribe"), ("status", "200")): 1,
+                       (("endpoint", "subscribe"), ("status", "503")): 1}
