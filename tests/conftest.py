@@ -254,9 +254,9 @@ class Harness:
         return sum(1 for c in conns if c.transport.value())
 
 
-# Tests that use the whole machine (CPU cgroups, figures of CPU, apt, make in
-# the checkout, many processes at once) run one after another on one worker
-# under `make test`'s two (pytest-xdist --dist loadgroup); the rest share both.
+# Tests that use the whole machine (CPU cgroups, figures of CPU, network namespaces,
+# apt, make in the checkout) run one after another on one worker under `make
+# test`'s pytest-xdist workers (--dist loadgroup); the rest share them all.
 MACHINE = ("tests/loadtest/", "tests/cluster/test_launcher.py",
            "tests/cluster/test_faults.py",  # network namespaces, as the faults bench's
            "tests/test_system_packages.py", "tests/test_make_targets.py")

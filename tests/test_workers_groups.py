@@ -18,7 +18,7 @@ GROUPED = """
 import os, pytest
 @pytest.mark.xdist_group("machine")
 @pytest.mark.parametrize("n", range(6))
-def test_grouped(n, tmp_path_factory):
+def test_grouped(n):
     with open(os.environ["WORKERS_SEEN"], "a") as f:
         f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
 @pytest.mark.parametrize("n", range(6))
