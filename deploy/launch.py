@@ -204,10 +204,45 @@ class LocalCluster:
         if not line.startswith("listening on"):
             proc.kill()  # (gone already, as a rule: it says why in its log)
             proc.wait()
-            raise RuntimeError(f"node{i + 1} did not start: {last_line(path)}")
+            why = last_line(path)
+            if "Address already in use" in why:
+                raise PortTaken(f"node{i + 1} did not start: {why}")
+            raise RuntimeError(f"node{i + 1} did not start: {why}")
         wait_healthy(self.node_url(i), time.monotonic() + timeout, proc)
 
+    def start_nodes(self, timeout: float, taken: set[int]) -> None:
+        """Start every node. A node's port was only picked, not held, so another
+        process may take it first (a connection's own port, on a busy machine):
+        then every node is stopped and started again on new ports (the mesh's
+        nodes name each other's), three times at most."""
+        for attempt in range(3):
+            try:
+                for i in range(len(self.nodes)):
+                    self.start_node(i, timeout)
+                return
+            except PortTaken:
+                if attempt == 2:
+                    raise
+                self.stop_nodes()
+                taken |= set(self.node_ports)
+                self.node_ports = [port_not_in(taken) for _ in self.node_ports]
+
+    def stop_nodes(self) -> None:
+        """SIGTERM each node started, and wait for it (SIGKILL after 10 s)."""
+        started = [p for p in self.nodes if p is not None]
+        for proc in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.nodes = [None] * len(self.nodes)
+
     def start(self, timeout: float = 30.0) -> LocalCluster:
+        taken: set[int] = set()  # ports the nodes must not be given
         try:
             if self.engine == "redis":
                 self.redis = RedisServer()
@@ -218,9 +253,9 @@ class LocalCluster:
                 # the nodes' ports were only picked, not held: one the cluster took
                 # since (a node's port, or its bus port: port + 10000) is picked again
                 taken = {q for p in self.redis_cluster.ports for q in (p, p + 10000)}
-                self.node_ports = [free_port() if p in taken else p for p in self.node_ports]
-            for i in range(len(self.nodes)):
-                self.start_node(i, timeout)
+                self.node_ports = [port_not_in(taken) if p in taken else p
+                                   for p in self.node_ports]
+            self.start_nodes(timeout, taken)
             if self.haproxy_procs:
                 cfg = self.workdir / "haproxy.cfg"
                 cfg.write_text(haproxy_config(self.front_port, self.node_ports,
@@ -280,17 +315,17 @@ class LocalCluster:
             self.nodes[i] = None
 
     def stop(self) -> None:
-        for proc in [*self.haproxies, *(p for p in self.nodes if p is not None)]:
+        for proc in self.haproxies:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in [*self.haproxies, *(p for p in self.nodes if p is not None)]:
+        self.stop_nodes()
+        for proc in self.haproxies:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         self.haproxies.clear()
-        self.nodes = [None] * len(self.nodes)
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
@@ -305,6 +340,17 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PortTaken(RuntimeError):
+    """A node could not listen: another process took its port first."""
+
+
+def port_not_in(taken: set[int]) -> int:
+    """A free port, none of ``taken``."""
+    while (port := free_port()) in taken:
+        pass
+    return port
 
 
 def last_line(path: Path) -> str:

@@ -243,3 +243,25 @@ def test_a_redis_cluster_of_its_own_fails_over_a_killed_primary_and_restarts_it(
         assert list(launcher.tmpdir.iterdir()) == []  # no temporary directory left
     finally:
         launcher.stop()
+
+
+def test_a_node_port_taken_before_its_node_listens_is_picked_again() -> None:
+    """A node's port is picked, then given to the node: another process may take
+    it in between (on a busy machine, the port of an outgoing connection). The
+    nodes then start on new ports, and name each other's right."""
+    from deploy.launch import LocalCluster
+
+    cluster = LocalCluster(nodes=2, haproxy=False)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", cluster.node_ports[1]))
+    squatter.listen()
+    try:
+        cluster.start()
+        assert squatter.getsockname()[1] not in cluster.node_ports
+        for i in range(2):
+            status, body = jrequest("GET", cluster.node_url(i) + "/stats")
+            assert status == 200
+            assert [p["url"] for p in body["peers"]] == [cluster.node_url(1 - i)]
+    finally:
+        cluster.stop()
+        squatter.close()
