@@ -49,13 +49,12 @@ from typing import Any
 from deploy.launch import LocalCluster
 
 from .. import cgroups
-from .client import SUBSCRIBER, Conn, Worker
+from .client import SUBSCRIBER, Conn, Worker, worker_main
 from .cluster import NODE_ARGS, Control, _waiting
 from .dialect import PushUp
 from .nodescale import POLL_TIMEOUT, _cpu, _wait
 from .pool import WorkerPool, merge
 from .scenarios import BenchError, Context, percentile
-from .server import raise_nofile
 
 MODES = {  # name: (engine, HAProxy balance, subscribers)
     "redis-affine": ("redis", "channel", True),
@@ -148,12 +147,7 @@ class CapacityWorker(Worker):
             if p["inflight"].pop(c.fd, None) is not None:
                 p["counts"]["errors"] += 1
             p["counts"]["dropped_conns"] += 1
-            self.conns.pop(c.fd, None)
-            try:
-                self.ep.unregister(c.fd)
-            except (OSError, ValueError):
-                pass
-            c.sock.close()
+            self.forget(c)
             return
         super().drop(c, reason)
 
@@ -267,22 +261,12 @@ class CapacityWorker(Worker):
         counts["unsent"] = sum(len(q) for q in p["backlog"].values())
         counts["unanswered"] = len(p["inflight"])
         for c in [c for c in self.conns.values() if c.role == PUBLISHER]:
-            self.conns.pop(c.fd, None)
-            try:
-                self.ep.unregister(c.fd)
-            except (OSError, ValueError):
-                pass
-            c.sock.close()
+            self.forget(c)
         self.reply("stepped", p["latencies"].tobytes(), counts, p["statuses"])
 
 
 def capacity_worker_main(pipe: Connection, index: int) -> None:
-    raise_nofile()
-    worker = CapacityWorker(pipe, index)
-    try:
-        worker.run()
-    except (EOFError, KeyboardInterrupt):
-        pass
+    worker_main(pipe, index, CapacityWorker)
 
 
 class CapacityPool(WorkerPool):

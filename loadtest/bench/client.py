@@ -269,6 +269,10 @@ class Worker:
             self.pending_connects -= 1
         if c.role == PUBLISHER:
             self.pub_active -= 1
+        self.forget(c)
+
+    def forget(self, c: Conn) -> None:
+        """Close ``c`` and stop watching it."""
         self.conns.pop(c.fd, None)
         try:
             self.ep.unregister(c.fd)
@@ -365,9 +369,11 @@ class Worker:
             self.drop(c, None)
 
 
-def worker_main(pipe: Connection, index: int) -> None:
+def worker_main(pipe: Connection, index: int, kind: type[Worker] | None = None) -> None:
+    """A worker process's life: a ``kind`` (``Worker``) of worker, run until
+    its pipe closes."""
     raise_nofile()
-    worker = Worker(pipe, index)
+    worker = (kind or Worker)(pipe, index)
     try:
         worker.run()
     except (EOFError, KeyboardInterrupt):
