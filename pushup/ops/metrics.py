@@ -95,6 +95,7 @@ Column = tuple[str, str, str, Callable[[dict[str, Any]], float]]
 PEER_COLUMNS: tuple[Column, ...] = (
     ("gauge", "pushup_peer_queued", "Messages queued for a peer", lambda p: p["queued"]),
     ("counter", "pushup_peer_sent", "Messages delivered to a peer", lambda p: p["sent"]),
+    ("counter", "pushup_peer_dials", "Connections attempted to a peer", lambda p: p["dials"]),
     ("gauge", "pushup_peer_up", "1 if the peer link is up",
      lambda p: 1 if p["state"] == "up" else 0),
 )

@@ -227,6 +227,7 @@ class PeerLink:
 
     def _connect(self) -> None:
         stream = self._stream = Dial(self, self.secret, self.clock.seconds())
+        self.status.dials += 1
         d = stream.dialling = self.dial(stream)
         d.addErrback(self._not_connected, stream)
         self._wake(self.timeout)

@@ -37,6 +37,7 @@ class PeerStatus:
         self.state: LinkState = "connecting"
         self._reported: str = "connecting"  # the state the log last told
         self._outage_since = clock.seconds()  # unreachable since (starting counts)
+        self.dials = 0  # connections attempted since the node started (``dials`` in /stats)
 
     def show(self, state: LinkState) -> bool:
         """Show the peer as ``state``; True when that is a change."""
@@ -47,7 +48,8 @@ class PeerStatus:
 
     def stats(self, queued: int, sent: int) -> dict[str, Any]:
         """The peer's entry in ``/stats`` ``peers``."""
-        return {"url": self.url, "state": self.state, "queued": queued, "sent": sent}
+        return {"url": self.url, "state": self.state, "queued": queued, "sent": sent,
+                "dials": self.dials}
 
     def report(self, why: object) -> None:
         """The log follows the state, once per change and never per retry: a
