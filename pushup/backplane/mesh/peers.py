@@ -22,6 +22,7 @@ stay signed HTTP requests (``request``), stamped by the link's clock.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,20 @@ from pushup.core.store import Store
 
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)
 DOWN_AFTER = 3  # failures in a row before a peer is shown as down
+JITTER = 0.2  # a retry comes up to this share of its backoff early (BACKOFF_MAX: the cap)
 RELAY_WINDOW = 64  # relayed batches (another node's, to a sibling) unanswered, at most
+
+
+def retry_after(failures: int, draw: float) -> float:
+    """Seconds to wait before the next attempt after ``failures`` failures in a
+    row (2 or more: the first retries at once): 0.4, 0.8, 1.6, ... doubling up
+    to ``BACKOFF_MAX``, and from then on ``BACKOFF_MAX`` for as long as it
+    fails, each shortened by ``JITTER * draw`` (``draw`` in [0, 1)) so nodes
+    that lost the same peer do not dial it in step. Defined for any count:
+    the doubling stops at the cap (``0.1 * 2 ** 1024`` overflowed a float, and
+    the link stopped retrying)."""
+    doubled = 0.1 * 2.0 ** min(failures, 16)  # 6,553 s: past any cap
+    return min(BACKOFF_MAX, doubled) * (1.0 - JITTER * draw)
 
 
 class PeerTimeout(PeerError):
@@ -57,7 +71,11 @@ class PeerLink:
       between connecting, up, down (``DOWN_AFTER`` failures in a row, or a
       batch unanswered for ``timeout``) and refused (the handshake fails:
       another secret, or not a PushUp node), is shown in ``/stats``, and the
-      link reconnects with backoff until :meth:`stop`.
+      link reconnects with backoff (``retry_after``: doubling up to
+      ``BACKOFF_MAX``, then at it, however long the peer fails) until
+      :meth:`stop`. A failing link is dialled by its own timer: neither
+      our publishes nor other peers' batches dial it, only a :meth:`kick`
+      (a node starting, or this one draining).
     - ``on_change`` is told when ``holds`` advances or ``state`` changes.
     - Time: every timer, and the stamp of a signed request, is on the
       injected ``clock``; ``dial`` (a protocol in, a Deferred of its
@@ -66,7 +84,8 @@ class PeerLink:
 
     def __init__(self, url: str, store: Store, secret: str, http: Any, clock: IReactorTime,
                  max_ops: int = 10_000, timeout: float = 10.0,
-                 dial: Callable[[Protocol], defer.Deferred[Any]] | None = None) -> None:
+                 dial: Callable[[Protocol], defer.Deferred[Any]] | None = None,
+                 draw: Callable[[], float] = random.random) -> None:
         self.url = url.rstrip("/")
         self.store = store
         self.secret = secret
@@ -74,6 +93,7 @@ class PeerLink:
         self.clock = clock
         self.timeout = timeout
         self.dial = dial or dialer(clock, self.url)
+        self.draw = draw  # the jitter of each retry (``retry_after``)
         # A sibling worker (a Unix socket on this machine): what its socket
         # holds for it counts as held (``holds``).
         self.sibling = self.url.startswith(UNIX_SCHEME + "://")
@@ -361,7 +381,7 @@ class PeerLink:
         # at once; then back off (unless kicked meanwhile).
         quick = self._failures == 1 or self._retry_now
         self._retry_now = False
-        self._wake(0 if quick else min(BACKOFF_MAX, 0.1 * 2 ** self._failures))
+        self._wake(0 if quick else retry_after(self._failures, self.draw()))
 
     @defer.inlineCallbacks
     def request(self, method: str, path: str, body: bytes = b"") -> Any:

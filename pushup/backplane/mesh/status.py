@@ -18,7 +18,10 @@ from pushup.core.clock import Clock
 # The namespace log filters and JSON log lines name (``ops.logs.quiet_siblings``):
 # the link's lines keep it, wherever the code that writes them lives.
 log = Logger(namespace="pushup.backplane.mesh.peers")
-BACKOFF_MAX = 1.0  # a dead peer costs one connection attempt a second
+# A peer that is gone is retried every 4-5 s (less ``peers.JITTER``), for as
+# long as it is configured: a dead peer costs a connection attempt per 5 s,
+# and one that returns is up within 5 s.
+BACKOFF_MAX = 5.0
 DOWN_LOG_AFTER = 10.0  # seconds unreachable before the log calls a peer down (docs/operations.md)
 
 # connecting: not confirmed yet (starting, or failed fewer than DOWN_AFTER times);

@@ -1,5 +1,7 @@
 """PeerLink's own bookkeeping (the link's HTTP behaviour is covered by tests/cluster)."""
 
+from collections.abc import Callable
+
 from twisted.internet.task import Clock
 
 from pushup.backplane.mesh.peers import PeerLink
@@ -180,3 +182,68 @@ def test_a_signed_peer_request_is_stamped_by_the_links_clock():
     assert headers["X-PushUp-Time"] == ["1000"]
     assert verify("secret", "POST", "/peer/repair", headers["X-PushUp-Time"][0], b"{}",
                   headers["X-PushUp-Signature"][0], now_s=clock.seconds())
+
+
+def _run_timers(clock: Clock, until: Callable[[], bool], most: int) -> None:
+    """Advance ``clock`` to each timer in turn until ``until()`` (``most`` turns at most)."""
+    for _ in range(most):
+        if until():
+            return
+        calls = clock.getDelayedCalls()
+        assert calls, "no timer left: nothing will ever run again"
+        clock.advance(max(0.0, min(c.getTime() for c in calls) - clock.seconds()))
+    raise AssertionError(f"not done after {most} timers")
+
+
+def test_a_peer_dead_for_thousands_of_attempts_is_dialled_at_the_capped_interval_forever():
+    """Past 1,024 failures ``0.1 * 2 ** failures`` overflowed a float: the
+    link raised in its errback, logged a traceback per attempt and stopped
+    retrying on its backoff. Retries go on at the cap (with its jitter), one
+    log line per change of state, until the peer is back."""
+    import gc
+
+    from twisted.logger import globalLogPublisher
+
+    from pushup.backplane.mesh.peers import BACKOFF_MAX, JITTER
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    sender = Store(Retention(3600 * S, 3600 * S, 100, 10**9), Origin("a", 0))
+    _, wire, peer = _linked(sender, clock)
+    assert peer.state == "up"
+    dialled: list[float] = []
+
+    def dial(protocol):
+        dialled.append(clock.seconds())
+        return wire.dial(protocol)
+
+    peer.dial = dial
+    said: list[str] = []
+    failures: list[str] = []
+
+    def observe(event):
+        if "log_failure" in event:
+            failures.append(event["log_failure"].getTraceback())
+        if event.get("log_namespace") == "pushup.backplane.mesh.peers":
+            said.append(f"{event['log_level'].name} {event.get('state')}")
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        wire.dead = True  # SIGKILLed: the connection drops, every dial is refused
+        _run_timers(clock, lambda: len(dialled) >= 2_100, most=10_000)
+        gc.collect()  # a Deferred's unhandled failure is logged when it is collected
+        assert failures == []
+        assert peer.state == "down" and peer.stats()["dials"] >= 2_100
+        gaps = [b - a for a, b in zip(dialled[20:], dialled[21:], strict=False)]
+        low, high = (1 - JITTER) * BACKOFF_MAX, BACKOFF_MAX
+        assert all(low - 1e-6 <= gap <= high + 1e-6 for gap in gaps), (min(gaps), max(gaps))
+        assert said == ["info connecting", "warn down"]  # lost, then down: once each
+
+        wire.dead = False  # back: the next attempt (its own timer) finds it
+        attempts = len(dialled)
+        _run_timers(clock, lambda: wire.client is not None, most=2)
+        wire.deliver()
+        assert peer.state == "up" and len(dialled) == attempts + 1
+        assert said == ["info connecting", "warn down", "info up"]
+    finally:
+        globalLogPublisher.removeObserver(observe)
