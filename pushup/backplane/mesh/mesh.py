@@ -108,6 +108,9 @@ class Mesh:
         # Each origin's horizon at the last repair: one that moved since is
         # not asked for (its stream brings it).
         self._repair_seen: dict[str, int] = {}
+        # Origins a batch came from (one per start of each node: a handful):
+        # the first batch of a new one is a node starting (``_started``).
+        self._heard: set[str] = set()
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -207,7 +210,8 @@ class Mesh:
         self.check_ready()
         if batch.origin == self.store.origin_name:
             raise errors.BadRequest("a batch of the receiver's own origin")
-        self._peer_alive()
+        if batch.origin not in self._heard:
+            self._started(batch.origin)
         return self.service.follow(batch.origin, batch.entries())
 
     def relay(self, payload: bytes) -> None:
@@ -215,16 +219,20 @@ class Mesh:
         for link in self.siblings:
             link.relay(payload)
 
-    def _peer_alive(self) -> None:
-        # A peer just spoke: links in backoff (e.g. to a node that was still
-        # starting) retry now instead of after their backoff.
+    def _started(self, origin: str) -> None:
+        """A batch of an origin this node had not heard of: a node that just
+        started (every start is a new origin), maybe one a link is failing to
+        reach. Each failing link tries once now instead of at the end of its
+        backoff. Only a new origin does: under load every batch did, and a
+        dead peer was dialled once per batch received; a link that is down
+        otherwise dials only on its own timer (``PeerLink``)."""
+        self._heard.add(origin)
         for link in self.links:
             if link.failing:
                 link.kick()
 
     def snapshot(self) -> bytes:
         self.check_ready()
-        self._peer_alive()
         return export_snapshot(self.store)
 
     # -- repair: what a peer holds of a third origin, and we lack --------------

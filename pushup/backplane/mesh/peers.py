@@ -204,12 +204,14 @@ class PeerLink:
         return self._failures > 0
 
     def kick(self) -> None:
-        """Try now, whatever the backoff says (draining, or a peer spoke up)."""
-        self._retry_now = True  # if an attempt is under way and fails, retry at once
+        """Try once now, whatever the backoff says (draining, or a node
+        started: ``Mesh._started``); a failure then backs off as usual."""
         stream = self._stream
         if stream is not None and stream.open:
             self.poke()
-        elif stream is None:
+        elif stream is not None:
+            self._retry_now = True  # an attempt is under way: if it fails, retry at once
+        else:
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
             self._timer = None

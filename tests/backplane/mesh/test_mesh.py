@@ -392,3 +392,47 @@ def test_a_repair_of_history_the_holder_evicted_too_is_a_gap():
     holder.receive(Batch(P, False, tuple(msg(i) for i in range(1, 6)), ()))  # keeps 4, 5
     batch = unpack_batch(holder.repair(encode_repair("c.0", {P: 1})))
     assert batch.first and [m.seq for m in batch.messages] == [4, 5]
+
+
+def test_traffic_never_dials_a_down_peer_only_its_own_backoff_timer_does():
+    """Every batch from a live peer kicked every failing link to dial at once:
+    under load a dead peer was dialled once per batch received. A peer that is
+    down is dialled by its own backoff timer, whatever arrives or is published
+    meanwhile, and once more when a node starts (a new origin's first batch)."""
+    from pushup.backplane.mesh.peers import BACKOFF_MAX, JITTER
+
+    node, [live, dead] = mesh(peers=2)
+    link, clock = node.mesh.links[1], node.reactor
+    assert node.mesh.receive(Batch(P, False, (), ())) == Applied(0)  # P, heard of
+    dialled: list[float] = []
+
+    def dial(protocol):
+        dialled.append(clock.seconds())
+        return dead.dial(protocol)
+
+    link.dial = dial
+    dead.dead = True  # SIGKILLed
+    for _ in range(600):  # a minute, quiet: down, its backoff at the cap by now
+        clock.advance(0.1)
+        live.deliver()
+    assert link.state == "down" and node.mesh.links[0].state == "up"
+    before, started = len(dialled), clock.seconds()
+    for seq in range(1, 2_001):  # 20 s of 100 batches a second in, 100 publishes out
+        assert node.mesh.receive(Batch(P, False, (msg(seq),), ())) == Applied(seq)
+        publish(node, seq)
+        clock.advance(0.01)
+        live.deliver()
+    elapsed = clock.seconds() - started
+    allowed = int(elapsed / ((1 - JITTER) * BACKOFF_MAX)) + 1
+    assert len(dialled) - before <= allowed, (len(dialled) - before, allowed)
+    assert link.state == "down"
+
+    # A node starts (maybe that peer, restarted): its first batch, not the
+    # next ones, has every failing link try at once.
+    before = len(dialled)
+    started = "p9.k"
+    for seq in range(1, 101):
+        message = Message(started, seq, 1_700_000_100 * S + seq, ("c",), b"%d" % seq)
+        assert node.mesh.receive(Batch(started, False, (message,), ())) == Applied(seq)
+        clock.advance(0)
+    assert len(dialled) == before + 1 and link.state == "down"
