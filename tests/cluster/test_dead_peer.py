@@ -140,3 +140,10 @@ def test_a_dead_peer_under_load_is_dialled_on_its_backoff_and_logged_once(nodes)
     assert len(about_c) == 3, about_c  # lost, down, up again: once each
     assert about_c[0].endswith("; reconnecting") and f"peer {c.url} is down" in about_c[1]
     assert f"peer {c.url} is up again" in about_c[2], about_c
+
+    # /metrics counts the same dials as /stats.
+    with urllib.request.urlopen(b.url + "/metrics", timeout=5) as answer:
+        metrics = answer.read().decode()
+    [counted] = [line.rsplit(" ", 1)[1] for line in metrics.splitlines()
+                 if line.startswith(f'pushup_peer_dials_total{{peer="{c.url}"}}')]
+    assert float(counted) == b.link(c.url)["dials"], counted
