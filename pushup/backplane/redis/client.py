@@ -6,7 +6,8 @@ parsed in C by ``hiredis.Reader``. ``RedisConnection`` owns one such protocol fo
 URL and replaces it after a loss, with capped exponential backoff. While it has none,
 ``execute`` fails at once with ``RedisGone`` instead of queueing: the caller decides
 (the server answers 503). There are no threads and no client-side timeouts unless a
-command asks for one, so a blocking ``XREAD`` may wait as long as it likes.
+command asks for one, so a blocking ``XREAD`` may wait as long as it likes; a timeout is counted in the node's own time (``NodeTimer``), so it
+means "Redis did not answer", never "this node was too busy to read the answer".
 
 Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
 ``RedisGone`` means no reply will come (the command may or may not have run),
@@ -45,6 +46,12 @@ MIN_DELAY = 0.1  # seconds before the first reconnect; doubles per failure ...
 MAX_DELAY = 1.0  # ... up to this
 HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT must answer within this, or the connection is dropped
 _INCOMPLETE = object()  # hiredis.Reader.gets() result when no whole reply is buffered
+SLICES = 8  # a NodeTimer counts its time in this many timed calls, one after the other
+# A timed call armed by a timed call runs after the reactor's next I/O pass (Twisted
+# inserts it at the next runUntilCurrent, and polls with no wait first): 0 would do on a
+# real reactor; 1 ms keeps that order on a task.Clock, which runs a call due now within
+# the same advance.
+IO_PASS = 0.001
 
 
 class RedisError(Exception):
@@ -88,6 +95,62 @@ def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
     return client_endpoint(reactor, url.host, url.port, timeout=timeout)
 
 
+# --- time that counts against Redis ------------------------------------------------
+
+class NodeTimer:
+    """Call ``expire()`` after ``seconds`` of this node's own time, and after one more
+    I/O pass: what a deadline on Redis's answer must count.
+
+    The time is counted in ``SLICES`` timed calls, each armed when the one before ran,
+    so a reactor turn in which the node was behind (its own queue of work, its CPU
+    budget spent) counts as one slice however long it lasted. When the last slice has
+    run, the reactor reads its sockets once more before ``expire``: Twisted runs the
+    timed calls of a turn before it polls, so an answer that came while the node was
+    busy sits unread when the timer is due. ``progress()``, if given, is sampled before
+    that pass: while it changes over a pass (bytes from Redis are still coming in),
+    another pass is granted, ``SLICES`` at most. ``active()``/``cancel()`` as an
+    ``IDelayedCall``'s; ``cancel`` is a no-op once it has expired.
+    """
+
+    def __init__(self, clock: Any, seconds: float, expire: Callable[[], object], *,
+                 progress: Callable[[], object] | None = None) -> None:
+        self._clock = clock
+        self._slice = seconds / SLICES
+        self._slices_left = SLICES
+        self._passes_left = SLICES
+        self._expire = expire
+        self._progress = progress
+        self._seen: object = None
+        self._call: Any = clock.callLater(self._slice, self._tick)
+
+    def active(self) -> bool:
+        return self._call is not None
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _tick(self) -> None:
+        self._slices_left -= 1
+        if self._slices_left > 0:
+            self._call = self._clock.callLater(self._slice, self._tick)
+            return
+        self._seen = self._progress() if self._progress is not None else None
+        self._call = self._clock.callLater(IO_PASS, self._after_pass)
+
+    def _after_pass(self) -> None:
+        self._passes_left -= 1
+        if self._progress is not None and self._passes_left > 0:
+            now = self._progress()
+            if now != self._seen:
+                self._seen = now
+                self._call = self._clock.callLater(IO_PASS, self._after_pass)
+                return
+        self._call = None
+        self._expire()
+
+
 # --- one connection -----------------------------------------------------------------
 
 class RedisProtocol(Protocol):
@@ -112,6 +175,7 @@ class RedisProtocol(Protocol):
         self._gone: str | None = None  # why commands now fail, once the connection is going
         self._closed = False
         self._transport: Any = None
+        self._bytes_read = 0  # a timed-out command's last pass looks for more
         self.ready: Deferred[RedisProtocol] = Deferred()
         self.lost: Deferred[None] = Deferred()
 
@@ -142,8 +206,11 @@ class RedisProtocol(Protocol):
         Fails with ``RedisError`` for an error reply, ``RedisGone`` if the connection
         is (or goes) down first, and ``RedisTimeout`` after ``timeout`` seconds without
         a reply (dropping the connection: on a half-open TCP connection nothing else
-        would ever fail). Raises TypeError at once for an argument that is not bytes,
-        str, int or float, and ValueError for no arguments.
+        would ever fail); those seconds are the node's own (``NodeTimer``): a turn in
+        which the node was behind counts as one slice, and a reply that reached the
+        socket by then is read before the command is failed. Raises TypeError at once
+        for an argument that is not bytes, str, int or float, and ValueError for no
+        arguments.
         """
         if not args:
             raise ValueError("a Redis command needs at least its name")
@@ -173,7 +240,7 @@ class RedisProtocol(Protocol):
                 call.cancel()
             return result
 
-        call = self._clock.callLater(timeout, expire)
+        call = NodeTimer(self._clock, timeout, expire, progress=lambda: self._bytes_read)
         waiting.addBoth(cancel)
 
     def abort(self, why: str) -> None:
@@ -189,6 +256,7 @@ class RedisProtocol(Protocol):
             self._transport.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
+        self._bytes_read += len(data)
         reader = self._reader
         reader.feed(data)
         while True:
