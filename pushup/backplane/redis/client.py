@@ -3,10 +3,12 @@
 ``RedisProtocol`` writes each command as a RESP array the moment it is issued (any
 number in flight) and fires one Deferred per command, in the order sent, from replies
 parsed in C by ``hiredis.Reader``. ``RedisConnection`` owns one such protocol for one
-URL and replaces it after a loss, with capped exponential backoff. While it has none,
-``execute`` fails at once with ``RedisGone`` instead of queueing: the caller decides
-(the server answers 503). There are no threads and no client-side timeouts unless a
-command asks for one, so a blocking ``XREAD`` may wait as long as it likes; a timeout is counted in the node's own time (``NodeTimer``), so it
+URL and replaces it after a loss, with capped exponential backoff; it calls Redis up
+only once a PING got its reply (a stopped redis-server's kernel still accepts the TCP
+connection). While it has none, ``execute`` fails at once with ``RedisGone`` instead of
+queueing: the caller decides (the server answers 503). There are no threads and no
+client-side timeouts unless a command asks for one, so a blocking ``XREAD`` may wait as
+long as it likes; a timeout is counted in the node's own time (``NodeTimer``), so it
 means "Redis did not answer", never "this node was too busy to read the answer".
 
 Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
@@ -44,7 +46,7 @@ log = Logger()
 Arg = bytes | str | int | float  # what a command's arguments may be (not bool)
 MIN_DELAY = 0.1  # seconds before the first reconnect; doubles per failure ...
 MAX_DELAY = 1.0  # ... up to this
-HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT must answer within this, or the connection is dropped
+HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT/PING must answer within this, or the connection is dropped
 _INCOMPLETE = object()  # hiredis.Reader.gets() result when no whole reply is buffered
 SLICES = 8  # a NodeTimer counts its time in this many timed calls, one after the other
 # A timed call armed by a timed call runs after the reactor's next I/O pass (Twisted
@@ -362,10 +364,11 @@ class RedisPubSubProtocol(RedisProtocol):
 class RedisConnection:
     """One connection to ``url``, reconnected after a loss until ``stop()``.
 
-    ``connected`` is True from the moment AUTH/SELECT succeeded until the connection
-    is lost; ``on_connect`` listeners are called then (after every reconnect too),
-    ``on_lost`` listeners when a connection that was up goes. ``execute`` never
-    queues: while not connected it fails at once with ``RedisGone``.
+    ``connected`` is True from the moment AUTH/SELECT succeeded and a PING was
+    answered until the connection is lost; ``on_connect`` listeners are called then
+    (after every reconnect too), ``on_lost`` listeners when a connection that was up
+    goes. ``execute`` never queues: while not connected it fails at once with
+    ``RedisGone``.
     """
 
     def __init__(self, url: RedisURL | str, reactor: Any, *,
@@ -478,32 +481,58 @@ class RedisConnection:
         return protocol.ready
 
     def _ready(self, protocol: RedisProtocol) -> None:
+        """Connected and past AUTH/SELECT: up once Redis answers a PING (the kernel
+        of a stopped redis-server accepts a connection that nothing will answer)."""
         if protocol is not self._protocol or not self._running:
             return
         for script in self._scripts.values():
-            # Pipelined ahead of every command issued from now on.
-            protocol.execute("SCRIPT", "LOAD", script).addErrback(
-                lambda f: log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
-                                   why=trouble(f)))
+            # Pipelined ahead of the PING, so loaded before any command of ours.
+            protocol.execute("SCRIPT", "LOAD", script).addErrback(self._load_failed)
+        answered = protocol.execute("PING", timeout=self._connect_timeout)
+        answered.addCallbacks(lambda _: self._answered(protocol),
+                              lambda failure: self._unanswered(protocol, failure))
+
+    def _load_failed(self, failure: Failure) -> None:
+        """A script Redis refused is worth a line; a connection gone is told as such."""
+        if isinstance(failure.value, RedisError):
+            log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
+                     why=trouble(failure))
+
+    def _answered(self, protocol: RedisProtocol) -> None:
+        if protocol is not self._protocol or not self._running:
+            return
         self.connected = True
         self._delay = MIN_DELAY
         self._last_complaint = ""
         (self._say or log.info)("redis {redis} is up", redis=str(self.url), state="up")
         self._tell(self.on_connect)
 
+    def _unanswered(self, protocol: RedisProtocol, failure: Failure) -> None:
+        """The PING after connecting got no reply (the connection was dropped for
+        it), or an error (``LOADING``): not up; ``_lost`` retries."""
+        if protocol is not self._protocol or not self._running:
+            return
+        why = (f"no reply to PING within {self._connect_timeout:g} s"
+               if isinstance(failure.value, RedisTimeout) else trouble(failure))
+        self._complain(why)
+        protocol.abort(f"PING failed: {why}")
+
     def _failed(self, failure: Failure) -> None:
         """The TCP connect or the handshake failed."""
         self._attempt = None
         if not self._running:
             return
-        why = trouble(failure)
+        self._complain(trouble(failure))
+        if self._protocol is None:  # no connection was made, so no _lost will follow
+            self._retry_later()
+
+    def _complain(self, why: str) -> None:
+        """Redis cannot be used: said once per reason, until it is up again."""
         if why != self._last_complaint:
             self._last_complaint = why
             (self._say or log.warn)("redis {redis} unreachable ({why}); retrying every {retry:g} s,"
                                     " quietly", redis=str(self.url), state="unreachable",
                                     why=why, retry=MAX_DELAY)
-        if self._protocol is None:  # no connection was made, so no _lost will follow
-            self._retry_later()
 
     def _lost(self, protocol: RedisProtocol) -> None:
         if protocol is not self._protocol:

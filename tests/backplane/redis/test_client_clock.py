@@ -10,12 +10,18 @@ The real-process counterparts are in test_client.py and tests/ops/test_logs.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from pushup.backplane.redis.client import (
+    RedisConnection,
     RedisProtocol,
     RedisTimeout,
 )
@@ -101,3 +107,112 @@ def test_an_answered_command_leaves_no_timer():
     redis.dataReceived(b"+PONG\r\n")
     assert answer.result == b"PONG" and not clock.getDelayedCalls()
 
+
+# -- up is a Redis that answers ---------------------------------------------------
+
+
+class Dialled:
+    """A RedisConnection on a MemoryReactorClock: each dial is accepted by hand
+    (``accept``, as a stopped redis-server's kernel does) and its bytes read and
+    answered by the test; ``said`` is what the connection logged, in order."""
+
+    def __init__(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.redis = RedisConnection("redis://127.0.0.1:6390", self.reactor,
+                                     connect_timeout=2.0)
+        self.said: list[str] = []
+        self.transport: StringTransport | None = None
+        self._protocol: Any = None
+        self._dials = 0
+        globalLogPublisher.addObserver(self._observe)
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        if event.get("log_namespace") == "pushup.backplane.redis.client":
+            self.said.append(f"{event['log_level'].name} {event.get('state')}")
+
+    def close(self) -> None:
+        globalLogPublisher.removeObserver(self._observe)
+
+    def accept(self) -> None:
+        """The dial under way is accepted by the kernel."""
+        assert len(self.reactor.tcpClients) == self._dials + 1, "no dial under way"
+        factory = self.reactor.tcpClients[self._dials][2]
+        self._dials += 1
+        self._protocol = factory.buildProtocol(None)
+        self.transport = StringTransport()
+        self._protocol.makeConnection(self.transport)
+
+    def sent(self) -> bytes:
+        assert self.transport is not None
+        written = self.transport.value()
+        self.transport.clear()
+        return written
+
+    def answer(self, reply: bytes) -> None:
+        self._protocol.dataReceived(reply)
+
+    def answer_pings(self) -> None:
+        """Redis answers: a PONG for each PING sent so far."""
+        self.answer(b"+PONG\r\n" * self.sent().count(b"PING\r\n"))
+
+    def drop(self) -> None:
+        """The connection's loss, once the client aborted it or Redis closed it."""
+        self._protocol.connectionLost(Failure(ConnectionDone()))
+
+    def wait(self, seconds: float) -> None:
+        for _ in range(round(seconds / STEP)):
+            self.reactor.advance(STEP)
+
+
+@pytest.fixture
+def dialled() -> Iterator[Dialled]:
+    made = Dialled()
+    made.redis.start()
+    yield made
+    made.close()
+
+
+def test_a_connection_is_up_only_once_redis_answered_a_ping(dialled):
+    dialled.accept()
+    assert dialled.sent() == b"*1\r\n$4\r\nPING\r\n"
+    assert not dialled.redis.connected and dialled.said == []
+    dialled.answer(b"+PONG\r\n")
+    assert dialled.redis.connected and dialled.said == ["info up"]
+
+
+def test_a_stopped_redis_is_said_down_once_and_never_up_until_it_answers(dialled):
+    ups: list[bool] = []
+    dialled.redis.on_connect.append(lambda: ups.append(True))
+    dialled.accept()
+    dialled.answer_pings()
+    answer = dialled.redis.execute("GET", "k", timeout=2.0)
+    # SIGSTOP: nothing is answered; the command's timeout drops the connection
+    dialled.wait(2.5)
+    assert isinstance(failure_of(answer), RedisTimeout) and dialled.transport.disconnected
+    dialled.drop()
+    assert dialled.said == ["info up", "warn lost"]
+    for attempt in range(10):  # each reconnect is accepted and its PING never answered
+        dialled.wait(1.0)  # the backoff
+        dialled.accept()
+        assert not dialled.redis.connected
+        # (the first unanswered PING is told once; none is "up")
+        assert dialled.said == ["info up", "warn lost"] + ["warn unreachable"] * (attempt > 0)
+        assert dialled.sent().endswith(b"PING\r\n")
+        dialled.wait(2.5)
+        assert dialled.transport.disconnected  # dropped for the unanswered PING
+        dialled.drop()
+    assert dialled.said == ["info up", "warn lost", "warn unreachable"]
+    # SIGCONT: the next connection's PING is answered
+    dialled.wait(1.0)
+    dialled.accept()
+    dialled.answer_pings()
+    assert dialled.redis.connected and ups == [True, True]
+    assert dialled.said == ["info up", "warn lost", "warn unreachable", "info up"]
+
+
+def test_an_error_to_the_ping_is_not_up(dialled):
+    dialled.accept()
+    dialled.sent()
+    dialled.answer(b"-LOADING Redis is loading the dataset in memory\r\n")
+    assert not dialled.redis.connected and dialled.transport.disconnected
+    assert dialled.said == ["warn unreachable"]
