@@ -167,9 +167,12 @@ class ExternalEngine(Protocol):
     can be up while that server is not, and then it cannot take a publish.
     ``/health`` asks ``probe`` so that a balancer stops sending it traffic."""
 
-    def probe(self) -> defer.Deferred[None]:
-        """Fires once the engine answered; fails with ``errors.EngineUnavailable``
-        when it is unreachable or does not answer in time (never anything else)."""
+    def probe(self) -> defer.Deferred[dict[str, Any]]:
+        """Fires, once the engine answered, with what ``/health``'s body adds
+        (how each part of the engine is: on Redis, each primary's state), while
+        the engine can serve some of what this node serves; fails with
+        ``errors.EngineUnavailable`` when it can serve none of it: unreachable,
+        or not answering in time (never anything else)."""
 
 
 def client_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:

@@ -358,16 +358,19 @@ class Handlers:
 
     def health(self, request: Request, _: tuple[str, ...], __: Client,
                ) -> Response | Pending:
-        """200 only when this node can take a publish: 503 ``shutting_down``
-        while draining, ``catching_up`` while loading, ``engine_unavailable``
-        while an outside engine (Redis) does not answer."""
+        """200 only when this node can take a publish, on some of its channels
+        at least: 503 ``shutting_down`` while draining, ``catching_up`` while
+        loading, ``engine_unavailable`` while an outside engine (Redis) can
+        serve none of them. The 200's body adds the engine's parts (on Redis,
+        each primary's state)."""
         if self.service.draining:
             raise errors.ShuttingDown("the node is draining for shutdown")
         self._ready()
-        ok = Response(200, dumps({"status": "ok", "node_id": self.service.store.node_id}))
+        ok = {"status": "ok", "node_id": self.service.store.node_id}
         if isinstance(self.backplane, ExternalEngine):
-            return _when(self.backplane.probe(), lambda _: ok)
-        return ok
+            return _when(self.backplane.probe(),
+                         lambda parts: Response(200, dumps({**ok, **(parts or {})})))
+        return Response(200, dumps(ok))
 
     def index(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
         """``GET /``: what this is, its version and where its endpoints are

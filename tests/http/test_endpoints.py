@@ -817,6 +817,20 @@ def test_health_is_503_engine_unavailable_while_the_outside_engine_does_not_answ
     assert asked == [1]
 
 
+def test_health_is_200_with_each_part_of_the_outside_engine_while_some_part_serves(node):
+    from twisted.internet import defer
+
+    handlers = node.node.handlers
+    primaries = [{"address": "10.0.0.1:7000", "state": "up", "slots": 8192},
+                 {"address": "10.0.0.2:7000", "state": "down", "slots": 8192}]
+    handlers.backplane = OutsideEngine(
+        handlers.backplane, lambda: defer.succeed({"redis": {"primaries": primaries}}))
+    response = node.get("/health")
+    assert response.status == 200
+    assert response.json == {"status": "ok", "node_id": node.node.service.store.node_id,
+                             "redis": {"primaries": primaries}}
+
+
 def test_connections_over_the_limit_are_answered_503_overloaded(make_node, check_error):
     node = make_node(max_connections=2, cors_origin=("*",))
     first, second = node.connect(), node.connect()

@@ -361,6 +361,14 @@ def test_an_upgrade_request_is_answered_then_closed(node):
     assert conn.lost
 
 
+def test_the_peer_stream_upgrade_on_a_node_without_a_mesh_is_404_and_closed(node, check_error):
+    conn = node.connect()
+    conn.send(raw_get("/peer/stream", "Connection: Upgrade\r\nUpgrade: pushup-peer\r\n")
+              + b"\x00\x00\x00\x21")
+    check_error(conn.response, 404, "not_found")
+    assert conn.lost
+
+
 # -- timeouts --------------------------------------------------------------------
 
 

@@ -174,6 +174,36 @@ def test_redis_unreachable_for_seconds_logs_each_change_once(nodes):
         redis.stop()
 
 
+def test_a_stopped_redis_is_said_lost_once_and_up_once_it_answers_again(nodes, redis_server):
+    node = nodes(free_port(), "--engine", redis_server.url)
+    wait_until(lambda: answers(node, 200), DEADLINE, msg="the node on Redis healthy")
+    assert get_json(node.url + "/subscribe?channels=logs&timeout=0")[0] == 200
+    start = len(node.lines())
+    shown = f"redis://127.0.0.1:{redis_server.port}/0"
+
+    redis_server.pause()  # SIGSTOP: the kernel still accepts connections; nothing answers
+    try:
+        # /health's PING goes unanswered: the connection is dropped for it
+        wait_until(lambda: answers(node, 503), DEADLINE, msg="/health 503 on a stopped Redis")
+        # The freeze lasts: each reconnect is accepted and its PING unanswered, one
+        # every 3 s (1 s backoff, 2 s for the PING); the point is that none is "up".
+        time.sleep(8)
+        assert answers(node, 503)
+        frozen = new_lines(node, start)
+    finally:
+        redis_server.resume()
+    wait_until(lambda: answers(node, 200), DEADLINE, msg="the node healthy again")
+    wait_until(lambda: len(new_lines(node, start)) > len(frozen), DEADLINE,
+               msg="the return logged")
+    outage = new_lines(node, start)
+    print(f"Redis stopped 8 s: {len(outage)} lines\n" + "\n".join(outage))
+    assert_quiet(outage)
+    said = [line.split("] ", 1)[1].split(";")[0] for line in outage]
+    assert said == [f"redis {shown} lost",
+                    f"redis {shown} unreachable (no reply to PING within 2 s)",
+                    f"redis {shown} is up"], outage
+
+
 def test_json_logs_carry_the_start_lines_fields(nodes):
     node = nodes(free_port(), "--log-format", "json")
     wait_until(lambda: answers(node, 200), DEADLINE, msg="healthy")

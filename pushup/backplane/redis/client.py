@@ -3,10 +3,13 @@
 ``RedisProtocol`` writes each command as a RESP array the moment it is issued (any
 number in flight) and fires one Deferred per command, in the order sent, from replies
 parsed in C by ``hiredis.Reader``. ``RedisConnection`` owns one such protocol for one
-URL and replaces it after a loss, with capped exponential backoff. While it has none,
-``execute`` fails at once with ``RedisGone`` instead of queueing: the caller decides
-(the server answers 503). There are no threads and no client-side timeouts unless a
-command asks for one, so a blocking ``XREAD`` may wait as long as it likes.
+URL and replaces it after a loss, with capped exponential backoff; it calls Redis up
+only once a PING got its reply (a stopped redis-server's kernel still accepts the TCP
+connection). While it has none, ``execute`` fails at once with ``RedisGone`` instead of
+queueing: the caller decides (the server answers 503). There are no threads and no
+client-side timeouts unless a command asks for one, so a blocking ``XREAD`` may wait as
+long as it likes; a timeout is counted in the node's own time (``NodeTimer``), so it
+means "Redis did not answer", never "this node was too busy to read the answer".
 
 Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
 ``RedisGone`` means no reply will come (the command may or may not have run),
@@ -43,8 +46,14 @@ log = Logger()
 Arg = bytes | str | int | float  # what a command's arguments may be (not bool)
 MIN_DELAY = 0.1  # seconds before the first reconnect; doubles per failure ...
 MAX_DELAY = 1.0  # ... up to this
-HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT must answer within this, or the connection is dropped
+HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT/PING must answer within this, or the connection is dropped
 _INCOMPLETE = object()  # hiredis.Reader.gets() result when no whole reply is buffered
+SLICES = 8  # a NodeTimer counts its time in this many timed calls, one after the other
+# A timed call armed by a timed call runs after the reactor's next I/O pass (Twisted
+# inserts it at the next runUntilCurrent, and polls with no wait first): 0 would do on a
+# real reactor; 1 ms keeps that order on a task.Clock, which runs a call due now within
+# the same advance.
+IO_PASS = 0.001
 
 
 class RedisError(Exception):
@@ -88,6 +97,62 @@ def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
     return client_endpoint(reactor, url.host, url.port, timeout=timeout)
 
 
+# --- time that counts against Redis ------------------------------------------------
+
+class NodeTimer:
+    """Call ``expire()`` after ``seconds`` of this node's own time, and after one more
+    I/O pass: what a deadline on Redis's answer must count.
+
+    The time is counted in ``SLICES`` timed calls, each armed when the one before ran,
+    so a reactor turn in which the node was behind (its own queue of work, its CPU
+    budget spent) counts as one slice however long it lasted. When the last slice has
+    run, the reactor reads its sockets once more before ``expire``: Twisted runs the
+    timed calls of a turn before it polls, so an answer that came while the node was
+    busy sits unread when the timer is due. ``progress()``, if given, is sampled before
+    that pass: while it changes over a pass (bytes from Redis are still coming in),
+    another pass is granted, ``SLICES`` at most. ``active()``/``cancel()`` as an
+    ``IDelayedCall``'s; ``cancel`` is a no-op once it has expired.
+    """
+
+    def __init__(self, clock: Any, seconds: float, expire: Callable[[], object], *,
+                 progress: Callable[[], object] | None = None) -> None:
+        self._clock = clock
+        self._slice = seconds / SLICES
+        self._slices_left = SLICES
+        self._passes_left = SLICES
+        self._expire = expire
+        self._progress = progress
+        self._seen: object = None
+        self._call: Any = clock.callLater(self._slice, self._tick)
+
+    def active(self) -> bool:
+        return self._call is not None
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _tick(self) -> None:
+        self._slices_left -= 1
+        if self._slices_left > 0:
+            self._call = self._clock.callLater(self._slice, self._tick)
+            return
+        self._seen = self._progress() if self._progress is not None else None
+        self._call = self._clock.callLater(IO_PASS, self._after_pass)
+
+    def _after_pass(self) -> None:
+        self._passes_left -= 1
+        if self._progress is not None and self._passes_left > 0:
+            now = self._progress()
+            if now != self._seen:
+                self._seen = now
+                self._call = self._clock.callLater(IO_PASS, self._after_pass)
+                return
+        self._call = None
+        self._expire()
+
+
 # --- one connection -----------------------------------------------------------------
 
 class RedisProtocol(Protocol):
@@ -112,6 +177,7 @@ class RedisProtocol(Protocol):
         self._gone: str | None = None  # why commands now fail, once the connection is going
         self._closed = False
         self._transport: Any = None
+        self._bytes_read = 0  # a timed-out command's last pass looks for more
         self.ready: Deferred[RedisProtocol] = Deferred()
         self.lost: Deferred[None] = Deferred()
 
@@ -142,8 +208,11 @@ class RedisProtocol(Protocol):
         Fails with ``RedisError`` for an error reply, ``RedisGone`` if the connection
         is (or goes) down first, and ``RedisTimeout`` after ``timeout`` seconds without
         a reply (dropping the connection: on a half-open TCP connection nothing else
-        would ever fail). Raises TypeError at once for an argument that is not bytes,
-        str, int or float, and ValueError for no arguments.
+        would ever fail); those seconds are the node's own (``NodeTimer``): a turn in
+        which the node was behind counts as one slice, and a reply that reached the
+        socket by then is read before the command is failed. Raises TypeError at once
+        for an argument that is not bytes, str, int or float, and ValueError for no
+        arguments.
         """
         if not args:
             raise ValueError("a Redis command needs at least its name")
@@ -173,7 +242,7 @@ class RedisProtocol(Protocol):
                 call.cancel()
             return result
 
-        call = self._clock.callLater(timeout, expire)
+        call = NodeTimer(self._clock, timeout, expire, progress=lambda: self._bytes_read)
         waiting.addBoth(cancel)
 
     def abort(self, why: str) -> None:
@@ -189,6 +258,7 @@ class RedisProtocol(Protocol):
             self._transport.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
+        self._bytes_read += len(data)
         reader = self._reader
         reader.feed(data)
         while True:
@@ -294,10 +364,11 @@ class RedisPubSubProtocol(RedisProtocol):
 class RedisConnection:
     """One connection to ``url``, reconnected after a loss until ``stop()``.
 
-    ``connected`` is True from the moment AUTH/SELECT succeeded until the connection
-    is lost; ``on_connect`` listeners are called then (after every reconnect too),
-    ``on_lost`` listeners when a connection that was up goes. ``execute`` never
-    queues: while not connected it fails at once with ``RedisGone``.
+    ``connected`` is True from the moment AUTH/SELECT succeeded and a PING was
+    answered until the connection is lost; ``on_connect`` listeners are called then
+    (after every reconnect too), ``on_lost`` listeners when a connection that was up
+    goes. ``execute`` never queues: while not connected it fails at once with
+    ``RedisGone``.
     """
 
     def __init__(self, url: RedisURL | str, reactor: Any, *,
@@ -410,32 +481,58 @@ class RedisConnection:
         return protocol.ready
 
     def _ready(self, protocol: RedisProtocol) -> None:
+        """Connected and past AUTH/SELECT: up once Redis answers a PING (the kernel
+        of a stopped redis-server accepts a connection that nothing will answer)."""
         if protocol is not self._protocol or not self._running:
             return
         for script in self._scripts.values():
-            # Pipelined ahead of every command issued from now on.
-            protocol.execute("SCRIPT", "LOAD", script).addErrback(
-                lambda f: log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
-                                   why=trouble(f)))
+            # Pipelined ahead of the PING, so loaded before any command of ours.
+            protocol.execute("SCRIPT", "LOAD", script).addErrback(self._load_failed)
+        answered = protocol.execute("PING", timeout=self._connect_timeout)
+        answered.addCallbacks(lambda _: self._answered(protocol),
+                              lambda failure: self._unanswered(protocol, failure))
+
+    def _load_failed(self, failure: Failure) -> None:
+        """A script Redis refused is worth a line; a connection gone is told as such."""
+        if isinstance(failure.value, RedisError):
+            log.warn("redis {url}: SCRIPT LOAD failed: {why}", url=str(self.url),
+                     why=trouble(failure))
+
+    def _answered(self, protocol: RedisProtocol) -> None:
+        if protocol is not self._protocol or not self._running:
+            return
         self.connected = True
         self._delay = MIN_DELAY
         self._last_complaint = ""
         (self._say or log.info)("redis {redis} is up", redis=str(self.url), state="up")
         self._tell(self.on_connect)
 
+    def _unanswered(self, protocol: RedisProtocol, failure: Failure) -> None:
+        """The PING after connecting got no reply (the connection was dropped for
+        it), or an error (``LOADING``): not up; ``_lost`` retries."""
+        if protocol is not self._protocol or not self._running:
+            return
+        why = (f"no reply to PING within {self._connect_timeout:g} s"
+               if isinstance(failure.value, RedisTimeout) else trouble(failure))
+        self._complain(why)
+        protocol.abort(f"PING failed: {why}")
+
     def _failed(self, failure: Failure) -> None:
         """The TCP connect or the handshake failed."""
         self._attempt = None
         if not self._running:
             return
-        why = trouble(failure)
+        self._complain(trouble(failure))
+        if self._protocol is None:  # no connection was made, so no _lost will follow
+            self._retry_later()
+
+    def _complain(self, why: str) -> None:
+        """Redis cannot be used: said once per reason, until it is up again."""
         if why != self._last_complaint:
             self._last_complaint = why
             (self._say or log.warn)("redis {redis} unreachable ({why}); retrying every {retry:g} s,"
                                     " quietly", redis=str(self.url), state="unreachable",
                                     why=why, retry=MAX_DELAY)
-        if self._protocol is None:  # no connection was made, so no _lost will follow
-            self._retry_later()
 
     def _lost(self, protocol: RedisProtocol) -> None:
         if protocol is not self._protocol:

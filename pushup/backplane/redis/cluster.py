@@ -14,6 +14,7 @@ errors keep client.py's meaning (``RedisNotSent``, ``RedisGone``, ``RedisTimeout
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,6 @@ from pushup.backplane.redis.client import (
     RedisConnection,
     RedisError,
     RedisNotSent,
-    first_failure,
 )
 from pushup.backplane.redis.pool import Pool, Primary
 from pushup.backplane.redis.slotmap import ShardsRefused, SlotMap
@@ -118,15 +118,30 @@ class Shards:
         return self._route(key if not isinstance(key, (int, float)) else str(key), send,
                            MAX_REDIRECTS)
 
-    def probe(self, timeout: float = PROBE_TIMEOUT) -> Deferred[None]:
-        """PING every primary; fails unless all answer within ``timeout`` seconds."""
+    def probe(self, timeout: float = PROBE_TIMEOUT) -> Deferred[list[dict[str, Any]]]:
+        """How each primary owning slots is, for ``/health``: one
+        ``{"address", "state", "slots"}`` per primary, by address, its ``state``
+        ``up`` when both its connections are up and it answered a PING within
+        ``timeout`` seconds (of the node's own time, client.py), else ``down``
+        (not asked: a connection that is not up is reconnecting, and fails at once).
+        Fires once every PING is answered or failed; fails with ``RedisNotSent``
+        while the topology is not known, never otherwise."""
         owners = self._map.owning()
-        if not self._map.known or None in self._map.owners or not owners:
+        if not self._map.known or not owners:
             return defer.fail(RedisNotSent(f"redis {self._name}: topology not known"))
-        pings = [self._pool.primaries[address].commands.execute("PING", timeout=timeout)
-                 for address in sorted(owners)]
-        answered = defer.gatherResults(pings, consumeErrors=True)
-        return answered.addCallbacks(lambda _: None, first_failure)
+        slots = Counter(self._map.owners)
+
+        def state_of(address: str) -> Deferred[dict[str, Any]]:
+            primary = self._pool.primaries[address]
+            entry: dict[str, Any] = {"address": address, "state": "down",
+                                     "slots": slots[address]}
+            if not (primary.commands.connected and primary.subscriber.connected):
+                return defer.succeed(entry)
+            pinged = primary.commands.execute("PING", timeout=timeout)
+            return pinged.addCallbacks(lambda _: {**entry, "state": "up"}, lambda _: entry)
+
+        states = defer.gatherResults([state_of(address) for address in sorted(owners)])
+        return states.addCallback(list)
 
     def _route(self, key: str | bytes | None, send: Send, left: int,
                asking: Primary | None = None, tries: int = 0) -> Deferred[Any]:

@@ -76,24 +76,26 @@ class RedisEngine(EnginePart):
         if not self.ready:
             raise errors.CatchingUp("this node is connecting to Redis; retry shortly")
 
-    def probe(self) -> defer.Deferred[None]:
-        """``/health``'s question: every connection up and a PING answered by
-        every primary within ``COMMAND_TIMEOUT`` (a Redis that is paused holds
-        the TCP connection open: only an unanswered command shows it)."""
-        if not self.shards.connected:
-            return defer.fail(errors.EngineUnavailable(
-                "Redis is unreachable: this node cannot take publishes"))
+    def probe(self) -> defer.Deferred[dict[str, Any]]:
+        """``/health``'s question, what this node can serve: fires with each
+        primary's state (``Shards.probe``: up when both its connections are up
+        and it answered a PING within ``COMMAND_TIMEOUT``; a paused Redis holds
+        the TCP connection open, only an unanswered command shows it) while one
+        at least is up; fails with ``EngineUnavailable`` when none is."""
+        def judged(primaries: list[dict[str, Any]]) -> dict[str, Any]:
+            if not any(primary["state"] == "up" for primary in primaries):
+                raise errors.EngineUnavailable(
+                    "Redis does not answer (no primary up and answering a PING in "
+                    f"{self.timeout:g} s): this node cannot take publishes")
+            return {"redis": {"primaries": primaries}}
 
-        def unanswered(failure: Failure) -> None:
-            if not isinstance(failure.value, (RedisGone, RedisError)):
+        def unknown(failure: Failure) -> dict[str, Any]:
+            if not isinstance(failure.value, RedisGone | RedisError):
                 failure.raiseException()
             raise errors.EngineUnavailable(
-                f"Redis did not answer a PING ({failure.getErrorMessage()}): "
-                "this node cannot take publishes")
+                "Redis is unreachable: this node cannot take publishes")
 
-        d = self.shards.probe(self.timeout)
-        d.addErrback(unanswered)
-        return d
+        return self.shards.probe(self.timeout).addCallbacks(judged, unknown)
 
     @defer.inlineCallbacks
     def start(self) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pushup.backplane.redis.client import first_failure
+from pushup.backplane.redis.client import NodeTimer, first_failure
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.partitions import Partition
 from pushup.backplane.redis.parts import EnginePart
@@ -105,7 +105,8 @@ class Interest(EnginePart):
     def _when_ready(self, p: Partition) -> defer.Deferred[None]:
         d: defer.Deferred[None] = defer.Deferred()
         p.when_ready.append(d)
-        timer = self.clock.callLater(self.timeout, self._too_late, p, d)
+        # the node's own time (a busy turn counts once), not a clock its queue eats
+        timer = NodeTimer(self.clock, self.timeout, partial(self._too_late, p, d))
         d.addBoth(_cancel_then, timer)
         self._follow(p)
         return d

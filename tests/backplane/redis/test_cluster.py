@@ -173,7 +173,9 @@ def test_execute_and_evalsha_reach_the_owner_of_any_key(redis: Target, open_shar
         assert wait_for(shards.evalsha(script_sha(INCR_BY), INCR_BY, [key], [10])) == index + 10
         assert redis.cli(redis.owner(key), "GET", key) == b"%d" % (index + 10)
     assert wait_for(shards.execute(None, "PING")) == b"PONG"
-    assert wait_for(shards.probe()) is None
+    assert [(p["address"], p["state"]) for p in wait_for(shards.probe())] == [
+        (address, "up") for address in redis.addresses]
+    assert sum(p["slots"] for p in wait_for(shards.probe())) == 16384
     error = failure_of(shards.execute(keys[0], "INCR", "pushup:{p0}:no-such-command", 1))
     assert isinstance(error, RedisError) and "wrong number of arguments" in error.message
 
@@ -277,7 +279,10 @@ def test_after_a_failover_commands_and_subscriptions_reach_the_new_primary(
     victim = redis.owner(channel)
 
     redis_cluster.kill(victim)
-    assert failure_of(shards.probe(), WAIT)
+    run_until(lambda: not shards.connected, WAIT, "the loss")
+    states = {p["address"]: p["state"] for p in wait_for(shards.probe())}
+    assert states[f"127.0.0.1:{victim}"] == "down"  # the others stay up
+    assert sorted(states.values()) == ["down", "up", "up"], states
     promoted = redis_cluster.wait_promoted(victim)
     run_until(lambda: shards.connected and listeners[channel].synced == 2, WAIT,
               "Shards to find the promoted replica")
@@ -285,7 +290,7 @@ def test_after_a_failover_commands_and_subscriptions_reach_the_new_primary(
     assert f"127.0.0.1:{victim}" not in shards.primaries()
     assert wait_for(shards.execute(key, "SET", key, "after")) == b"OK"
     assert redis_cluster.cli(promoted, "GET", key) == b"after"
-    assert wait_for(shards.probe()) is None
+    assert {p["state"] for p in wait_for(shards.probe())} == {"up"}
     publish(redis, channel, "after", port=promoted)
     run_until(lambda: listeners[channel].messages == [b"after"], WAIT, "a message")
     assert all(listeners[other].synced == 1 for other in channels
