@@ -17,6 +17,7 @@ from pushup.backplane.redis.engine import RedisEngine
 from pushup.backplane.redis.slots import key_slot
 from pushup.config import Config
 from pushup.core import errors
+from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Origin, Query
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
@@ -114,6 +115,40 @@ def test_a_redis_back_empty_is_a_new_epoch_and_the_old_log_is_lost(engine, redis
     run_until(lambda: origin(a) == new, 10.0, "the node on the new log")
     assert a.lost_epochs == 1
     assert a.store.lost_of(old) is not None  # a reader behind it gets its gap
+
+
+def cold_read(e: RedisEngine, channel: str) -> None:
+    """``follow``, retried while ``e``'s connections to a restarted Redis come back."""
+    def read() -> bool:
+        cold = e.prepare([channel])
+        if cold is None:
+            return True
+        try:
+            wait_for(cold, 10.0)
+        except errors.EngineUnavailable:
+            return False
+        return True
+
+    run_until(read, 15.0, "a cold read once Redis is back")
+
+
+def test_a_cursor_into_a_log_redis_lost_is_a_gap_on_a_node_that_never_read_it(
+        engine, redis_server):
+    # b is made first: its clock's idea of a new epoch is older than the one a
+    # starts; the log's epoch must still be later than the one Redis lost.
+    # Neither follows the channel (a only publishes): b's cold read starts it.
+    b, a = engine("b"), engine("a")
+    sent = wait_for(a.publish([Draft(("c",), d) for d in (b"1", b"2", b"3")]))
+    behind = Cursor(((sent[1].origin, sent[1].seq),))  # a reader two messages in
+    assert a.stats()["redis"]["followed"] == b.stats()["redis"]["followed"] == 0
+    redis_server.kill()
+    redis_server.restart()  # empty: the log and its epoch are gone
+    cold_read(b, "c")
+    assert b.partition("c").origin != sent[0].origin
+    answer = b.store.query(Query(("c",), behind, None, 1000))
+    assert answer.messages == () and answer.gap is True
+    again = b.store.query(Query(("c",), answer.cursor, None, 1000))
+    assert again.messages == () and again.gap is False  # told once
 
 
 def test_stats_name_redis_without_its_password(engine, redis_server):
