@@ -160,6 +160,11 @@ class Store:
     def channel_count(self) -> int:
         return len(self._channels)
 
+    @property
+    def expiry_entries(self) -> int:
+        """Entries in the channels' expiry index, stale ones included."""
+        return self._channels.scheduled
+
     def horizon_of(self, origin: str) -> int:
         """How far (seq) this store holds ``origin`` without a hole; 0 if unknown."""
         return self._origins.horizon_of(origin)

@@ -265,3 +265,31 @@ def test_a_followed_partition_keeps_only_the_channels_waited_on_now(engine):
     assert p.needed_by == set(same)
     a.interest.let_go_of_unneeded()  # the sweep: nobody waits on them now
     assert p.needed_by == set() and p.followed  # still followed, for its linger
+
+
+def test_letting_a_partition_go_frees_what_the_node_held_for_its_channels(engine):
+    """Issue 35, item 8: channels read once each, their partitions let go: the
+    node holds nothing per channel (at small size, counted in the structures
+    that held them: the store's channels and their expiry index, the
+    partitions' tables, the horizon, the hub)."""
+    a, b = engine("a"), engine("b")
+    b.interest.linger = 0.0  # let go at the next sweep
+    pairs = channels_in_distinct_partitions(a, 20, "pair")
+    for first, second in zip(pairs[::2], pairs[1::2], strict=True):  # notes abroad
+        wait_for(a.publish([Draft((first, second), b"both")]))
+    for round_ in range(2):
+        names = [f"once{round_}.{k}" for k in range(300)] + pairs
+        for name in names:
+            follow(b, name)
+            b.service.subscribe(Query((name,), 0, None, 100), 0, None)  # a pull
+        assert b.store.channel_count == len(names)
+        b.interest.let_go_of_unneeded()
+        assert b.stats()["redis"]["followed"] == 0
+        assert b.store.channel_count == 0 and b.store.message_count == 0
+        assert list(b.store.horizons()) == [b.store.origin_name]
+        assert all(not p.needed_by and not p.abroad and not p.when_ready
+                   for p in b.partitions)
+        assert len(b.service.hub) == 0
+        # the channels' expiry index keeps no entry of a channel gone (stale
+        # ones are dropped once they outnumber the live ones, and a few more)
+        assert b.store.expiry_entries <= 64, (round_, b.store.expiry_entries)
