@@ -22,6 +22,9 @@ from pushup.core.origins import Position
 from pushup.core.runs import Run, oldest_head
 
 MAX_TTL = 366 * 86400 * 1_000_000
+# Stale entries the expiry heap may keep past its live ones before it is
+# rebuilt (a rebuild costs one pass over the live channels).
+STALE_SLACK = 64
 # The one ttl rule, as a client is told it (a ttl travels in seconds).
 TTL_RULE = f"ttl must be a number of seconds, more than 0, at most {MAX_TTL // 1_000_000}"
 
@@ -169,6 +172,12 @@ class Channels:
     def next_deadline(self) -> int | None:
         return self._deadlines[0][0] if self._deadlines else None
 
+    @property
+    def scheduled(self) -> int:
+        """Entries in the expiry heap, stale ones included (at most twice the
+        channels, plus ``STALE_SLACK``)."""
+        return len(self._deadlines)
+
     # -- lifecycle ---------------------------------------------------------
 
     def ensure(self, name: str, now: int, ttl: int | None = None) -> Channel:
@@ -236,10 +245,18 @@ class Channels:
         self._schedule(channel)
 
     def remove(self, name: str) -> Channel:
-        """Drop ``name`` (404 if there is none); the caller lets go of its messages."""
+        """Drop ``name`` (404 if there is none); the caller lets go of its messages.
+        Its expiry entry goes stale; once stale entries outnumber the live ones
+        (and ``STALE_SLACK``), the heap is rebuilt from the live ones: a channel
+        gone early (deleted, or let go with its Redis partition) holds nothing
+        until its deadline."""
         channel = self.get(name)
         del self._by_name[name]
         self.changes.channel(name)
+        if len(self._deadlines) > 2 * len(self._by_name) + STALE_SLACK:
+            live = [(c.queued_at, c.name) for c in self._by_name.values()]
+            heapq.heapify(live)
+            self._deadlines = live
         return channel
 
     def expired(self, now: int, busy: Callable[[str], bool]) -> Iterator[str]:

@@ -88,6 +88,10 @@ class Service:
         self.on_answered: Callable[[Delivery, int], None] | None = None
         self._timeouts = Alarm(clock, self._on_timeout)
         self._sweeper = Alarm(clock, self._on_sweep)
+        # when retention next has something to do (µs, not rounded to the
+        # sweep's grain): a subscribe past it sweeps first, so no message is
+        # served past its ttl while the sweep's timer is still to come
+        self._retain_at: int | None = None
         self._backlog: deque[tuple[Subscriber, Delivery, int]] = deque()
         self._flushing: DelayedCall | None = None
         self._arrivals: list[Message] = []  # stored, waiters not yet woken
@@ -222,6 +226,8 @@ class Service:
         """Answer now (returns the ``Delivery``; ``who`` is not called) or hold
         (returns the Waiter to ``forget``; ``who.respond`` is called later)."""
         now = self.now()
+        if self._retain_at is not None and self._retain_at <= now:
+            self._on_sweep(now)
         if isinstance(query.since, Now):
             query = replace(query, since=self.store.end(query.channels))
         if self.store.touch(query.channels, now):
@@ -354,7 +360,7 @@ class Service:
         self._timeouts.set(self.hub.next_deadline(), now)
 
     def _next_sweep(self) -> int | None:
-        deadline = self.store.next_deadline()
+        deadline = self._retain_at = self.store.next_deadline()
         if deadline is None:
             return None
         return deadline + (-deadline % SWEEP_GRAIN)

@@ -160,6 +160,11 @@ class Store:
     def channel_count(self) -> int:
         return len(self._channels)
 
+    @property
+    def expiry_entries(self) -> int:
+        """Entries in the channels' expiry index, stale ones included."""
+        return self._channels.scheduled
+
     def horizon_of(self, origin: str) -> int:
         """How far (seq) this store holds ``origin`` without a hole; 0 if unknown."""
         return self._origins.horizon_of(origin)
@@ -419,6 +424,11 @@ class Store:
     def apply(self, m: Message, now: int) -> bool:
         """Apply another origin's message; False if already applied.
 
+        A message already past this node's message ttl (a log read late: a
+        cold read, a peer's catch-up) moves the horizon and is let go at
+        once, as retention would have: never served, and a gap for the
+        readers behind it.
+
         Raises ValueError if it is not the next in its origin's sequence: the
         caller must fetch what is missing first, so the horizon has no holes.
         """
@@ -428,6 +438,8 @@ class Store:
         if m.seq != have + 1:
             raise ValueError(f"{m.origin}: expected seq {have + 1}, got {m.seq}")
         self._insert(m, now)
+        if m.ts <= now - self.retention.message_ttl:
+            self._evict(m)
         return True
 
     def holders_of(self, m: Message) -> list[str]:

@@ -370,3 +370,47 @@ def test_cold_reads_on_a_node_that_never_followed_the_channel(fresh_cluster, red
         stream.close()
     status, described = jrequest("GET", c.bases[1] + f"/channels/{info}")
     assert status == 200 and described["messages"] == 3
+
+
+def subscribe_once_redis_answers(base: str, channels: list[str], since: str) -> dict:
+    """A ``timeout=0`` read, retried while the node answers 503 (a cold read
+    while its connections to a restarted Redis come back)."""
+    done: list[dict] = []
+
+    def answered() -> bool:
+        status, body = subscribe(base, channels, since=since, timeout=0)
+        if status == 200:
+            done.append(body)
+        else:
+            assert (status, body["error"]["code"]) == (503, "engine_unavailable"), body
+        return status == 200
+
+    wait_until(answered, 20, 0.1, f"{base} reads the channel from Redis")
+    return done[0]
+
+
+def test_redis_restarted_empty_is_a_gap_on_nodes_that_never_followed_the_channel(
+        fresh_cluster, redis):
+    # Node 1 publishes and never reads, node 2 follows the channel, node 3
+    # never heard of it: after Redis lost the log, a cursor into it is a gap
+    # on each of them (issue 35, item 1).
+    c = fresh_cluster(3, haproxy=False, engine=redis.url)
+    ch = uniq("coldgone")
+    first = [publish(c.bases[0], [ch], i)["id"] for i in range(3)]
+    _, seen = subscribe(c.bases[1], [ch], since="0", timeout=0)
+    assert [m["id"] for m in seen["messages"]] == first
+    later = [publish(c.bases[0], [ch], i)["id"] for i in range(3, 5)]
+    wait_until(lambda: later[-1] in retained(c.bases[1], [ch]), 10, 0.02, "node 2 read them")
+    assert stats(c.bases[0])["redis"]["followed"] == 0
+    assert stats(c.bases[2])["redis"]["followed"] == 0
+    redis.restart_empty()
+    for base in (c.bases[2], c.bases[0]):  # never read it: a cold read now
+        body = subscribe_once_redis_answers(base, [ch], seen["cursor"])
+        assert body["messages"] == [] and body.get("gap") is True, (base, body)
+        again = subscribe_once_redis_answers(base, [ch], body["cursor"])
+        assert again["messages"] == [] and "gap" not in again, (base, again)
+    # the node that followed says the same, with what it held past the cursor
+    wait_until(lambda: subscribe_once_redis_answers(c.bases[1], [ch], seen["cursor"])
+               .get("gap") is True, 20, 0.1, "node 2 found the log gone")
+    body = subscribe_once_redis_answers(c.bases[1], [ch], seen["cursor"])
+    assert [m["id"] for m in body["messages"]] == later

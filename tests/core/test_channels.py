@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pushup.core.changes import Changes
-from pushup.core.channels import MAX_TTL, Channel, ChannelOp, Channels, check_ttl
+from pushup.core.channels import MAX_TTL, STALE_SLACK, Channel, ChannelOp, Channels, check_ttl
 from pushup.core.cursor import Cursor
 from pushup.core.errors import BadChannelName, BadRequest, ChannelExists, NoSuchChannel
 from pushup.core.model import Message
@@ -174,3 +174,17 @@ def test_the_sweep_takes_exactly_the_channels_whose_lifetime_is_over(ops, now):
     expected = sorted(c.name for c in chs.values() if c.expires_at <= now)
     assert sorted(due(chs, now)) == expected
     assert all(c.expires_at > now for c in chs.values())
+
+
+def test_channels_removed_before_their_deadline_leave_no_expiry_entry_behind():
+    chs = channels()
+    for k in range(300):
+        chs.ensure(f"c{k}", now=k)  # due at k + TTL
+    chs.renew("c299", ttl=TTL * 10, now=0)  # a second entry of its own, the first stale
+    for k in range(290):
+        chs.remove(f"c{k}")
+    # 10 live entries and at most STALE_SLACK + as many stale ones, not 301
+    assert chs.scheduled <= 2 * len(chs) + STALE_SLACK < 300
+    assert due(chs, 299 + TTL) == [f"c{k}" for k in range(290, 299)]  # still swept in time
+    assert due(chs, TTL * 10) == ["c299"]
+    assert chs.scheduled == 0

@@ -164,3 +164,20 @@ def test_a_page_past_the_next_without_trimmed_is_a_hole() -> None:
     s = service()
     assert s.follow(PEER, [message(2)]) == Hole(1)
     assert held(s) == []
+
+
+def test_a_message_past_this_nodes_message_ttl_is_never_held_and_its_readers_get_a_gap(
+        ) -> None:
+    """A log read late (a cold read, a peer's catch-up) brings messages older
+    than this node's --message-ttl: the horizon moves past them, no reader is
+    served one, and a reader behind them is told of the gap, as if the node
+    had held them and let them go at their ttl."""
+    s = service()
+    ttl = s.store.retention.message_ttl
+    now = s.now()
+    old = Message(PEER, 1, now - ttl - 2 * S, ("c",), b"1")  # 2 s past the ttl
+    young = Message(PEER, 2, now - ttl + 2 * S, ("c",), b"2")  # 2 s left
+    assert s.follow(PEER, [old, young], trimmed=True) == Applied(2)
+    answer = s.store.query(Query(("c",), 0, None, 100))
+    assert [m.seq for m in answer.messages] == [2] and answer.gap is True
+    assert s.store.message_count == 1

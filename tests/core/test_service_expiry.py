@@ -9,7 +9,7 @@ from __future__ import annotations
 from twisted.internet.task import Clock
 
 from pushup.core.cursor import Cursor
-from pushup.core.model import Origin, Query
+from pushup.core.model import Draft, Origin, Query
 from pushup.core.service import Delivery, Service
 from pushup.core.store import Retention, Store
 
@@ -61,3 +61,19 @@ def test_each_pulled_channel_expires_one_ttl_after_it_was_named() -> None:
     assert set(service.store.channel_names()) == {"late"}
     clock.advance(1)
     assert service.store.channel_count == 0
+
+
+def test_a_message_past_its_ttl_is_never_served_though_the_sweep_is_not_due_yet() -> None:
+    clock = Clock()
+    clock.advance(START)
+    store = Store(Retention(4 * S, 3600 * S, 1000, 10**9), Origin("me", 0))
+    service = Service(store, clock, max_timeout=120)
+    clock.advance(0.1)  # its ttl ends mid-way through the sweep's 0.25 s grain
+    [m] = service.publish([Draft(("c",), b"1")])
+    clock.advance(3.9)
+    assert [x.id for x in pull(service, "c").result.messages] == [m.id]  # 3.9 s old: kept
+    clock.advance(0.2)  # past its ttl; the sweep's timer is armed for later
+    assert [c for c in clock.getDelayedCalls() if c.active()]
+    answer = pull(service, "c")
+    assert answer.result.messages == () and answer.result.gap is True
+    assert store.message_count == 0

@@ -147,6 +147,10 @@ class Interest(EnginePart):
         p.followed = p.ready = False
         p.waiting = []
         p.needed_by = set()
+        # read again with the log when followed again (and, not followed, it
+        # could go stale: a publish here then sends the note again, which
+        # Redis appends only once)
+        p.abroad = {}
         mine = [name for name in self.store.channel_names()
                 if self.partition(name) is p]
         self.service.unfollow(p.origin, mine)

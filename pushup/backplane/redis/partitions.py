@@ -33,7 +33,6 @@ Keys of partition T (see ``Partition``):
 from __future__ import annotations
 
 import secrets
-import time
 import zlib
 from typing import Any
 
@@ -42,21 +41,36 @@ import msgspec
 from pushup.backplane.redis.client import script_sha
 from pushup.backplane.redis.slots import SLOTS, key_slot
 from pushup.config import Config
-from pushup.core.model import base36
 
 BALANCED_UP_TO = 256  # up to this many partitions, tags are chosen for even slots
 
 # Both scripts begin by checking the log against the calling node: KEYS log,
-# meta; ARGV the epoch to start, MAXLEN, the epoch the node holds ("" if
-# none) and its horizon in it. A log with no meta (Redis restarted empty), or
-# with fewer entries than the node already read (a restart with appendfsync
-# everysec, a failover to a replica that lagged), starts again under a new
-# epoch, so no sequence number is ever reused for another message.
+# meta; ARGV the calling node's salt (0 to 1295), MAXLEN, the epoch the node
+# holds ("" if none) and its horizon in it. A log with no meta (Redis
+# restarted empty), or with fewer entries than the node already read (a
+# restart with appendfsync everysec, a failover to a replica that lagged),
+# starts again under a new epoch, so no sequence number is ever reused for
+# another message. The epoch is Redis's own milliseconds (TIME) times 1296
+# plus the salt, in base 36 (past the calling node's epoch if that is not
+# less): one clock makes every epoch of a partition, so a newer epoch is a
+# greater number (pushup.core.origins tells a cursor naming an older one that
+# its log is gone), whichever node's clock is behind.
 _CHECKED = """
 local epoch = redis.call('HGET', KEYS[2], 'e')
 local seq = tonumber(redis.call('HGET', KEYS[2], 's') or '0')
 if (not epoch) or (epoch == ARGV[3] and seq < tonumber(ARGV[4])) then
-  epoch = ARGV[1]
+  local clock = redis.call('TIME')
+  local n = (tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)) * 1296
+            + tonumber(ARGV[1])
+  local held = tonumber(ARGV[3], 36)  -- never the epoch the node holds, nor one before it
+  if held and n <= held then n = held + 1 end
+  local digits = '0123456789abcdefghijklmnopqrstuvwxyz'
+  epoch = ''
+  repeat  -- exact: n < 2^53 for millions of years
+    local d = n % 36
+    epoch = string.sub(digits, d + 1, d + 1) .. epoch
+    n = (n - d) / 36
+  until n == 0
   seq = 0
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'e', epoch, 's', 0)
@@ -169,11 +183,6 @@ CHECK_SHA = script_sha(CHECK)
 decode_told = msgspec.msgpack.Decoder(list[Any])
 
 
-def new_epoch() -> str:
-    """Milliseconds now in base 36, plus randomness: distinct per (re)start."""
-    return base36(time.time_ns() // 1_000_000 * 1296 + secrets.randbelow(1296))
-
-
 def partition_tags(count: int) -> list[str]:
     """The hash tag of each of ``count`` partitions: ``p<i>``, or ``p<i>-<j>``
     for the first ``j`` whose slot falls in the ``i``-th of ``count`` even
@@ -223,7 +232,8 @@ class Partition:
         self.key = prefix + "key:"  # + the Idempotency-Key
         self.notify = prefix + "n"
         self.epoch = ""  # the log's epoch this node holds ("": none yet)
-        self.spare = new_epoch()  # the one to start, should the log need one
+        # what the scripts add to Redis's clock, should the log need a new epoch
+        self.salt = secrets.randbelow(1296)
         self.followed = False  # subscribed to, and read back after every (re)subscription
         self.ready = False  # read once since it was followed: held whole
         self.reading = False  # a read back is under way ...
@@ -239,11 +249,10 @@ class Partition:
     def origin(self) -> str:
         return f"{self.tag}.{self.epoch}"
 
-    def epoch_of(self, reply: list[Any]) -> str:
-        """A script's epoch; once the spare one is taken, make another."""
+    @staticmethod
+    def epoch_of(reply: list[Any]) -> str:
+        """A script's epoch (its reply's first value)."""
         epoch: str = reply[0].decode()
-        if epoch == self.spare:
-            self.spare = new_epoch()
         return epoch
 
 

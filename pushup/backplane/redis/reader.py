@@ -56,10 +56,10 @@ class LogReader(EnginePart):
         """No read starts or is retried from now on."""
         self.stopped = True
 
-    def held(self, p: Partition) -> tuple[str, int, str, int]:
+    def held(self, p: Partition) -> tuple[int, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
         held = self.store.horizon_of(p.origin) if p.epoch and p.ready else 0
-        return p.spare, self.maxlen, p.epoch if p.ready else "", held
+        return p.salt, self.maxlen, p.epoch if p.ready else "", held
 
     def notified(self, p: Partition, payload: bytes) -> None:
         """A partition's script appended entries: apply them if they come next
@@ -123,6 +123,10 @@ class LogReader(EnginePart):
             if p.epoch and p.ready and epoch != p.epoch:
                 self._lost_epoch(p, epoch)
             p.epoch = epoch
+            # The store knows the log's epoch even while it holds nothing of
+            # it (a cold read of an empty log): a cursor naming an older epoch
+            # this node never held is told of the gap (pushup.core.origins).
+            self.service.follow(p.origin, [], scoped=True)
             p.abroad = {}  # read again below, as this log has it
             yield self._load_channels(p)
         while True:

@@ -17,6 +17,7 @@ from pushup.backplane.redis.engine import RedisEngine
 from pushup.backplane.redis.slots import key_slot
 from pushup.config import Config
 from pushup.core import errors
+from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Origin, Query
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
@@ -114,6 +115,40 @@ def test_a_redis_back_empty_is_a_new_epoch_and_the_old_log_is_lost(engine, redis
     run_until(lambda: origin(a) == new, 10.0, "the node on the new log")
     assert a.lost_epochs == 1
     assert a.store.lost_of(old) is not None  # a reader behind it gets its gap
+
+
+def cold_read(e: RedisEngine, channel: str) -> None:
+    """``follow``, retried while ``e``'s connections to a restarted Redis come back."""
+    def read() -> bool:
+        cold = e.prepare([channel])
+        if cold is None:
+            return True
+        try:
+            wait_for(cold, 10.0)
+        except errors.EngineUnavailable:
+            return False
+        return True
+
+    run_until(read, 15.0, "a cold read once Redis is back")
+
+
+def test_a_cursor_into_a_log_redis_lost_is_a_gap_on_a_node_that_never_read_it(
+        engine, redis_server):
+    # b is made first: its clock's idea of a new epoch is older than the one a
+    # starts; the log's epoch must still be later than the one Redis lost.
+    # Neither follows the channel (a only publishes): b's cold read starts it.
+    b, a = engine("b"), engine("a")
+    sent = wait_for(a.publish([Draft(("c",), d) for d in (b"1", b"2", b"3")]))
+    behind = Cursor(((sent[1].origin, sent[1].seq),))  # a reader two messages in
+    assert a.stats()["redis"]["followed"] == b.stats()["redis"]["followed"] == 0
+    redis_server.kill()
+    redis_server.restart()  # empty: the log and its epoch are gone
+    cold_read(b, "c")
+    assert b.partition("c").origin != sent[0].origin
+    answer = b.store.query(Query(("c",), behind, None, 1000))
+    assert answer.messages == () and answer.gap is True
+    again = b.store.query(Query(("c",), answer.cursor, None, 1000))
+    assert again.messages == () and again.gap is False  # told once
 
 
 def test_stats_name_redis_without_its_password(engine, redis_server):
@@ -230,3 +265,31 @@ def test_a_followed_partition_keeps_only_the_channels_waited_on_now(engine):
     assert p.needed_by == set(same)
     a.interest.let_go_of_unneeded()  # the sweep: nobody waits on them now
     assert p.needed_by == set() and p.followed  # still followed, for its linger
+
+
+def test_letting_a_partition_go_frees_what_the_node_held_for_its_channels(engine):
+    """Issue 35, item 8: channels read once each, their partitions let go: the
+    node holds nothing per channel (at small size, counted in the structures
+    that held them: the store's channels and their expiry index, the
+    partitions' tables, the horizon, the hub)."""
+    a, b = engine("a"), engine("b")
+    b.interest.linger = 0.0  # let go at the next sweep
+    pairs = channels_in_distinct_partitions(a, 20, "pair")
+    for first, second in zip(pairs[::2], pairs[1::2], strict=True):  # notes abroad
+        wait_for(a.publish([Draft((first, second), b"both")]))
+    for round_ in range(2):
+        names = [f"once{round_}.{k}" for k in range(300)] + pairs
+        for name in names:
+            follow(b, name)
+            b.service.subscribe(Query((name,), 0, None, 100), 0, None)  # a pull
+        assert b.store.channel_count == len(names)
+        b.interest.let_go_of_unneeded()
+        assert b.stats()["redis"]["followed"] == 0
+        assert b.store.channel_count == 0 and b.store.message_count == 0
+        assert list(b.store.horizons()) == [b.store.origin_name]
+        assert all(not p.needed_by and not p.abroad and not p.when_ready
+                   for p in b.partitions)
+        assert len(b.service.hub) == 0
+        # the channels' expiry index keeps no entry of a channel gone (stale
+        # ones are dropped once they outnumber the live ones, and a few more)
+        assert b.store.expiry_entries <= 64, (round_, b.store.expiry_entries)

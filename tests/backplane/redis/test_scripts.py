@@ -12,12 +12,12 @@ P = Partition(0, "p0")  # one partition's keys: each script runs on one
 LOG, META, CHANNELS, KEY = P.log, P.meta, P.channels, P.key
 
 
-def publish(redis, held_epoch, held, *entries, epoch="e1", maxlen=1000, key=None,
+def publish(redis, held_epoch, held, *entries, salt=7, maxlen=1000, key=None,
             fingerprint="f1", window_ms=60_000):
     flat = [x for entry in entries for x in entry]
     keys = [LOG, META, CHANNELS, P.notify, P.foreign] + ([KEY + key] if key is not None else [])
     keyed = [fingerprint, window_ms] if key is not None else ["", 0]
-    return redis.cli("EVAL", PUBLISH, len(keys), *keys, epoch, maxlen, held_epoch, held,
+    return redis.cli("EVAL", PUBLISH, len(keys), *keys, salt, maxlen, held_epoch, held,
                      *keyed, *flat)
 
 
@@ -31,10 +31,11 @@ def op(kind, name, ttl=60, expires_at=100):
 
 def test_a_batch_gets_contiguous_sequence_numbers_and_rising_timestamps(redis_server):
     first = publish(redis_server, "", 0, msg(1), msg(2), msg(3))
-    assert first[0] == b"e1"  # a log with no epoch starts the one given
+    e1 = first[0].decode()  # a log with no epoch starts one
+    assert redis_server.cli("HGET", META, "e") == first[0]
     seqs, stamps = first[1::2], [int(t) for t in first[2::2]]
     assert seqs == [1, 2, 3] and stamps == sorted(set(stamps))
-    second = publish(redis_server, "e1", 3, msg(4))
+    second = publish(redis_server, e1, 3, msg(4))
     assert second[1] == 4 and int(second[2]) > stamps[-1]
     log = redis_server.cli("XRANGE", LOG, "-", "+")
     assert [e[0] for e in log] == [b"1-0", b"2-0", b"3-0", b"4-0"]
@@ -43,59 +44,64 @@ def test_a_batch_gets_contiguous_sequence_numbers_and_rising_timestamps(redis_se
 
 
 def test_a_create_of_an_existing_channel_writes_nothing(redis_server):
-    publish(redis_server, "", 0, op("create", "room"))
+    e1 = publish(redis_server, "", 0, op("create", "room"))[0].decode()
     with pytest.raises(hiredis.ReplyError, match="EXISTS room"):
-        publish(redis_server, "e1", 1, msg("x"), op("create", "room"))
+        publish(redis_server, e1, 1, msg("x"), op("create", "room"))
     assert redis_server.cli("XLEN", LOG) == 1  # the batch is all or nothing
     assert redis_server.cli("HGET", META, "s") == b"1"
-    publish(redis_server, "e1", 1, op("delete", "room"))
+    publish(redis_server, e1, 1, op("delete", "room"))
     assert redis_server.cli("HEXISTS", CHANNELS, "room") == 0
-    assert publish(redis_server, "e1", 2, op("create", "room"))[1] == 3
+    assert publish(redis_server, e1, 2, op("create", "room"))[1] == 3
 
 
 def test_a_log_shorter_than_a_node_read_starts_a_new_epoch_before_appending(redis_server):
-    publish(redis_server, "", 0, msg(1), msg(2))
+    e1 = publish(redis_server, "", 0, msg(1), msg(2))[0].decode()
     # This node read five entries of e1: Redis lost three it had acknowledged.
-    reply = publish(redis_server, "e1", 5, msg(6), epoch="e2")
-    assert reply[0] == b"e2" and reply[1] == 1  # never seq 3 of e1 again
+    reply = publish(redis_server, e1, 5, msg(6))
+    assert reply[0] != e1.encode() and reply[1] == 1  # never seq 3 of e1 again
+    assert int(reply[0], 36) > int(e1, 36)  # a later epoch is a greater number
     assert [e[0] for e in redis_server.cli("XRANGE", LOG, "-", "+")] == [b"1-0"]
 
 
 def test_the_check_keeps_a_log_that_holds_what_the_node_read(redis_server):
-    publish(redis_server, "", 0, msg(1), msg(2))
-    check = [LOG, META, "e9", 1000]
-    assert redis_server.cli("EVAL", CHECK, 2, *check, "e1", 2) == [b"e1", 2]
-    assert redis_server.cli("EVAL", CHECK, 2, *check, "e0", 7) == [b"e1", 2]  # another epoch
-    assert redis_server.cli("EVAL", CHECK, 2, *check, "e1", 3) == [b"e9", 0]
+    e1 = publish(redis_server, "", 0, msg(1), msg(2))[0]
+    check = [LOG, META, 9, 1000]
+    assert redis_server.cli("EVAL", CHECK, 2, *check, e1, 2) == [e1, 2]
+    assert redis_server.cli("EVAL", CHECK, 2, *check, "e0", 7) == [e1, 2]  # another epoch
+    e2, seq = redis_server.cli("EVAL", CHECK, 2, *check, e1, 3)
+    assert seq == 0 and int(e2, 36) > int(e1, 36)
     redis_server.cli("FLUSHALL")
-    assert redis_server.cli("EVAL", CHECK, 2, LOG, META, "e10", 1000, "e9", 0) == [b"e10", 0]
+    e3, seq = redis_server.cli("EVAL", CHECK, 2, LOG, META, 10, 1000, e2, 0)
+    assert seq == 0 and int(e3, 36) > int(e2, 36) and int(e3, 36) % 1296 == 10
 
 
 def test_a_retry_with_the_key_appends_nothing_and_gets_the_first_reply(redis_server):
     first = publish(redis_server, "", 0, msg(1), msg(2), key="k1")
-    again = publish(redis_server, "e1", 2, msg(1), msg(2), key="k1")
+    e1 = first[0].decode()
+    again = publish(redis_server, e1, 2, msg(1), msg(2), key="k1")
     assert again == [*first, b"again"]
     assert redis_server.cli("XLEN", LOG) == 2 and redis_server.cli("HGET", META, "s") == b"2"
     ttl = redis_server.cli("PTTL", KEY + "k1")
     assert 0 < ttl <= 60_000  # the window
-    other = publish(redis_server, "e1", 2, msg(3), key="k2")
+    other = publish(redis_server, e1, 2, msg(3), key="k2")
     assert other[1] == 3 and other[-1] != b"again"
 
 
 def test_the_key_with_another_body_is_refused_and_writes_nothing(redis_server):
-    publish(redis_server, "", 0, msg(1), key="k1", fingerprint="f1")
+    e1 = publish(redis_server, "", 0, msg(1), key="k1", fingerprint="f1")[0].decode()
     with pytest.raises(hiredis.ReplyError, match="REUSED"):
-        publish(redis_server, "e1", 1, msg(2), key="k1", fingerprint="f2")
+        publish(redis_server, e1, 1, msg(2), key="k1", fingerprint="f2")
     assert redis_server.cli("XLEN", LOG) == 1
 
 
 def test_a_key_of_a_lost_log_is_no_retry(redis_server):
-    publish(redis_server, "", 0, msg(1), msg(2), key="k1")
+    e1 = publish(redis_server, "", 0, msg(1), msg(2), key="k1")[0].decode()
     # The node read five entries of e1: the log lost some; e2 starts, and the
     # key's publish (gone with e1) is stored again.
-    reply = publish(redis_server, "e1", 5, msg(1), msg(2), key="k1", epoch="e2")
-    assert reply[0] == b"e2" and reply[1:3:1][0] == 1 and reply[-1] != b"again"
-    assert publish(redis_server, "e2", 2, msg(1), msg(2), key="k1")[-1] == b"again"
+    reply = publish(redis_server, e1, 5, msg(1), msg(2), key="k1")
+    e2 = reply[0].decode()
+    assert e2 != e1 and reply[1:3:1][0] == 1 and reply[-1] != b"again"
+    assert publish(redis_server, e2, 2, msg(1), msg(2), key="k1")[-1] == b"again"
 
 
 def test_the_record_of_a_20000_message_keyed_batch_is_small_and_replays_exactly(redis_server):
@@ -107,7 +113,7 @@ def test_the_record_of_a_20000_message_keyed_batch_is_small_and_replays_exactly(
     # Its size does not grow with the batch (every (seq, ts) was 520 KB of JSON).
     assert redis_server.cli("STRLEN", KEY + "big") < 200
     assert redis_server.cli("MEMORY", "USAGE", KEY + "big") < 300
-    again = publish(redis_server, "e1", 20_000, *batch, maxlen=100_000, key="big",
+    again = publish(redis_server, first[0], 20_000, *batch, maxlen=100_000, key="big",
                     fingerprint=fingerprint)
     assert again == [*first, b"again"]  # the first reply, element for element
     assert redis_server.cli("XLEN", LOG) == 20_000
@@ -115,9 +121,10 @@ def test_the_record_of_a_20000_message_keyed_batch_is_small_and_replays_exactly(
 
 def test_a_record_an_earlier_version_wrote_still_answers_its_retry(redis_server):
     first = publish(redis_server, "", 0, msg(1), msg(2))
+    e1 = first[0].decode()
     redis_server.cli("SET", KEY + "old", json.dumps(
-        {"e": "e1", "f": "f1", "r": [first[1], first[2].decode(), first[3], first[4].decode()]}))
-    again = publish(redis_server, "e1", 2, msg(1), msg(2), key="old")
+        {"e": e1, "f": "f1", "r": [first[1], first[2].decode(), first[3], first[4].decode()]}))
+    again = publish(redis_server, e1, 2, msg(1), msg(2), key="old")
     assert again == [*first, b"again"]
     assert redis_server.cli("XLEN", LOG) == 2
 
@@ -141,22 +148,24 @@ def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_
 
         assert next_reply() == [b"ssubscribe", P.notify.encode(), 1]
         first = publish(redis_server, "", 0, msg(1, "a", "b"), op("create", "room"), key="k")
-        publish(redis_server, "e1", 2, msg(1, "a", "b"), op("create", "room"), key="k")
-        publish(redis_server, "e1", 2, msg(3))
+        e1 = first[0].decode()
+        publish(redis_server, e1, 2, msg(1, "a", "b"), op("create", "room"), key="k")
+        publish(redis_server, e1, 2, msg(3))
         told = [msgspec.msgpack.decode(next_reply()[2]) for _ in range(2)]
     (m_seq, m_ts), (o_seq, o_ts) = zip(first[1::2], first[2::2], strict=True)
-    assert told[0] == ["e1", m_seq, m_ts.decode(), "m", '["a", "b"]', "1",
+    assert told[0] == [e1, m_seq, m_ts.decode(), "m", '["a", "b"]', "1",
                        o_seq, o_ts.decode(), "o", "room", op("create", "room")[2]]
-    assert told[1][:2] == ["e1", 3]  # the retry appended nothing and told no one
+    assert told[1][:2] == [e1, 3]  # the retry appended nothing and told no one
 
 
 def test_a_foreign_note_is_appended_once_per_channel_and_partition(redis_server):
     first = publish(redis_server, "", 0, ("f", "b", "7"), ("f", "c", "7"))
+    e1 = first[0].decode()
     assert first[1::2] == [1, 2]  # two notes, two entries
-    again = publish(redis_server, "e1", 2, ("f", "b", "7"), ("f", "b", "9"))
+    again = publish(redis_server, e1, 2, ("f", "b", "7"), ("f", "b", "9"))
     assert again[1::2] == [3]  # b's note of 7 is known: only 9 is new
     assert json.loads(redis_server.cli("HGET", P.foreign, "b")) == ["7", "9"]
-    assert publish(redis_server, "e1", 3, ("f", "c", "7")) == [b"e1"]  # nothing appended
+    assert publish(redis_server, e1, 3, ("f", "c", "7")) == [first[0]]  # nothing appended
     kinds = [dict(zip(f[::2], f[1::2], strict=True))[b"k"]
              for _, f in redis_server.cli("XRANGE", LOG, "-", "+")]
     assert kinds == [b"f", b"f", b"f"]
