@@ -8,6 +8,9 @@ never rides the backplane: docs/api.md, "Durable Streams"), and tells a
 touches a socket and never reads the clock (``now`` is an argument, in
 microseconds). Its values are :mod:`pushup.core.stream_values`';
 :mod:`pushup.http.streams` maps HTTP onto it.
+
+A fork chain is walked by loops, never by recursion: a chain a journal kept
+from before ``MAX_FORK_DEPTH`` bounded new ones may be of any depth.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pushup.core.stream_values import (
     Appended,
     Creation,
     Entry,
+    ForkTooDeep,
     Position,
     Producer,
     Read,
@@ -42,6 +46,10 @@ from pushup.core.stream_values import (
 
 STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
 PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
+# The most forks a chain may have below its root stream: a fork of a stream this
+# deep is refused 400 ``fork_too_deep`` (docs/api.md, "Forks"). One rule for every
+# node and engine (the Redis engine reads a chain a round trip a level).
+MAX_FORK_DEPTH = 64
 
 
 @dataclass(eq=False)
@@ -79,11 +87,20 @@ class Stream:
         if self.ttl is not None:
             self.deadline = now + self.ttl * 1_000_000
 
-    def _segments(self, at: Position, below: Position | None) -> Iterator[Entry]:
-        """The entries at or after ``at`` (the first cut to begin there), up
-        to ``below`` (a fork's boundary in its source)."""
-        if self.source is not None and at.size < self.forked_at.size:
-            yield from self.source._segments(at, self.forked_at)
+    def _segments(self, at: Position) -> Iterator[Entry]:
+        """The entries at or after ``at`` (the first cut to begin there): a
+        fork's sources' first, each up to where the stream above forked it."""
+        levels: list[tuple[Stream, Position | None]] = [(self, None)]
+        stream = self
+        while stream.source is not None and at.size < stream.forked_at.size:
+            levels.append((stream.source, stream.forked_at))
+            stream = stream.source
+        for stream, below in reversed(levels):
+            yield from stream._own_segments(at, below)
+
+    def _own_segments(self, at: Position, below: Position | None) -> Iterator[Entry]:
+        """This stream's own entries at or after ``at``, up to ``below`` (a
+        fork's boundary in it)."""
         entries = self.entries
         start = at.size
         limit = None if below is None else below.size
@@ -99,12 +116,22 @@ class Stream:
                 entry = Entry(at, entry.data[start - begins:])
             yield entry
 
+    def depth(self) -> int:
+        """How many forks lie between this stream and its chain's root,
+        counted up to ``MAX_FORK_DEPTH`` (a deeper chain counts as that)."""
+        depth = 0
+        stream = self
+        while stream.source is not None and depth < MAX_FORK_DEPTH:
+            depth += 1
+            stream = stream.source
+        return depth
+
     def read(self, at: Position, budget: int) -> Read:
         """Entries from ``at`` while under ``budget`` bytes (at least one)."""
         taken: list[Entry] = []
         used = 0
         more = False
-        for entry in self._segments(at, None):
+        for entry in self._segments(at):
             size = len(entry.data)
             if taken and used + size > budget:
                 more = True
@@ -118,7 +145,7 @@ class Stream:
         return Read(b"".join([e.data for e in taken]), None, after, not more)
 
     def next_entry(self, at: Position) -> Entry | None:
-        return next(self._segments(at, None), None)
+        return next(self._segments(at), None)
 
     def append(self, body: bytes, messages: list[bytes] | None) -> Position:
         entry = make_entry(self.tail, body, messages)
@@ -272,6 +299,10 @@ class Streams:
             source = self.get(source_path, now)
         except StreamGone:
             raise StreamConflict("the source stream was deleted") from None
+        if source.depth() >= MAX_FORK_DEPTH:
+            raise ForkTooDeep(f"the source stream is a fork {MAX_FORK_DEPTH} forks below its "
+                              f"root already, the most a chain may be: fork a stream "
+                              "nearer the root")
         if asked.content_type is not None and (
                 media_type(asked.content_type) != media_type(source.content_type)):
             raise StreamConflict("a fork's Content-Type must be its source's")
@@ -361,24 +392,26 @@ class Streams:
     def _remove(self, stream: Stream) -> None:
         """Forget ``stream`` (its forks still read what they hold of it: it
         goes once they do); its source too when that was deleted and this
-        was its last fork."""
-        if self._streams.get(stream.path) is stream:
-            del self._streams[stream.path]
-        stream.deleted = True
-        stream.wake()
-        if stream.forks:
-            self._saved(stream)
-            return
-        self.held -= stream.charged
-        if self.journal is not None:
-            self.journal.dropped(stream)
-        source = stream.source
-        if source is not None:
+        was its last fork, and so on up the chain."""
+        while True:
+            if self._streams.get(stream.path) is stream:
+                del self._streams[stream.path]
+            stream.deleted = True
+            stream.wake()
+            if stream.forks:
+                self._saved(stream)
+                return
+            self.held -= stream.charged
+            if self.journal is not None:
+                self.journal.dropped(stream)
+            source = stream.source
+            if source is None:
+                return
             source.forks -= 1
-            if source.forks == 0 and source.deleted:
-                self._remove(source)
-            else:
+            if source.forks or not source.deleted:
                 self._saved(source)
+                return
+            stream = source
 
 
 def _same(stream: Stream, asked: Creation) -> bool:

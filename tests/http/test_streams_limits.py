@@ -1,0 +1,36 @@
+"""pushup/http/streams.py at the edges of what a stream request may ask: a
+fork chain's depth; refused with its status and the JSON error body, and
+nothing stored."""
+
+from __future__ import annotations
+
+import json
+
+from pushup.core.streams import MAX_FORK_DEPTH
+from pushup.http.exchange import JSON
+from tests.http.test_streams import answered, ask, node
+
+TEXT = b"text/plain"
+
+
+def refusal(response: object) -> tuple[int, str]:
+    refused = answered(response)  # type: ignore[arg-type]
+    assert refused.content_type == JSON
+    return refused.status, json.loads(refused.body or b"")["error"]["code"]
+
+
+def test_a_fork_past_max_fork_depth_is_400_fork_too_deep_and_the_chain_still_reads():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/f0", b"root", content_type=TEXT))
+    for level in range(1, MAX_FORK_DEPTH + 1):
+        made = answered(ask(handlers, b"PUT", b"/v1/stream/f%d" % level,
+                            stream_forked_from=b"/v1/stream/f%d" % (level - 1)))
+        assert made.status == 201
+    assert refusal(ask(handlers, b"PUT", b"/v1/stream/deeper",
+                       stream_forked_from=b"/v1/stream/f%d" % MAX_FORK_DEPTH)) == (
+        400, "fork_too_deep")
+    assert answered(ask(handlers, b"HEAD", b"/v1/stream/deeper")).status == 404
+    deepest = b"/v1/stream/f%d" % MAX_FORK_DEPTH
+    assert answered(ask(handlers, b"POST", deepest, b"+", content_type=TEXT)).status == 204
+    read = answered(ask(handlers, b"GET", deepest + b"?offset=-1"))
+    assert (read.status, read.body) == (200, b"root+")
