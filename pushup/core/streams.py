@@ -260,7 +260,15 @@ class Streams:
 
     def create(self, path: str, asked: Creation, now: int) -> tuple[Stream, bool]:
         """The stream at ``path`` and whether this created it (else it is the
-        same one asked for again; 409 if it differs)."""
+        same one asked for again; 409 if it differs). 400 for a stream that
+        would be gone before it is read (``Stream-TTL: 0``, an expiry now or
+        past)."""
+        if asked.ttl == 0:
+            raise BadRequest("Stream-TTL: 0 would expire the stream at once; give at least 1 "
+                             "(seconds), or no TTL")
+        if asked.expires_at is not None and expiry_of(asked.expires_at) <= now:
+            raise BadRequest(f"Stream-Expires-At {asked.expires_at[:60]!r} is not in the "
+                             "future: the stream would expire at once")
         existing = self._streams.get(path)
         if existing is not None and existing.deadline is not None and now >= existing.deadline:
             self._remove(existing)

@@ -1,6 +1,7 @@
 """pushup/core/streams.py's forks and creation, at their edges: chains of forks
-deeper than Python's recursion (read, deleted, expired, kept) and the bound on
-a chain's depth. Values, ``now`` an argument."""
+deeper than Python's recursion (read, deleted, expired, kept), the bound on a
+chain's depth, and what a creation may ask (a TTL, an expiry). Values, ``now``
+an argument."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pushup.core.errors import NotFound
+from pushup.core.errors import BadRequest, NotFound
 from pushup.core.stream_values import (
     START,
     Append,
@@ -125,6 +126,22 @@ def test_a_chain_is_at_most_max_fork_depth_forks_deep():
     assert store.at("/too-deep") is None
     assert store.get(f"/f{MAX_FORK_DEPTH}", NOW).read(START, 1 << 20).data == b"root"
     create(store, "/sibling", forked_from=f"/f{MAX_FORK_DEPTH - 1}")  # a fork of a shallower one
+
+
+@pytest.mark.parametrize(("ttl", "expires_at"), [
+    (0, None), (None, "2020-01-01T00:00:00Z"), (None, "2025-11-22T08:26:40Z")])  # NOW, exactly
+def test_a_creation_that_would_expire_at_once_is_400(ttl, expires_at):
+    store = streams()
+    with pytest.raises(BadRequest):
+        create(store, "/s", b"x", ttl=ttl, expires_at=expires_at)
+    assert store.at("/s") is None and store.held == 0
+
+
+def test_a_creation_that_expires_later_is_made():
+    store = streams()
+    create(store, "/ttl", ttl=1)
+    create(store, "/at", expires_at="2025-11-22T08:26:41Z")
+    assert store.exists("/ttl", NOW) and store.exists("/at", NOW)
 
 
 def two_streams() -> tuple[Streams, Stream, Stream]:

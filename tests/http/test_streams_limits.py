@@ -1,10 +1,12 @@
 """pushup/http/streams.py at the edges of what a stream request may ask: a
-fork chain's depth; refused with its status and the JSON error body, and
-nothing stored."""
+fork chain's depth, an expiry already past; each refused with its status and
+the JSON error body, and nothing stored."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from pushup.core.streams import MAX_FORK_DEPTH
 from pushup.http.exchange import JSON
@@ -34,3 +36,12 @@ def test_a_fork_past_max_fork_depth_is_400_fork_too_deep_and_the_chain_still_rea
     assert answered(ask(handlers, b"POST", deepest, b"+", content_type=TEXT)).status == 204
     read = answered(ask(handlers, b"GET", deepest + b"?offset=-1"))
     assert (read.status, read.body) == (200, b"root+")
+
+
+@pytest.mark.parametrize("headers", [
+    {"stream_ttl": b"0"}, {"stream_expires_at": b"2020-01-01T00:00:00Z"}])
+def test_a_creation_that_would_expire_at_once_is_400_with_the_json_error(headers):
+    handlers = node()
+    assert refusal(ask(handlers, b"PUT", b"/v1/stream/s", b"x", content_type=TEXT,
+                       **headers)) == (400, "bad_parameter")
+    assert answered(ask(handlers, b"HEAD", b"/v1/stream/s")).status == 404
