@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pushup.core.errors import BadRequest, NotFound, PushUpError
+from pushup.core.errors import BadRequest, NotFound, PushUpError, TargetTooLong
 from pushup.core.stream_values import (
     JSON_TYPE,
     START,
@@ -50,6 +50,10 @@ PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
 # deep is refused 400 ``fork_too_deep`` (docs/api.md, "Forks"). One rule for every
 # node and engine (the Redis engine reads a chain a round trip a level).
 MAX_FORK_DEPTH = 64
+# The longest path a stream is created at, in bytes as sent (``/v1/stream/`` and
+# percent-escapes included): a 201's Location echoes it, and clients refuse a long
+# header line (Node's, the protocol's own client, take 16 KiB of headers in all).
+MAX_STREAM_PATH = 1024
 
 
 @dataclass(eq=False)
@@ -262,7 +266,8 @@ class Streams:
         """The stream at ``path`` and whether this created it (else it is the
         same one asked for again; 409 if it differs). 400 for a stream that
         would be gone before it is read (``Stream-TTL: 0``, an expiry now or
-        past)."""
+        past); 414 for a path longer than ``MAX_STREAM_PATH``."""
+        check_path(path)
         if asked.ttl == 0:
             raise BadRequest("Stream-TTL: 0 would expire the stream at once; give at least 1 "
                              "(seconds), or no TTL")
@@ -420,6 +425,14 @@ class Streams:
                 self._saved(source)
                 return
             stream = source
+
+
+def check_path(path: str) -> None:
+    """414 when a stream may not be created at ``path``: longer than
+    ``MAX_STREAM_PATH`` (a PUT is refused so before it goes anywhere)."""
+    if len(path) > MAX_STREAM_PATH:
+        raise TargetTooLong(f"a stream's path is at most {MAX_STREAM_PATH} bytes (this one is "
+                            f"{len(path)})")
 
 
 def _same(stream: Stream, asked: Creation) -> bool:

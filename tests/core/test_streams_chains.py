@@ -1,7 +1,7 @@
 """pushup/core/streams.py's forks and creation, at their edges: chains of forks
 deeper than Python's recursion (read, deleted, expired, kept), the bound on a
-chain's depth, and what a creation may ask (a TTL, an expiry). Values, ``now``
-an argument."""
+chain's depth, and what a creation may ask (a TTL, an expiry, a path). Values,
+``now`` an argument."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pushup.core.errors import BadRequest, NotFound
+from pushup.core.errors import BadRequest, NotFound, TargetTooLong
 from pushup.core.stream_values import (
     START,
     Append,
@@ -20,7 +20,7 @@ from pushup.core.stream_values import (
     Position,
     StreamGone,
 )
-from pushup.core.streams import MAX_FORK_DEPTH, Stream, Streams
+from pushup.core.streams import MAX_FORK_DEPTH, MAX_STREAM_PATH, Stream, Streams
 
 TEXT = "text/plain"
 NOW = 1_763_800_000_000_000  # microseconds
@@ -142,6 +142,18 @@ def test_a_creation_that_expires_later_is_made():
     create(store, "/ttl", ttl=1)
     create(store, "/at", expires_at="2025-11-22T08:26:41Z")
     assert store.exists("/ttl", NOW) and store.exists("/at", NOW)
+
+
+def test_a_path_is_at_most_max_stream_path_bytes():
+    store = streams()
+    longest = "/v1/stream/" + "p" * (MAX_STREAM_PATH - len("/v1/stream/"))
+    create(store, longest)
+    with pytest.raises(TargetTooLong) as refused:
+        create(store, longest + "p")
+    assert refused.value.status == 414
+    with pytest.raises(TargetTooLong):
+        create(store, longest + "p", forked_from=longest)
+    assert len(store) == 1
 
 
 def two_streams() -> tuple[Streams, Stream, Stream]:

@@ -1,6 +1,6 @@
 """pushup/http/streams.py at the edges of what a stream request may ask: a
-fork chain's depth, an expiry already past; each refused with its status and
-the JSON error body, and nothing stored."""
+fork chain's depth, a path's length, an expiry already past; each refused
+with its status and the JSON error body, and nothing stored."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pushup.core.streams import MAX_FORK_DEPTH
+from pushup.core.streams import MAX_FORK_DEPTH, MAX_STREAM_PATH
 from pushup.http.exchange import JSON
-from tests.http.test_streams import answered, ask, node
+from tests.http.test_streams import answered, ask, header, node
 
 TEXT = b"text/plain"
 
@@ -36,6 +36,16 @@ def test_a_fork_past_max_fork_depth_is_400_fork_too_deep_and_the_chain_still_rea
     assert answered(ask(handlers, b"POST", deepest, b"+", content_type=TEXT)).status == 204
     read = answered(ask(handlers, b"GET", deepest + b"?offset=-1"))
     assert (read.status, read.body) == (200, b"root+")
+
+
+def test_a_path_past_max_stream_path_is_414_and_the_longest_gets_its_location():
+    handlers = node()
+    longest = b"/v1/stream/" + b"p" * (MAX_STREAM_PATH - len(b"/v1/stream/"))
+    made = answered(ask(handlers, b"PUT", longest, host=b"example.com"))
+    assert (made.status, header(made, b"Location")) == (201, b"http://example.com" + longest)
+    assert refusal(ask(handlers, b"PUT", longest + b"p", host=b"example.com")) == (
+        414, "too_large")
+    assert answered(ask(handlers, b"HEAD", longest + b"p")).status == 404
 
 
 @pytest.mark.parametrize("headers", [
