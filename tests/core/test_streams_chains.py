@@ -1,7 +1,7 @@
 """pushup/core/streams.py's forks and creation, at their edges: chains of forks
 deeper than Python's recursion (read, deleted, expired, kept), the bound on a
-chain's depth, and what a creation may ask (a TTL, an expiry, a path). Values,
-``now`` an argument."""
+chain's depth, what a creation may ask (a TTL, an expiry, a path), and a fork
+of a closed stream. Values, ``now`` an argument."""
 
 from __future__ import annotations
 
@@ -154,6 +154,18 @@ def test_a_path_is_at_most_max_stream_path_bytes():
     with pytest.raises(TargetTooLong):
         create(store, longest + "p", forked_from=longest)
     assert len(store) == 1
+
+
+def test_a_fork_of_a_closed_stream_starts_open():
+    """PROTOCOL.md §4.2, "Closed stream forking": "The resulting fork starts in
+    the open state regardless of the source stream's closed status"."""
+    store = streams()
+    create(store, "/s", b"done", closed=True)
+    fork = create(store, "/f", forked_from="/s")
+    assert not fork.closed
+    append(store, "/f", b"+more")
+    assert fork.read(START, 1 << 20).data == b"done+more"
+    assert store.get("/s", NOW).closed
 
 
 def two_streams() -> tuple[Streams, Stream, Stream]:
