@@ -120,6 +120,30 @@ class Stream:
                 entry = Entry(at, entry.data[start - begins:])
             yield entry
 
+    def position(self, offset: str) -> Position:
+        """The position ``offset`` names: one this stream issued, where one
+        of its appends begins or ends (below a fork's boundary, its
+        source's); 400 otherwise (``-1`` and ``now`` are the caller's)."""
+        at = parse_offset(offset)
+        if at.size > self.tail.size:
+            raise BadRequest("offset is past the stream's tail")
+        if not self.issued(at):
+            raise BadRequest(f"offset {offset[:80]!r} is not an offset this stream issued "
+                             "(none of its appends begins or ends there)")
+        return at
+
+    def issued(self, at: Position) -> bool:
+        """Whether ``at`` is where one of this stream's appends begins or
+        ends. An offset of another stream (or another stream once at this
+        path) names another count of appends, or bytes inside an append."""
+        stream = self
+        while stream.source is not None and at.size < stream.forked_at.size:
+            stream = stream.source
+        if at == stream.tail or at == stream.forked_at:
+            return True
+        i = bisect_right(stream.begins, at.size) - 1
+        return i >= 0 and stream.entries[i].begins == at
+
     def depth(self) -> int:
         """How many forks lie between this stream and its chain's root,
         counted up to ``MAX_FORK_DEPTH`` (a deeper chain counts as that)."""
@@ -322,6 +346,9 @@ class Streams:
         at = source.tail if asked.fork_offset is None else parse_offset(asked.fork_offset)
         if at.size > source.tail.size or at.appends > source.tail.appends:
             raise BadRequest("Stream-Fork-Offset is past the source stream's tail")
+        if not source.issued(at):
+            raise BadRequest("Stream-Fork-Offset is not an offset the source stream issued "
+                             "(none of its appends begins or ends there)")
         ttl, expires = asked.ttl, asked.expires_at
         if ttl is None and expires is None:
             ttl, expires = source.ttl, source.expires_at

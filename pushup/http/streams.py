@@ -320,9 +320,7 @@ class StreamEndpoints:
         cursors = args.get(b"cursor")
         cursor_text = cursors[0].decode("latin-1") if cursors else None
         at = (START if given in (None, "-1") else stream.tail if given == "now"
-              else parse_offset(given or ""))
-        if at.size > stream.tail.size:
-            raise BadRequest("offset is past the stream's tail")
+              else stream.position(given or ""))
         stream.touch(now)
         if live == "sse":
             return self._sse(stream, at, cursor_text, client)

@@ -1,7 +1,8 @@
 """pushup/core/streams.py's forks and creation, at their edges: chains of forks
 deeper than Python's recursion (read, deleted, expired, kept), the bound on a
-chain's depth, what a creation may ask (a TTL, an expiry, a path), and a fork
-of a closed stream. Values, ``now`` an argument."""
+chain's depth, what a creation may ask (a TTL, an expiry, a path), a fork of a
+closed stream, and the offsets a stream takes (those it issued, only). Values,
+``now`` an argument."""
 
 from __future__ import annotations
 
@@ -177,3 +178,44 @@ def two_streams() -> tuple[Streams, Stream, Stream]:
         append(store, "/a", b"aa")
         append(store, "/b", b"bbb")
     return store, a, b
+
+
+def test_a_stream_takes_the_offsets_it_issued():
+    _, a, b = two_streams()
+    for stream, size in ((a, 2), (b, 3)):
+        for appends in range(4):
+            at = Position(appends, appends * size)
+            assert stream.position(at.offset) == at
+            assert stream.read(at, 1 << 20).next == stream.tail
+
+
+@pytest.mark.parametrize("offset", [
+    "0000000000000001_0000000000000002",  # /a's first tail: inside /b's first append
+    "0000000000000002_0000000000000003",  # /b's size with another count
+    "0000000000000000_0000000000000001",  # no append ends there
+])
+def test_an_offset_this_stream_never_issued_is_400(offset):
+    _, _, b = two_streams()
+    with pytest.raises(BadRequest) as refused:
+        b.position(offset)
+    assert refused.value.status == 400
+
+
+def test_a_fork_takes_its_sources_offsets_below_the_fork_and_its_own_after():
+    store, a, _ = two_streams()
+    fork = create(store, "/f", forked_from="/a", fork_offset=Position(2, 4).offset)
+    append(store, "/f", b"f")
+    append(store, "/f", b"f")
+    for at in (START, Position(1, 2), Position(2, 4), Position(3, 5), Position(4, 6)):
+        assert fork.position(at.offset) == at
+    with pytest.raises(BadRequest):
+        fork.position(Position(3, 6).offset)  # /a's tail, past the fork
+    with pytest.raises(BadRequest):
+        a.position(Position(3, 5).offset)  # the fork's, not its source's
+
+
+def test_a_fork_offset_inside_an_append_is_400():
+    store, _, _ = two_streams()
+    with pytest.raises(BadRequest):
+        create(store, "/f", forked_from="/b", fork_offset=Position(1, 2).offset)
+    assert store.at("/f") is None

@@ -1,6 +1,7 @@
 """pushup/http/streams.py at the edges of what a stream request may ask: a
-fork chain's depth, a path's length, an expiry already past; each refused
-with its status and the JSON error body, and nothing stored."""
+fork chain's depth, a path's length, an expiry already past, an offset the
+stream never issued; each refused with its status and the JSON error body,
+and nothing stored."""
 
 from __future__ import annotations
 
@@ -55,3 +56,20 @@ def test_a_creation_that_would_expire_at_once_is_400_with_the_json_error(headers
     assert refusal(ask(handlers, b"PUT", b"/v1/stream/s", b"x", content_type=TEXT,
                        **headers)) == (400, "bad_parameter")
     assert answered(ask(handlers, b"HEAD", b"/v1/stream/s")).status == 404
+
+
+def test_an_offset_of_another_stream_inside_this_ones_tail_is_400():
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/a", content_type=b"application/octet-stream"))
+    answered(ask(handlers, b"PUT", b"/v1/stream/b", content_type=b"application/octet-stream"))
+    other = header(answered(ask(handlers, b"POST", b"/v1/stream/a", b"\x00\x01",
+                                content_type=b"application/octet-stream")),
+                   b"Stream-Next-Offset")
+    answered(ask(handlers, b"POST", b"/v1/stream/b", b"\xff\xfe\xfd\xfc",
+                 content_type=b"application/octet-stream"))
+    assert other is not None
+    for live in (b"", b"&live=long-poll", b"&live=sse"):
+        assert refusal(ask(handlers, b"GET", b"/v1/stream/b?offset=" + other + live)) == (
+            400, "bad_parameter")
+    assert refusal(ask(handlers, b"PUT", b"/v1/stream/f", stream_forked_from=b"/v1/stream/b",
+                       stream_fork_offset=other)) == (400, "bad_parameter")
