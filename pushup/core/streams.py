@@ -47,8 +47,8 @@ from pushup.core.stream_values import (
 STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
 PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
 # The most forks a chain may have below its root stream: a fork of a stream this
-# deep is refused 400 ``fork_too_deep`` (docs/api.md, "Forks"). One rule for every
-# node and engine (the Redis engine reads a chain a round trip a level).
+# deep is refused 400 ``fork_too_deep`` (docs/api.md, "Fork chains"). One rule for
+# every node and engine; a read stitches every level (on Redis, read level by level).
 MAX_FORK_DEPTH = 64
 # The longest path a stream is created at, in bytes as sent (``/v1/stream/`` and
 # percent-escapes included): a 201's Location echoes it, and clients refuse a long
@@ -134,8 +134,9 @@ class Stream:
 
     def issued(self, at: Position) -> bool:
         """Whether ``at`` is where one of this stream's appends begins or
-        ends. An offset of another stream (or another stream once at this
-        path) names another count of appends, or bytes inside an append."""
+        ends. Another stream's offset is one only where both streams have
+        the same count of appends and bytes before it: a position of this
+        stream then, whose bytes are this stream's."""
         stream = self
         while stream.source is not None and at.size < stream.forked_at.size:
             stream = stream.source
@@ -338,7 +339,7 @@ class Streams:
             raise StreamConflict("the source stream was deleted") from None
         if source.depth() >= MAX_FORK_DEPTH:
             raise ForkTooDeep(f"the source stream is a fork {MAX_FORK_DEPTH} forks below its "
-                              f"root already, the most a chain may be: fork a stream "
+                              "root already, the most a chain may be: fork a stream "
                               "nearer the root")
         if asked.content_type is not None and (
                 media_type(asked.content_type) != media_type(source.content_type)):
