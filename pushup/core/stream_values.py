@@ -37,6 +37,10 @@ class StreamConflict(PushUpError, status=409, code="stream_conflict"):
         self.headers = headers
 
 
+class ForkTooDeep(BadRequest, code="fork_too_deep"):
+    """400: a fork of a stream that is ``MAX_FORK_DEPTH`` forks deep already."""
+
+
 class StreamGone(PushUpError, status=410, code="stream_gone"):
     """410: the stream was deleted while forks still read it."""
 

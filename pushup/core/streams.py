@@ -8,6 +8,9 @@ never rides the backplane: docs/api.md, "Durable Streams"), and tells a
 touches a socket and never reads the clock (``now`` is an argument, in
 microseconds). Its values are :mod:`pushup.core.stream_values`';
 :mod:`pushup.http.streams` maps HTTP onto it.
+
+A fork chain is walked by loops, never by recursion: a chain a journal kept
+from before ``MAX_FORK_DEPTH`` bounded new ones may be of any depth.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pushup.core.errors import BadRequest, NotFound, PushUpError
+from pushup.core.errors import BadRequest, NotFound, PushUpError, TargetTooLong
 from pushup.core.stream_values import (
     JSON_TYPE,
     START,
@@ -26,6 +29,7 @@ from pushup.core.stream_values import (
     Appended,
     Creation,
     Entry,
+    ForkTooDeep,
     Position,
     Producer,
     Read,
@@ -42,6 +46,14 @@ from pushup.core.stream_values import (
 
 STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
 PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
+# The most forks a chain may have below its root stream: a fork of a stream this
+# deep is refused 400 ``fork_too_deep`` (docs/api.md, "Fork chains"). One rule for
+# every node and engine; a read stitches every level (on Redis, read level by level).
+MAX_FORK_DEPTH = 64
+# The longest path a stream is created at, in bytes as sent (``/v1/stream/`` and
+# percent-escapes included): a 201's Location echoes it, and clients refuse a long
+# header line (Node's, the protocol's own client, take 16 KiB of headers in all).
+MAX_STREAM_PATH = 1024
 
 
 @dataclass(eq=False)
@@ -79,11 +91,20 @@ class Stream:
         if self.ttl is not None:
             self.deadline = now + self.ttl * 1_000_000
 
-    def _segments(self, at: Position, below: Position | None) -> Iterator[Entry]:
-        """The entries at or after ``at`` (the first cut to begin there), up
-        to ``below`` (a fork's boundary in its source)."""
-        if self.source is not None and at.size < self.forked_at.size:
-            yield from self.source._segments(at, self.forked_at)
+    def _segments(self, at: Position) -> Iterator[Entry]:
+        """The entries at or after ``at`` (the first cut to begin there): a
+        fork's sources' first, each up to where the stream above forked it."""
+        levels: list[tuple[Stream, Position | None]] = [(self, None)]
+        stream = self
+        while stream.source is not None and at.size < stream.forked_at.size:
+            levels.append((stream.source, stream.forked_at))
+            stream = stream.source
+        for stream, below in reversed(levels):
+            yield from stream._own_segments(at, below)
+
+    def _own_segments(self, at: Position, below: Position | None) -> Iterator[Entry]:
+        """This stream's own entries at or after ``at``, up to ``below`` (a
+        fork's boundary in it)."""
         entries = self.entries
         start = at.size
         limit = None if below is None else below.size
@@ -99,12 +120,47 @@ class Stream:
                 entry = Entry(at, entry.data[start - begins:])
             yield entry
 
+    def position(self, offset: str) -> Position:
+        """The position ``offset`` names: one this stream issued, where one
+        of its appends begins or ends (below a fork's boundary, its
+        source's); 400 otherwise (``-1`` and ``now`` are the caller's)."""
+        at = parse_offset(offset)
+        if at.size > self.tail.size:
+            raise BadRequest("offset is past the stream's tail")
+        if not self.issued(at):
+            raise BadRequest(f"offset {offset[:80]!r} is not an offset this stream issued "
+                             "(none of its appends begins or ends there)")
+        return at
+
+    def issued(self, at: Position) -> bool:
+        """Whether ``at`` is where one of this stream's appends begins or
+        ends. Another stream's offset is one only where both streams have
+        the same count of appends and bytes before it: a position of this
+        stream then, whose bytes are this stream's."""
+        stream = self
+        while stream.source is not None and at.size < stream.forked_at.size:
+            stream = stream.source
+        if at == stream.tail or at == stream.forked_at:
+            return True
+        i = bisect_right(stream.begins, at.size) - 1
+        return i >= 0 and stream.entries[i].begins == at
+
+    def depth(self) -> int:
+        """How many forks lie between this stream and its chain's root,
+        counted up to ``MAX_FORK_DEPTH`` (a deeper chain counts as that)."""
+        depth = 0
+        stream = self
+        while stream.source is not None and depth < MAX_FORK_DEPTH:
+            depth += 1
+            stream = stream.source
+        return depth
+
     def read(self, at: Position, budget: int) -> Read:
         """Entries from ``at`` while under ``budget`` bytes (at least one)."""
         taken: list[Entry] = []
         used = 0
         more = False
-        for entry in self._segments(at, None):
+        for entry in self._segments(at):
             size = len(entry.data)
             if taken and used + size > budget:
                 more = True
@@ -118,7 +174,7 @@ class Stream:
         return Read(b"".join([e.data for e in taken]), None, after, not more)
 
     def next_entry(self, at: Position) -> Entry | None:
-        return next(self._segments(at, None), None)
+        return next(self._segments(at), None)
 
     def append(self, body: bytes, messages: list[bytes] | None) -> Position:
         entry = make_entry(self.tail, body, messages)
@@ -233,7 +289,16 @@ class Streams:
 
     def create(self, path: str, asked: Creation, now: int) -> tuple[Stream, bool]:
         """The stream at ``path`` and whether this created it (else it is the
-        same one asked for again; 409 if it differs)."""
+        same one asked for again; 409 if it differs). 400 for a stream that
+        would be gone before it is read (``Stream-TTL: 0``, an expiry now or
+        past); 414 for a path longer than ``MAX_STREAM_PATH``."""
+        check_path(path)
+        if asked.ttl == 0:
+            raise BadRequest("Stream-TTL: 0 would expire the stream at once; give at least 1 "
+                             "(seconds), or no TTL")
+        if asked.expires_at is not None and expiry_of(asked.expires_at) <= now:
+            raise BadRequest(f"Stream-Expires-At {asked.expires_at[:60]!r} is not in the "
+                             "future: the stream would expire at once")
         existing = self._streams.get(path)
         if existing is not None and existing.deadline is not None and now >= existing.deadline:
             self._remove(existing)
@@ -272,12 +337,19 @@ class Streams:
             source = self.get(source_path, now)
         except StreamGone:
             raise StreamConflict("the source stream was deleted") from None
+        if source.depth() >= MAX_FORK_DEPTH:
+            raise ForkTooDeep(f"the source stream is a fork {MAX_FORK_DEPTH} forks below its "
+                              "root already, the most a chain may be: fork a stream "
+                              "nearer the root")
         if asked.content_type is not None and (
                 media_type(asked.content_type) != media_type(source.content_type)):
             raise StreamConflict("a fork's Content-Type must be its source's")
         at = source.tail if asked.fork_offset is None else parse_offset(asked.fork_offset)
         if at.size > source.tail.size or at.appends > source.tail.appends:
             raise BadRequest("Stream-Fork-Offset is past the source stream's tail")
+        if not source.issued(at):
+            raise BadRequest("Stream-Fork-Offset is not an offset the source stream issued "
+                             "(none of its appends begins or ends there)")
         ttl, expires = asked.ttl, asked.expires_at
         if ttl is None and expires is None:
             ttl, expires = source.ttl, source.expires_at
@@ -361,24 +433,34 @@ class Streams:
     def _remove(self, stream: Stream) -> None:
         """Forget ``stream`` (its forks still read what they hold of it: it
         goes once they do); its source too when that was deleted and this
-        was its last fork."""
-        if self._streams.get(stream.path) is stream:
-            del self._streams[stream.path]
-        stream.deleted = True
-        stream.wake()
-        if stream.forks:
-            self._saved(stream)
-            return
-        self.held -= stream.charged
-        if self.journal is not None:
-            self.journal.dropped(stream)
-        source = stream.source
-        if source is not None:
+        was its last fork, and so on up the chain."""
+        while True:
+            if self._streams.get(stream.path) is stream:
+                del self._streams[stream.path]
+            stream.deleted = True
+            stream.wake()
+            if stream.forks:
+                self._saved(stream)
+                return
+            self.held -= stream.charged
+            if self.journal is not None:
+                self.journal.dropped(stream)
+            source = stream.source
+            if source is None:
+                return
             source.forks -= 1
-            if source.forks == 0 and source.deleted:
-                self._remove(source)
-            else:
+            if source.forks or not source.deleted:
                 self._saved(source)
+                return
+            stream = source
+
+
+def check_path(path: str) -> None:
+    """414 when a stream may not be created at ``path``: longer than
+    ``MAX_STREAM_PATH`` (a PUT is refused so before it goes anywhere)."""
+    if len(path) > MAX_STREAM_PATH:
+        raise TargetTooLong(f"a stream's path is at most {MAX_STREAM_PATH} bytes (this one is "
+                            f"{len(path)})")
 
 
 def _same(stream: Stream, asked: Creation) -> bool:

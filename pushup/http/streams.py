@@ -35,7 +35,7 @@ from pushup.core.stream_values import (
     is_media_type,
     parse_offset,
 )
-from pushup.core.streams import Stream, Streams
+from pushup.core.streams import Stream, Streams, check_path
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
@@ -186,6 +186,8 @@ class StreamEndpoints:
             if request.path == PREFIX:
                 raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
             path = request.path.decode("latin-1")
+            if request.method == b"PUT":
+                check_path(path)  # before Redis or another node hears of it
             if self.shared is not None:
                 return self._shared_answer(request, handler, path, client)
             now = self.service.now()
@@ -318,9 +320,7 @@ class StreamEndpoints:
         cursors = args.get(b"cursor")
         cursor_text = cursors[0].decode("latin-1") if cursors else None
         at = (START if given in (None, "-1") else stream.tail if given == "now"
-              else parse_offset(given or ""))
-        if at.size > stream.tail.size:
-            raise BadRequest("offset is past the stream's tail")
+              else stream.position(given or ""))
         stream.touch(now)
         if live == "sse":
             return self._sse(stream, at, cursor_text, client)
