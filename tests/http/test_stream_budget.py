@@ -98,3 +98,24 @@ def test_a_create_over_the_budget_is_507_streams_full_and_the_node_serves_on():
     refused = answered(ask(handlers, b"PUT", b"/v1/stream/" + b"x" * 1000))
     assert json.loads(refused.body or b"")["error"]["code"] == "streams_full"
     assert answered(ask(handlers, b"GET", b"/v1/stream/" + b"0000" * 250)).status == 200
+
+
+def test_stats_say_how_many_streams_the_node_holds_their_bytes_and_producers():
+    clock = Clock()
+    clock.advance(START)
+    whole = Node(Config(node_id="s", max_cached_bytes=1 << 20), clock)  # type: ignore[arg-type]
+    handlers = whole.handlers
+    assert whole.stats()["streams"] == {"count": 0, "bytes": 0, "budget": 1 << 20,
+                                        "producers": 0}
+    answered(ask(handlers, b"PUT", b"/v1/stream/a", content_type=b"text/plain"))
+    answered(ask(handlers, b"PUT", b"/v1/stream/b", b"hello", content_type=b"text/plain"))
+    for name in (b"p", b"q"):
+        answered(ask(handlers, b"POST", b"/v1/stream/a", b"x", content_type=b"text/plain",
+                     producer_id=name, producer_epoch=b"0", producer_seq=b"0"))
+    figures = whole.stats()["streams"]
+    assert (figures["count"], figures["producers"]) == (2, 2)
+    assert figures["bytes"] == handlers.streams.streams.held > 0
+    answered(ask(handlers, b"DELETE", b"/v1/stream/a"))
+    answered(ask(handlers, b"DELETE", b"/v1/stream/b"))
+    assert whole.stats()["streams"] == {"count": 0, "bytes": 0, "budget": 1 << 20,
+                                        "producers": 0}
