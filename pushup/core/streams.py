@@ -44,8 +44,20 @@ from pushup.core.stream_values import (
     parse_offset,
 )
 
-STREAM_OVERHEAD = 512  # bytes a stream is charged besides its data (its state, its path)
-PRODUCER_OVERHEAD = 128  # and each producer it has seen, besides its id
+# What ``Streams.budget`` charges: what CPython holds, estimated from
+# tracemalloc's count (3.11, the interpreted core; the compiled one holds
+# less) and rounded up, so the streams never hold more than the budget.
+# A stream's state (the Stream, its lists, id, map slot, a first producer's
+# dict: ~660 measured), besides its strings (``stream_cost``):
+STREAM_OVERHEAD = 768
+# an append's Entry, offsets, index slot, its bytes' header and a JSON
+# append's tuple (~175; ~220), besides its bytes (``append_cost``):
+ENTRY_OVERHEAD = 256
+# each message of a JSON append, held again as its own bytes: their header
+# and tuple slot (41), besides the message's bytes:
+MESSAGE_OVERHEAD = 48
+# each producer a stream has seen, besides its id (~140):
+PRODUCER_OVERHEAD = 160
 # The most forks a chain may have below its root stream: a fork of a stream this
 # deep is refused 400 ``fork_too_deep`` (docs/api.md, "Fork chains"). One rule for
 # every node and engine; a read stitches every level (on Redis, read level by level).
@@ -205,12 +217,14 @@ class Streams:
     """Every stream of this node, by path."""
 
     def __init__(self, uid: Callable[[], str], budget: int) -> None:
-        """``budget``: the bytes all streams may hold (data, plus
-        ``STREAM_OVERHEAD`` each); past it a create or append is refused 507."""
+        """``budget``: the bytes all streams may hold (``stream_cost`` each,
+        ``append_cost`` each append, ``PRODUCER_OVERHEAD`` and its id each
+        producer); past it a create or append is refused 507."""
         self._streams: dict[str, Stream] = {}
         self._uid = uid
         self.budget = budget
         self.held = 0
+        self.producers = 0  # the producers the streams held keep (/stats)
         self.journal: Journal | None = None
 
     def restore(self, journal: Journal, streams: Iterable[tuple[Stream, bool]],
@@ -220,6 +234,7 @@ class Streams:
         journal of every change from now on."""
         for stream, mapped in streams:
             self.held += stream.charged
+            self.producers += len(stream.producers)
             if mapped:
                 self._streams[stream.path] = stream
         self.journal = journal
@@ -316,9 +331,11 @@ class Streams:
                          asked.ttl, asked.expires_at))
         _set_deadline(stream, now)
         messages = json_messages(asked.body, True) if asked.body and stream.is_json else None
-        self._charge(stream, STREAM_OVERHEAD + sum(len(e.data) for e in stream.entries)
-                     + len(asked.body))
-        if asked.body and (messages is None or messages):  # ``[]``: an empty JSON stream
+        stored = bool(asked.body) and (messages is None or bool(messages))  # ``[]``: empty
+        self._charge(stream, stream_cost(stream)
+                     + sum(append_cost(e.data, e.messages) for e in stream.entries)
+                     + (append_cost(asked.body, messages) if stored else 0))
+        if stored:
             stream.append(asked.body, messages)
         stream.closed = asked.closed
         if stream.source is not None:
@@ -396,12 +413,14 @@ class Streams:
                                  f"{stream.writer_seq[:40]!r}")
         messages = json_messages(asked.body, False) if asked.body and stream.is_json else None
         new_producer = producer is not None and producer[0] not in stream.producers
-        self._charge(stream, len(asked.body) + (
-            PRODUCER_OVERHEAD + len(producer[0]) if producer is not None and new_producer else 0))
+        self._charge(stream, (append_cost(asked.body, messages) if asked.body else 0) + (
+            PRODUCER_OVERHEAD + len(producer[0]) if producer is not None and new_producer else 0)
+            + max(0, len(asked.writer_seq or "") - len(stream.writer_seq or "")))
         if asked.body:
             stream.append(asked.body, messages)
         if producer is not None and state is not None:
             stream.producers[producer[0]] = state
+            self.producers += new_producer
         if asked.writer_seq is not None:
             stream.writer_seq = asked.writer_seq
         if asked.close:
@@ -443,6 +462,7 @@ class Streams:
                 self._saved(stream)
                 return
             self.held -= stream.charged
+            self.producers -= len(stream.producers)
             if self.journal is not None:
                 self.journal.dropped(stream)
             source = stream.source
@@ -461,6 +481,24 @@ def check_path(path: str) -> None:
     if len(path) > MAX_STREAM_PATH:
         raise TargetTooLong(f"a stream's path is at most {MAX_STREAM_PATH} bytes (this one is "
                             f"{len(path)})")
+
+
+def stream_cost(stream: Stream) -> int:
+    """What ``stream`` is charged besides its appends and producers: its
+    state and the strings it keeps (its path, Content-Type and
+    Stream-Expires-At; a fork, its source's path as asked)."""
+    source = "" if stream.fork_request is None else stream.fork_request[0]
+    return (STREAM_OVERHEAD + len(stream.path) + len(stream.content_type)
+            + len(stream.expires_at or "") + len(source))
+
+
+def append_cost(data: bytes, messages: Sequence[bytes] | None) -> int:
+    """What an append is charged: its bytes, or a JSON append's messages held
+    twice (joined, each with its comma, and each on its own), and what
+    keeping it costs besides (``ENTRY_OVERHEAD``, ``MESSAGE_OVERHEAD``)."""
+    if messages is None:
+        return ENTRY_OVERHEAD + len(data)
+    return ENTRY_OVERHEAD + sum(2 * len(m) + 1 + MESSAGE_OVERHEAD for m in messages)
 
 
 def _same(stream: Stream, asked: Creation) -> bool:

@@ -8,7 +8,10 @@ of the group gets that answer through its connection (``answer_held``: the
 same bytes, rendered once), as a fan-out of ``/subscribe`` answers its
 subscribers. Timeouts are data, as the hub's: one heap of deadlines under one
 ``Alarm``, so a held poll costs no timer of the reactor. A poll whose client
-leaves is forgotten at once (``Held.cancel``). What a group is answered is its
+leaves is forgotten at once (``Held.cancel``), in O(1), and its connection
+with it; no poll or group is ever in a reference cycle, so what one leaves
+is freed by reference counting, not by a full collection a serving node
+almost never runs (``cli.tune_gc``). What a group is answered is its
 owner's (:mod:`pushup.http.streams`) to say. It parses no HTTP; time is the
 injected clock's.
 """
@@ -54,40 +57,50 @@ class Later:
 
 class Poll:
     """One held long poll: answered once, by its group's wake-up or its
-    deadline, or forgotten when its client leaves."""
+    deadline, or forgotten when its client leaves. Once it is held no more
+    it lets go of its group and its client (``group`` and ``client`` None):
+    the deadline heap may keep its entry a while, never its connection."""
 
-    __slots__ = ("client", "deadline", "done", "group", "owner")
+    __slots__ = ("client", "deadline", "group", "owner")
 
     def __init__(self, owner: LongPolls, group: Group, client: HeldClient,
                  deadline: int) -> None:
         self.owner = owner
-        self.group = group
-        self.client = client
+        self.group: Group | None = group
+        self.client: HeldClient | None = client
         self.deadline = deadline
-        self.done = False
 
     def cancel(self) -> None:
         """The client left (the front calls this: ``Held.cancel``)."""
-        if not self.done:
+        if self.group is not None:
             self.owner.let_go(self)
 
 
 class Group:
     """The polls held at ``at`` of ``stream`` that ask alike; one waiter of the
-    stream (``woken``) while any of them is held."""
+    stream (``wake``) while any of them is held.
 
-    __slots__ = ("at", "cursor", "if_none_match", "key", "live", "polls", "stream", "woken")
+    Its polls are a dict, so one leaves in O(1) however many share the
+    group. The waiter is the bound method ``wake``, made when it is handed to
+    the stream and never kept here: a group is in no reference cycle, and is
+    freed by reference counting once forgotten (a serving node's collector
+    almost never runs the full collection a cycle would wait for: ``cli.tune_gc``)."""
 
-    def __init__(self, key: GroupKey, stream: Stream, at: Position, cursor: str | None,
-                 if_none_match: bytes | None, woken: Callable[[Group], None]) -> None:
+    __slots__ = ("at", "cursor", "if_none_match", "key", "owner", "polls", "stream")
+
+    def __init__(self, owner: LongPolls, key: GroupKey, stream: Stream, at: Position,
+                 cursor: str | None, if_none_match: bytes | None) -> None:
+        self.owner = owner
         self.key = key
         self.stream = stream
         self.at = at
         self.cursor = cursor
         self.if_none_match = if_none_match
-        self.polls: list[Poll] = []
-        self.live = 0  # polls of ``polls`` not answered yet
-        self.woken: Callable[[], None] = lambda: woken(self)
+        self.polls: dict[Poll, None] = {}  # held now, in the order they came
+
+    def wake(self) -> None:
+        """The stream grew, closed or went (one of its ``waiters``)."""
+        self.owner.woken(self)
 
 
 class LongPolls:
@@ -103,8 +116,9 @@ class LongPolls:
         self._answer_for = answer_for
         self._caught_up = caught_up
         self._groups: dict[GroupKey, Group] = {}
-        # (deadline, serial, poll): a heap, with the entries of answered polls
-        # too until they come up (or the heap is rebuilt without them)
+        # (deadline, serial, poll): a heap, with the entries of polls held no
+        # more too until they come up, or until they outnumber the held ones
+        # (then the heap is rebuilt without them: amortized O(1) a poll)
         self._deadlines: list[tuple[int, int, Poll]] = []
         self._serial = 0
         self._alarm = Alarm(clock, self._expire)
@@ -117,65 +131,75 @@ class LongPolls:
         key = (stream.uid, at, cursor, if_none_match)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = Group(key, stream, at, cursor, if_none_match,
-                                              self._wake)
-            stream.waiters.append(group.woken)
+            group = self._groups[key] = Group(self, key, stream, at, cursor, if_none_match)
+            stream.waiters.append(group.wake)
         now = micros(self._clock.seconds())
         poll = Poll(self, group, client, now + micros(seconds))
-        group.polls.append(poll)
-        group.live += 1
+        group.polls[poll] = None
         self.held += 1
         self._serial += 1
-        deadlines = self._deadlines
-        if len(deadlines) > 2 * self.held + 64:  # mostly answered polls' entries: drop them
-            deadlines[:] = [entry for entry in deadlines if not entry[2].done]
-            heapq.heapify(deadlines)
-        heapq.heappush(deadlines, (poll.deadline, self._serial, poll))
+        self._compact()
+        heapq.heappush(self._deadlines, (poll.deadline, self._serial, poll))
         self._alarm.set(poll.deadline, now)
         return Held(poll.cancel)
 
-    def _wake(self, group: Group) -> None:
-        if group.live == 0:
-            return
+    def woken(self, group: Group) -> None:
+        """``group``'s stream was woken: answer its polls, or hold them on."""
+        if not group.polls:
+            return  # forgotten meanwhile
         response = self._answer_for(group)
         if response is None:
-            group.stream.waiters.append(group.woken)  # nothing for them yet: hold on
+            group.stream.waiters.append(group.wake)  # nothing for them yet: hold on
             return
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
-        polls, group.polls = group.polls, []
-        group.live = 0
-        for poll in polls:
-            if not poll.done:
-                poll.done = True
-                self.held -= 1
-                poll.client.answer_held(response)
+        polls, group.polls = group.polls, {}
+        self.held -= len(polls)
+        clients = []
+        for poll in polls:  # all let go first: an answer that ends a connection
+            clients.append(poll.client)  # cancels nothing of this group
+            poll.client = poll.group = None
+        for client in clients:
+            assert client is not None
+            client.answer_held(response)
 
     def _expire(self, deadline: int) -> None:
         """Answer every poll whose deadline has come (204), then wait for the next."""
         now = max(micros(self._clock.seconds()), deadline)
         deadlines = self._deadlines
-        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done):
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].group is None):
             poll = heapq.heappop(deadlines)[2]
-            if poll.done:
+            group, client = poll.group, poll.client
+            if group is None or client is None:
                 continue
             self.let_go(poll)
-            poll.client.answer_held(self._caught_up(poll.group))
+            client.answer_held(self._caught_up(group))
         self._alarm.set(deadlines[0][0] if deadlines else None, now)
 
     def let_go(self, poll: Poll) -> None:
-        """``poll`` is held no more (timed out, or its client left)."""
-        poll.done = True
-        self.held -= 1
+        """``poll`` is held no more (timed out, or its client left): O(1)."""
         group = poll.group
-        group.live -= 1
-        if group.live == 0:
+        assert group is not None
+        del group.polls[poll]
+        poll.client = poll.group = None
+        self.held -= 1
+        if not group.polls:
             self._forget(group)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop the heap's entries of polls held no more once they outnumber
+        the held ones (by 64: a few are not worth a rebuild)."""
+        deadlines = self._deadlines
+        if len(deadlines) > 2 * self.held + 64:
+            deadlines[:] = [entry for entry in deadlines if entry[2].group is not None]
+            heapq.heapify(deadlines)
 
     def _forget(self, group: Group) -> None:
         """No poll of ``group`` is held any more: it waits on nothing."""
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
-        group.polls = []
-        if group.woken in group.stream.waiters:
-            group.stream.waiters.remove(group.woken)
+        waiters = group.stream.waiters
+        wake = group.wake  # equal to the one handed to the stream (same group, same method)
+        if wake in waiters:
+            waiters.remove(wake)

@@ -204,7 +204,19 @@ class Node:
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
+                "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
+
+    def stream_figures(self) -> dict[str, int]:
+        """The Durable Streams this node holds (/stats ``streams``): how many
+        answer at a path, what they are charged against ``--max-cached-bytes``
+        and the producers they keep; with ``--engine redis`` Redis holds them
+        (the budget caps one write), so only how many this node has cached."""
+        streams = self.handlers.streams.streams
+        if self.handlers.streams.shared is not None:
+            return {"count": len(streams)}
+        return {"count": len(streams), "bytes": streams.held, "budget": streams.budget,
+                "producers": streams.producers}
 
     def engine_up(self) -> int:
         """1 if the engine can take a publish now (the gauge an alert watches)."""

@@ -85,3 +85,37 @@ def test_aborted_long_polls_free_their_connections_at_once(node: Node, no_collec
         # long before their deadline, and with no collection at all
         assert connections_alive() == before
     staying.close()
+
+
+def stream_poll(node: Node, timeout: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", node.port.getHost().port))  # type: ignore[union-attr]
+    s.sendall(f"GET /v1/stream/s?offset=-1&live=long-poll&timeout={timeout} HTTP/1.1\r\n"
+              f"Host: x\r\n\r\n".encode())
+    return s
+
+
+def test_aborted_stream_long_polls_free_their_connections_at_once(node: Node, no_collector: Any,
+                                                                  ) -> None:
+    """Issue 35, item 6: a Durable Stream's long poll whose client resets is
+    freed at once, also while another poll of its group (same offset, same
+    cursor) is held; it stayed in the group with its connection (+2,130 bytes)."""
+    streams, front = node.handlers.streams, node.front
+    create = socket.create_connection(("127.0.0.1", node.port.getHost().port))  # type: ignore[union-attr]
+    create.sendall(b"PUT /v1/stream/s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                   b"Connection: close\r\n\r\n")
+    run_until(lambda: streams.streams.at("/v1/stream/s") is not None, 10, "the stream created")
+    create.close()
+    staying = stream_poll(node, 60)
+    run_until(lambda: streams.long_polls == 1 and len(front.protocols) == 1, 10,
+              "the first poll held")
+    before = connections_alive()
+    for _ in range(3):
+        clients = [stream_poll(node, 120) for _ in range(POLLS)]
+        run_until(lambda: streams.long_polls == POLLS + 1, 20, f"{POLLS} more polls held")
+        assert connections_alive() == before + POLLS  # they were counted
+        for s in clients:
+            reset(s)
+        run_until(lambda: streams.long_polls == 1 and len(front.protocols) == 1, 20,
+                  "the aborted polls forgotten and their connections lost")
+        assert connections_alive() == before  # with no collection at all
+    staying.close()
