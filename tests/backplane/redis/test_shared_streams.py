@@ -193,3 +193,33 @@ def test_a_fork_chain_deeper_than_a_hundred_is_written_and_read_through_two_node
                                                  now()))
     ask(a, f"c{depth}", lambda: a_streams.at(f"c{depth}"))
     assert text(b_streams, f"c{depth}") == text(a_streams, f"c{depth}") == b"root|leaf|"
+
+
+def test_a_stream_created_again_after_redis_restarted_empty_goes_on_past_the_lost_ones(
+        nodes, server, lines) -> None:
+    """A served three appends; Redis restarts empty and B creates the stream
+    again with one. A then serves B's stream, and its next append starts past
+    the offsets A issued for the lost stream (none is ever named again)."""
+    a, a_streams = nodes()
+    b, b_streams = nodes()
+    plain = Creation("text/plain", None, None, False, b"")
+    ask(a, "p", lambda: a_streams.create("p", plain, now()))
+    lost = [ask(a, "p", lambda i=i: a_streams.append(
+        "p", Append(None, b"old%d|" % i, False), now())).tail for i in range(3)]
+    server.kill()
+    server.restart()  # no snapshot: empty
+    for _ in range(200):  # bounded: ~10 s of reconnection
+        try:
+            ask(b, "p", lambda: b_streams.create(
+                "p", Creation("text/plain", None, None, False, b"new|"), now()))
+            break
+        except PushUpError:
+            reactor.iterate(0.05)
+    until_redis_answers(a, a_streams, "p")
+    assert text(a_streams, "p") == b"new|"
+    ask(a, "p", lambda: a_streams.append("p", Append(None, b"next|", False), now()))
+    ask(b, "p", lambda: b_streams.at("p"))
+    assert text(a_streams, "p") == text(b_streams, "p") == b"new|next|"
+    after = b_streams.at("p").entries[-1].begins  # type: ignore[union-attr]
+    assert all(after.appends >= p.appends and after.size >= p.size for p in lost)
+    assert len([line for line in lines if "Redis lost stream" in line]) == 1, lines
