@@ -348,7 +348,10 @@ class StreamCache:
 
     def _told(self, path: str, told: bytes) -> None:
         """Another node's write to the stream at ``path``: ``told`` its uid,
-        or ``GONE`` and the uid of one it dropped."""
+        or ``GONE`` and the uid of one it dropped (this node's own too: once
+        it left the channel, not heard)."""
+        if path not in self.followed:
+            return
         gone = told.startswith(GONE.encode())
         if gone:
             uid = told[len(GONE):].decode(errors="replace")
