@@ -233,3 +233,62 @@ def test_one_fork_path_raced_from_two_families_goes_to_one_and_the_other_counts_
         loser = sources[1 - winner]
         assert request("DELETE", stream_url(c.bases[winner], loser))[0] == 204
         assert read_all(c.bases[1 - winner], loser)[0] == 404
+
+
+# -- what Redis lost, and deep fork chains, through real nodes -------------------
+
+
+def served(base: str, path: str, offset: str = "-1") -> tuple[int, str, bytes]:
+    """(status, Stream-Next-Offset, body) of a read through ``base``, once
+    the node reads Redis again (a 503 while it reconnects)."""
+    got: list[tuple[int, dict[str, str], bytes]] = []
+    wait_until(lambda: got.append(request("GET", stream_url(base, path)
+                                          + f"?offset={offset}")) or got[-1][0] != 503,
+               20, 0.2, "a read once Redis answers")
+    status, headers, body = got[-1]
+    return status, headers.get("stream-next-offset", ""), body
+
+
+def test_after_redis_restarts_from_an_older_snapshot_both_nodes_serve_the_same_bytes(
+        fresh_cluster, redis_server):
+    """Node 0 appended three times after Redis's snapshot; Redis restarts from
+    it; node 1 appends twice (other sizes). Both nodes then serve Redis's bytes
+    at the same offsets, and the offset node 0 issued for its lost last append
+    names the next append's bytes only, through either node."""
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    path = uniq("s")
+    create(c.bases[0], path)
+    for i in range(5):
+        append(c.bases[0], path, b"e%d|" % i)
+    redis_server.cli("SAVE")
+    lost = [append(c.bases[0], path, b"e%d|" % i) for i in range(5, 8)]
+    assert served(c.bases[0], path)[2] == b"e0|e1|e2|e3|e4|e5|e6|e7|"  # node 0's cache
+    redis_server.kill()
+    redis_server.restart()
+    assert served(c.bases[1], path)[2] == b"e0|e1|e2|e3|e4|"
+    for name in (b"XX0|", b"XX1|"):
+        append(c.bases[1], path, name)
+    held = b"e0|e1|e2|e3|e4|XX0|XX1|"
+    assert served(c.bases[0], path)[::2] == served(c.bases[1], path)[::2] == (200, held)
+    tail = append(c.bases[0], path, b"Y0|")
+    for base in c.bases:
+        assert served(base, path) == (200, tail, held + b"Y0|")
+        assert served(base, path, lost[-1]) == (200, tail, b"Y0|")
+
+
+def test_a_fork_chain_120_deep_is_created_appended_and_read_through_two_nodes(
+        fresh_cluster, redis_server):
+    """Each fork of the one before, created through either node in turn: every
+    PUT answered 201, an append to the deepest 204, and it reads whole on both
+    (the engine reads a family in a loop, not a call per level)."""
+    c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
+    chain = [uniq("c") for _ in range(121)]
+    assert put(c.bases[0], chain[0], b"root;") == 201
+    for level in range(1, len(chain)):
+        assert put(c.bases[level % 2], chain[level],
+                   **{"Stream-Forked-From": f"/v1/stream/{chain[level - 1]}"}) == 201, level
+    append(c.bases[1], chain[-1], b"leaf;")
+    append(c.bases[0], chain[60], b"middle;")
+    for base in c.bases:
+        assert read_all(base, chain[-1]) == (200, b"root;leaf;")
+        assert read_all(base, chain[60]) == (200, b"root;middle;")

@@ -18,8 +18,14 @@ Keys, with ``H`` a home tag and ``P`` a path's own tag:
 - ``pushup:{s:H}:<uid>:m``: a hash (``v`` version, ``state`` JSON,
   ``deadline`` microseconds, raised by reads renewing a TTL);
   ``pushup:{s:H}:<uid>:l``: the appends, one list item each.
-- the sharded channel told the uid after each write: ``pushup:{s:H}:n`` for
-  a stream at home, ``pushup:{s:H}:n:<path hash>`` for a fork elsewhere.
+- the sharded channel told the uid after each write (``-<uid>`` after the
+  write that dropped it): ``pushup:{s:H}:n`` for a stream at home,
+  ``pushup:{s:H}:n:<path hash>`` for a fork elsewhere.
+
+A stream's ``w`` and each append's head carry the *mark* of the write that
+set them, random: a version number alone repeats after Redis lost writes
+(restarted from an older snapshot, a lagging replica promoted) and others
+followed; a mark does not, so a node tells its cache from what Redis holds.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import hashlib
 
 HEAD = "pushup:{s:"
+GONE = "-"  # what a write's notice starts with when it dropped the stream (then its uid)
 
 
 def digest(path: str) -> str:
@@ -67,10 +74,13 @@ def sha(script: str) -> str:
 
 
 # The stream at a path (ARGV[2] "") or a given uid: where the path points,
-# the uid, its version, state, deadline, then its appends from ARGV[4] on
-# (all of them when ARGV[3] is not the uid the cache holds). The state is ""
-# when the cache holds this version (ARGV[5]) already. A path pointing to
-# another slot answers only its pointer: the uid is read there.
+# the uid, its version, state, deadline, last write's mark (``w``), how many
+# appends Redis holds, the head of the append before ARGV[4] (when the state
+# is sent: the node checks its cache is what Redis holds), then its appends
+# from ARGV[4] on (all of them when ARGV[3] is not the uid the cache holds).
+# The state is "" when the cache holds this version and mark (ARGV[5],
+# ARGV[6]) already: nothing was written since. A path pointing to another
+# slot answers only its pointer: the uid is read there.
 READ = """
 local at = redis.call('GET', KEYS[1]) or ''
 local uid = ARGV[2]
@@ -80,13 +90,20 @@ if uid == '' then
 end
 if uid == '' then return {at} end
 local m = ARGV[1] .. uid
-local meta = redis.call('HMGET', m .. ':m', 'v', 'state', 'deadline')
+local meta = redis.call('HMGET', m .. ':m', 'v', 'state', 'deadline', 'w')
 if not meta[1] then return {at} end
 local from = 0
 if uid == ARGV[3] then from = tonumber(ARGV[4]) end
 local state = meta[2]
-if uid == ARGV[3] and meta[1] == ARGV[5] then state = '' end
-local out = {at, uid, meta[1], state, meta[3] or ''}
+local held = uid == ARGV[3] and meta[1] == ARGV[5] and (meta[4] or '') == ARGV[6]
+if held then state = '' end
+local count = redis.call('LLEN', m .. ':l')
+local before = ''
+if not held and from > 0 and from <= count then
+  local item = redis.call('LINDEX', m .. ':l', from - 1)
+  before = string.sub(item, 1, (string.find(item, '\\n', 1, true) or 1) - 1)
+end
+local out = {at, uid, meta[1], state, meta[3] or '', meta[4] or '', count, before}
 local appends = redis.call('LRANGE', m .. ':l', from, -1)
 for i = 1, #appends do out[#out + 1] = appends[i] end
 return out
@@ -95,7 +112,8 @@ READ_SHA = sha(READ)
 
 # Every change of one request, or none: ARGV[1] is a JSON list of changes,
 # one per stream of one family (KEYS[1]: a key of its home, for routing),
-# ARGV[2...] their appends in order. A change names the version it was
+# ARGV[2...] their appends in order (each append's head names its write's
+# mark ``c.w``, which the stream's ``w`` is set to). A change names the version it was
 # decided on; any other version (or, when it maps its path's ``at`` key
 # ``c.k`` in this slot, another stream at the path; or, dropping an expired
 # stream, a deadline a read has renewed since) refuses them all: {0, i}.
@@ -116,7 +134,7 @@ for i, c in ipairs(changes) do
   if c.drop == 1 then
     redis.call('DEL', m .. ':m', m .. ':l')
   else
-    redis.call('HSET', m .. ':m', 'v', c.v + 1, 'state', c.s)
+    redis.call('HSET', m .. ':m', 'v', c.v + 1, 'state', c.s, 'w', c.w)
     if c.d ~= '' then
       local deadline = redis.call('HGET', m .. ':m', 'deadline')
       if not deadline or tonumber(deadline) < tonumber(c.d) then
@@ -147,10 +165,15 @@ for i, c in ipairs(changes) do
       if mapped then redis.call('PERSIST', c.k) end
     end
   end
-  redis.call('SPUBLISH', c.ch, c.u)
+  if c.drop == 1 then  -- told apart: a node holding it forgets it
+    redis.call('SPUBLISH', c.ch, GONE .. c.u)
+  else
+    redis.call('SPUBLISH', c.ch, c.u)
+  end
 end
 return {1}
 """
+WRITE = WRITE.replace("GONE .. ", repr(GONE) + " .. ")
 WRITE_SHA = sha(WRITE)
 
 # A fork its family's script created answers at its path now: KEYS[1] (the

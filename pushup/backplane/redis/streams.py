@@ -22,6 +22,7 @@ node holds of Redis, and how it reads it in: pushup/backplane/redis/stream_cache
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable, Generator, Sequence
 from functools import partial
@@ -48,7 +49,7 @@ from pushup.backplane.redis.stream_keys import (
 )
 from pushup.core import errors
 from pushup.core.errors import PushUpError
-from pushup.core.stream_values import Entry
+from pushup.core.stream_values import Entry, Position
 from pushup.core.streams import Stream, Streams, state_of
 
 log = Logger()
@@ -57,10 +58,17 @@ ATTEMPTS = 16  # a request is decided this often, on conflicting writes, before 
 MAX_BACKOFF_S = 0.05  # the most it waits before deciding again (random, doubling)
 
 
-def _packed(entry: Entry) -> bytes:
+def _packed(entry: Entry, mark: str) -> bytes:
+    """An append as Redis holds it (``stream_cache.unpacked``): its head
+    names its write's ``mark``."""
     lengths = None if entry.messages is None else [len(m) for m in entry.messages]
-    head = json.dumps([entry.begins.appends, entry.begins.size, lengths])
+    head = json.dumps([entry.begins.appends, entry.begins.size, lengths, mark])
     return head.encode() + b"\n" + entry.data
+
+
+def _mark() -> str:
+    """A write's mark: never the same twice (random)."""
+    return os.urandom(8).hex()
 
 
 def _expiry_ms(stream: Stream) -> str:
@@ -98,9 +106,8 @@ class SharedStreams(StreamCache):
                  timeout: float, clock: Any) -> None:
         """``timeout``: seconds a Redis command may take before the request
         is 503; ``clock``: the reactor (a retry's pause)."""
-        super().__init__(shards, streams, timeout, self._refresh)
+        super().__init__(shards, streams, timeout, self._refresh, now)
         self.clock = clock
-        self.now = now
         streams.journal = self
         self.lock = defer.DeferredLock()  # one request's read-decide-write at a time
         # uid -> (fork, its version) created here whose path another stream took
@@ -186,6 +193,7 @@ class SharedStreams(StreamCache):
         held_back = {uid: s.waiters for uid, s in involved.items()}
         for stream in involved.values():
             stream.waiters = []  # nobody is woken before the write is in Redis
+        raised = self._raise_floors(involved)
         try:
             result = run()
         except PushUpError as e:
@@ -211,11 +219,33 @@ class SharedStreams(StreamCache):
         except Exception as e:
             self._forget([entry[0] for entry in saved.values()] + list(dropped.values()))
             raise _unwritten(e) from None
+        for path in raised:
+            self.floors.pop(path, None)
         for written in [entry[0] for entry in saved.values()] + list(dropped.values()):
             written.wake()
         if isinstance(result, PushUpError):
             raise result
         return result
+
+    def _raise_floors(self, involved: dict[str, Stream]) -> list[str]:
+        """Each involved stream at a path where Redis lost what this node
+        served (``floors``) made to go on past it: its tail raised, to be
+        written with the request's changes (the paths, whose floors go once
+        written). A closed or deleted stream takes no append: nothing to raise."""
+        raised = []
+        for stream in involved.values():
+            floor = self.floors.get(stream.path)
+            if floor is None or not self.streams.mapped(stream):
+                continue
+            tail = stream.tail
+            if stream.closed or stream.deleted or (
+                    floor.appends <= tail.appends and floor.size <= tail.size):
+                del self.floors[stream.path]
+                continue
+            stream.tail = Position(max(floor.appends, tail.appends), max(floor.size, tail.size))
+            self.saved(stream, [], True)
+            raised.append(stream.path)
+        return raised
 
     @defer.inlineCallbacks
     def _write(self, saved: dict[str, tuple[Stream, list[Entry], bool]],
@@ -228,6 +258,7 @@ class SharedStreams(StreamCache):
         points: list[tuple[Stream, str, str]] = []  # (fork, what its path held, pointer)
         unpoints: list[tuple[str, str]] = []  # (a path's at key, the pointer it loses)
         now = self.now()
+        mark = _mark()
         for uid, (stream, entries, mapped) in saved.items():
             home, key, value = self._place(stream)
             known = self.at.get(stream.path, "")
@@ -241,8 +272,8 @@ class SharedStreams(StreamCache):
                             "d": "" if stream.deadline is None else str(stream.deadline),
                             "map": mapping if key else -1, "k": key, "at": known,
                             "ch": channel_of(stream.path, home), "drop": 0, "now": "",
-                            "x": _expiry_ms(stream)})
-            appends.extend(_packed(e) for e in entries)
+                            "x": _expiry_ms(stream), "w": mark})
+            appends.extend(_packed(e, mark) for e in entries)
         for uid, stream in dropped.items():
             home, key, value = self._place(stream)
             expired = stream.deadline is not None and now >= stream.deadline
@@ -273,9 +304,12 @@ class SharedStreams(StreamCache):
                                           timeout=self.timeout)
             except Exception as e:
                 log.warn("redis: pointer {key} not removed: {why}", key=key, why=str(e))
-        for uid, (stream, _, mapped) in saved.items():
+        for uid, (stream, entries, mapped) in saved.items():
             home, _, value = self._place(stream)
             self.versions[uid] = self.versions.get(uid, 0) + 1
+            self.marks[uid] = mark
+            if entries and stream.entries and stream.entries[-1] is entries[-1]:
+                self.last_marks[uid] = mark
             self.by_uid[uid] = stream
             self.homes[uid] = home
             if stream.source is not None:
@@ -286,10 +320,10 @@ class SharedStreams(StreamCache):
             elif uid_in(self.at.get(stream.path, "")) == uid:
                 del self.at[stream.path]
         for uid, stream in dropped.items():
-            self.versions.pop(uid, None)
-            self.by_uid.pop(uid, None)
-            self.sources.pop(uid, None)
-            self.homes.pop(uid, None)
+            for held in (self.versions, self.marks, self.last_marks, self.by_uid,
+                         self.sources, self.homes):
+                held.pop(uid, None)
+            self.told_gone.discard(uid)
             if uid_in(self.at.get(stream.path, "")) == uid:
                 del self.at[stream.path]
             if stream.path not in self.at:
@@ -300,19 +334,23 @@ class SharedStreams(StreamCache):
         them whole again (into the same objects, which readers hold)."""
         for stream in refused:
             self.versions.pop(stream.uid, None)
+            self.marks.pop(stream.uid, None)
+            self.last_marks.pop(stream.uid, None)
             if stream.uid not in self.by_uid:  # created here and refused: it never was
                 if self.streams.at(stream.path) is stream:
                     self.streams.place(stream.path, None)
                 continue
             del stream.entries[:], stream.begins[:]
 
-    def _refresh(self, path: str) -> None:
+    def _refresh(self, path: str, gone: bool) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
         been missed): read it again, which wakes its readers, if it has any
         here, or may have: a request in flight (the lock held) may have read
-        the stream before this write and go on to hold a poll on that."""
+        the stream before this write and go on to hold a poll on that. A
+        write that dropped it (``gone``): read it again always, which forgets
+        it here and leaves its channel."""
         held = self.streams.at(path)
-        if held is None or not (held.waiters or self.lock.locked):
+        if not gone and (held is None or not (held.waiters or self.lock.locked)):
             return
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",
