@@ -17,6 +17,7 @@ import pytest
 
 from deploy.redis_cluster import RedisCluster
 from deploy.redis_server import RedisServer
+from pushup.core.streams import MAX_FORK_DEPTH
 from tests.cluster.clients import request, uniq
 from tests.cluster.redis_backends import Cluster, running_cluster
 from tests.cluster.stream_checks import (
@@ -276,19 +277,22 @@ def test_after_redis_restarts_from_an_older_snapshot_both_nodes_serve_the_same_b
         assert served(base, path, lost[-1]) == (200, tail, b"Y0|")
 
 
-def test_a_fork_chain_120_deep_is_created_appended_and_read_through_two_nodes(
+def test_a_fork_chain_as_deep_as_allowed_is_created_appended_and_read_through_two_nodes(
         fresh_cluster, redis_server):
-    """Each fork of the one before, created through either node in turn: every
-    PUT answered 201, an append to the deepest 204, and it reads whole on both
-    (the engine reads a family in a loop, not a call per level)."""
+    """Each fork of the one before, created through either node in turn, as
+    deep as ``MAX_FORK_DEPTH`` allows: every PUT answered 201, one more 400
+    ``fork_too_deep`` on either node, an append to the deepest 204, and it
+    reads whole on both (the engine reads a family in a loop)."""
     c = fresh_cluster(2, haproxy=False, engine=redis_server.url)
-    chain = [uniq("c") for _ in range(121)]
+    chain = [uniq("c") for _ in range(MAX_FORK_DEPTH + 1)]
     assert put(c.bases[0], chain[0], b"root;") == 201
     for level in range(1, len(chain)):
         assert put(c.bases[level % 2], chain[level],
                    **{"Stream-Forked-From": f"/v1/stream/{chain[level - 1]}"}) == 201, level
+    for base in c.bases:
+        assert put(base, uniq("c"), **{"Stream-Forked-From": f"/v1/stream/{chain[-1]}"}) == 400
     append(c.bases[1], chain[-1], b"leaf;")
-    append(c.bases[0], chain[60], b"middle;")
+    append(c.bases[0], chain[30], b"middle;")
     for base in c.bases:
         assert read_all(base, chain[-1]) == (200, b"root;leaf;")
-        assert read_all(base, chain[60]) == (200, b"root;middle;")
+        assert read_all(base, chain[30]) == (200, b"root;middle;")

@@ -16,6 +16,7 @@ from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.stream_keys import channel_of, prefix_of
 from pushup.backplane.redis.streams import SharedStreams
 from pushup.config import parse_seeds
+from pushup.core import streams as core_streams
 from pushup.core.errors import PushUpError
 from pushup.core.stream_values import START, Append, Creation
 from pushup.core.streams import Streams
@@ -176,9 +177,12 @@ def test_a_stream_deleted_through_another_node_is_forgotten_with_its_subscriptio
 
 
 def test_a_fork_chain_deeper_than_a_hundred_is_written_and_read_through_two_nodes(
-        nodes) -> None:
+        nodes, monkeypatch) -> None:
     """Each fork of the one before, 150 deep, created through A: B appends to
-    the deepest and reads it whole; A reads it too (no recursion per level)."""
+    the deepest and reads it whole; A reads it too (no recursion per level).
+    New forks stop at ``MAX_FORK_DEPTH``; a chain from before that bound may
+    be deeper, so the bound is lifted here to make one."""
+    monkeypatch.setattr(core_streams, "MAX_FORK_DEPTH", 1000)
     a, a_streams = nodes()
     b, b_streams = nodes()
     ask(a, "c0", lambda: a_streams.create("c0", Creation("text/plain", None, None, False,
