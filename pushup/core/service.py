@@ -226,8 +226,7 @@ class Service:
         """Answer now (returns the ``Delivery``; ``who`` is not called) or hold
         (returns the Waiter to ``forget``; ``who.respond`` is called later)."""
         now = self.now()
-        if self._retain_at is not None and self._retain_at <= now:
-            self._on_sweep(now)
+        self._retain(now)
         if isinstance(query.since, Now):
             query = replace(query, since=self.store.end(query.channels))
         if self.store.touch(query.channels, now):
@@ -245,6 +244,18 @@ class Service:
         # and a channel this poll created armed it above.)
         self._timeouts.set(waiter.deadline, now)
         return waiter
+
+    def read(self, query: Query) -> Result:
+        """What ``query`` reads now, never a message past its ttl (a read that
+        holds no one: an event stream's page, a HEAD); counts nothing."""
+        self._retain(self.now())
+        return self.store.query(query)
+
+    def _retain(self, now: int) -> None:
+        """Sweep first when retention is due: its timer keeps the sweep's
+        grain, a read must not serve what it is about to let go."""
+        if self._retain_at is not None and self._retain_at <= now:
+            self._on_sweep(now)
 
     def rearm(self) -> None:
         """Channels were created or renewed: make sure retention runs in time."""

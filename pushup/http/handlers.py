@@ -287,7 +287,7 @@ class Handlers:
             # delivered, no channel created (HEAD is safe)
             if isinstance(query.since, Now):
                 query = replace(query, since=self.service.store.end(query.channels))
-            return Response(200, poll_body(Delivery(query, self.service.store.query(query))))
+            return Response(200, poll_body(Delivery(query, self.service.read(query))))
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)

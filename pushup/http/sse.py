@@ -124,7 +124,7 @@ class EventStream:
             return query.since
         if isinstance(query.since, Now):
             return self.service.store.end(channels)
-        first = self.service.store.query(replace(query, channels=channels, until=None, limit=0))
+        first = self.service.read(replace(query, channels=channels, until=None, limit=0))
         self._gap = first.gap
         return first.cursor
 
@@ -143,7 +143,7 @@ class EventStream:
         until = self.query.until
         if until is None or until >= self.service.now():
             return False
-        result = self.service.store.query(self.query)
+        result = self.service.read(self.query)
         return not (result.messages or result.gap)
 
     def start(self) -> None:
@@ -221,7 +221,7 @@ class EventStream:
 
     def _page(self) -> list[bytes]:
         """Events for the next page of what follows the cursor; moves it."""
-        result = self.service.store.query(self.query)
+        result = self.service.read(self.query)
         self.service.counters.delivered += len(result.messages)
         return self._events(result)
 
