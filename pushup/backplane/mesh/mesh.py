@@ -219,20 +219,25 @@ class Mesh:
         for link in self.siblings:
             link.relay(payload)
 
-    def _started(self, origin: str) -> None:
-        """A batch of an origin this node had not heard of: a node that just
-        started (every start is a new origin), maybe one a link is failing to
-        reach. Each failing link tries once now instead of at the end of its
-        backoff. Only a new origin does: under load every batch did, and a
-        dead peer was dialled once per batch received; a link that is down
-        otherwise dials only on its own timer (``PeerLink``)."""
-        self._heard.add(origin)
+    def _started(self, origin: str | None = None) -> None:
+        """A node just started, maybe one a link is failing to reach: a batch
+        of an origin this node had not heard of (every start is a new origin),
+        or a snapshot asked for (a node catches up once, as it starts, before
+        it has anything to send). Each failing link tries once now instead of
+        at the end of its backoff (up to ``BACKOFF_MAX``), so a cluster
+        starting together links up at once. Only a start does: under load
+        every batch did, and a dead peer was dialled once per batch received;
+        a link that is down otherwise dials only on its own timer
+        (``PeerLink``)."""
+        if origin is not None:
+            self._heard.add(origin)
         for link in self.links:
             if link.failing:
                 link.kick()
 
     def snapshot(self) -> bytes:
         self.check_ready()
+        self._started()
         return export_snapshot(self.store)
 
     # -- repair: what a peer holds of a third origin, and we lack --------------

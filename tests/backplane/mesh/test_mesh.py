@@ -436,3 +436,29 @@ def test_traffic_never_dials_a_down_peer_only_its_own_backoff_timer_does():
         assert node.mesh.receive(Batch(started, False, (message,), ())) == Applied(seq)
         clock.advance(0)
     assert len(dialled) == before + 1 and link.state == "down"
+
+
+def test_a_node_that_asks_for_a_snapshot_has_failing_links_try_at_once():
+    """A node catching up as it starts asks for a snapshot before it has any
+    batch to send: a link failing to reach it (it was not listening yet when
+    this node dialled) tries at once, not at the end of a backoff of up to
+    ``BACKOFF_MAX``, so the first publish after both start is held by a peer
+    (201, not 202)."""
+    node, [peer] = mesh(peers=1)
+    link, clock = node.mesh.links[0], node.reactor
+    dialled: list[float] = []
+
+    def dial(protocol):
+        dialled.append(clock.seconds())
+        return peer.dial(protocol)
+
+    link.dial = dial
+    peer.dead = True  # not listening yet
+    for _ in range(100):  # 10 s: its backoff grows towards the cap
+        clock.advance(0.1)
+    assert link.state == "down"
+    peer.dead = False  # it listens now, and asks us for a snapshot as it starts
+    before = len(dialled)
+    node.mesh.snapshot()
+    clock.advance(0)
+    assert len(dialled) == before + 1
