@@ -6,7 +6,9 @@ the cluster secret and checks that the peer does (the challenge-response of
 :mod:`pushup.backplane.mesh.stream`), then hands every frame and the loss of
 the connection to its link (:mod:`pushup.backplane.mesh.peers`), which owns
 every other decision. What holds for one connection only lives on it and
-goes with it. ``http_client`` is the treq client for the rare signed
+goes with it; its phase moves by the table of :mod:`~pushup.backplane.mesh.phases`,
+and the link changes it only through its methods. ``http_client`` is the treq
+client for the rare signed
 requests (snapshots, repair); ``http_agent``, the Agent beneath it, also
 hands Durable Streams requests to their owner. Both connect to an IP
 literal directly, and to a sibling worker (``--workers``) over a Unix socket: its URL is
@@ -23,11 +25,12 @@ from urllib.parse import urlsplit
 
 from twisted.internet import defer
 from twisted.internet.endpoints import UNIXClientEndpoint, connectProtocol
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 
 from pushup.backplane import client_endpoint
 from pushup.backplane.mesh.outbound import PeerError
+from pushup.backplane.mesh.phases import DiallingEvent, DiallingPhase, dialling_after
 from pushup.backplane.mesh.stream import ANSWER_LIMIT, PROOF, Frames, nonce, proof, request_head
 
 
@@ -50,6 +53,8 @@ class DialingLink(TypingProtocol):
 
 
 UNIX_SCHEME = "http+unix"
+_CONNECTING, _ASKING = DiallingPhase.CONNECTING, DiallingPhase.ASKING
+_OPEN, _ANSWERING = DiallingPhase.OPEN, DiallingPhase.ANSWERING
 
 
 def unix_url(name: str) -> str:
@@ -81,7 +86,8 @@ class Dial(Frames):
     ``erefused``, and it, a refusal (``e``) or any other frame before the
     handshake is done is the link's ``stream_failed`` (:class:`PeerRefused`
     for the first two). The rest of this object is the link's notes on this
-    one connection, dropped with it (``PeerLink.stream_lost``).
+    one connection (since when it waits, why the link closed it, what it
+    relayed, a flush due), dropped with it (``PeerLink.stream_lost``).
     """
 
     # What a peer sends the dialer is its challenge and short answers (an
@@ -93,22 +99,109 @@ class Dial(Frames):
         self.link = link
         self.secret = secret
         self.nonce_c = nonce()
-        self._head: bytes | None = b""  # the HTTP answer, until it is complete
-        self.open = False  # authenticated both ways
+        self.phase = _CONNECTING
+        self._head = b""  # the HTTP answer, until it is complete (ASKING)
+        self._dialling: defer.Deferred[Any] | None = None  # the attempt, until it connects
         # The link's notes on this connection:
         self.dialled_at = now
-        self.dialling: defer.Deferred[Any] | None = None  # until it connects
-        self.answering = False  # the peer has acked a batch on it
         self.relays = 0  # relayed batches sent on it and not yet answered
-        self.flush_call: IDelayedCall | None = None  # a flush due at the turn's end
+        self._flush_call: IDelayedCall | None = None  # a flush due at the turn's end
         self.why: Exception | None = None  # why the link closed it
+
+    def _move(self, event: DiallingEvent) -> None:
+        self.phase = dialling_after(self.phase, event)
+
+    @property
+    def open(self) -> bool:
+        """Authenticated both ways: batches may go."""
+        return self.phase is _OPEN or self.phase is _ANSWERING
+
+    @property
+    def answering(self) -> bool:
+        """The peer has acked a batch on this connection."""
+        return self.phase is _ANSWERING
+
+    # -- what the link does with it ---------------------------------------------
+
+    def connect(self, dial: Callable[[Protocol], defer.Deferred[Any]]) -> defer.Deferred[Any]:
+        """Dial the peer with ``dial``; the Deferred fails (and the phase is
+        CLOSED) when it cannot connect, or when :meth:`abandon` is called first."""
+        d = self._dialling = dial(self)
+        d.addErrback(self._not_connected)
+        return d
+
+    def _not_connected(self, failure: Any) -> Any:
+        self._dialling = None
+        self._move(DiallingEvent.LOST)
+        return failure
+
+    def abandon(self) -> None:
+        """Stop dialling (CONNECTING only): the attempt fails as cancelled."""
+        if self._dialling is not None:
+            self._dialling.cancel()
+
+    def close(self, why: Exception | None = None, abort: bool = False) -> None:
+        """The link gives the connection up (``why``: what ``stream_lost``
+        reports); ``abort`` drops what waits to be sent (a peer that reads
+        nothing), else it goes first. The phase stays until the loss."""
+        if why is not None:
+            self.why = why
+        if self.transport is None:
+            return
+        if abort:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+        else:
+            self.transport.loseConnection()
+
+    def relay(self, payload: bytes, window: int) -> bool:
+        """Send a relayed batch (``r``) if the stream is open and fewer than
+        ``window`` wait for their answer; False when it was not sent."""
+        if not self.open or self.relays >= window:
+            return False
+        self.relays += 1
+        self.sendString(b"r" + payload)
+        return True
+
+    def relay_answered(self) -> bool:
+        """The peer answered a relayed batch; False when none was due."""
+        if not self.relays:
+            return False
+        self.relays -= 1
+        return True
+
+    def acked(self) -> None:
+        """The peer acked a batch on this connection."""
+        self._move(DiallingEvent.ACKED)
+
+    @property
+    def flush_due(self) -> bool:
+        """A flush is due at this turn's end."""
+        return self._flush_call is not None
+
+    def flush_at_turn_end(self, clock: IReactorTime, flush: Callable[[], None]) -> None:
+        """Call ``flush`` at this turn's end (once, however often asked)."""
+        if self._flush_call is None:
+            self._flush_call = clock.callLater(0, flush)
+
+    def flushing(self) -> None:
+        """A flush runs now: the one due is no longer waited for (if it still
+        runs, it finds nothing more to send)."""
+        self._flush_call = None
+
+    def cancel_flush(self) -> None:
+        call, self._flush_call = self._flush_call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    # -- Twisted's side ----------------------------------------------------------
 
     def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
         assert self.transport is not None
+        self._move(DiallingEvent.CONNECTED)
         self.transport.write(request_head(urlsplit(self.link.url).netloc or "peer"))
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802
-        if self._head is None:
+        if self.phase is not _ASKING:
             super().dataReceived(data)  # type: ignore[no-untyped-call]
             return
         self._head += data
@@ -118,7 +211,8 @@ class Dial(Frames):
                 self.stringReceived(b"enot a PushUp peer (no HTTP answer)")
             return
         head, rest = self._head[:end], self._head[end + 4:]
-        self._head = None
+        self._head = b""
+        self._move(DiallingEvent.ANSWERED)
         status = head.split(b" ", 2)[1:2]
         if status != [b"101"]:
             code = int(status[0]) if status and status[0].isdigit() else 0
@@ -152,12 +246,11 @@ class Dial(Frames):
             self.sendString(b"erefused")
             raise PeerRefused("its handshake proof is wrong (another cluster secret?)")
         self.sendString(b"p" + proof(self.secret, b"client", nonce_s, self.nonce_c))
-        self.open = True
+        self._move(DiallingEvent.PROVEN)
 
     def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
-        call, self.flush_call = self.flush_call, None
-        if call is not None and call.active():
-            call.cancel()
+        self.cancel_flush()
+        self._move(DiallingEvent.LOST)
         self.link.stream_lost(self, reason)
 
     def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802

@@ -33,6 +33,7 @@ from twisted.internet.protocol import Protocol
 from pushup.backplane import ChannelOp, trouble
 from pushup.backplane.mesh.dial import UNIX_SCHEME, Dial, PeerRefused, dialer
 from pushup.backplane.mesh.outbound import Outbound, PeerError
+from pushup.backplane.mesh.phases import DiallingPhase
 from pushup.backplane.mesh.status import BACKOFF_MAX, LinkState, PeerStatus
 from pushup.backplane.mesh.wire import sign
 from pushup.core.store import Store
@@ -121,11 +122,11 @@ class PeerLink:
         with whatever else the turn brings."""
         stream = self._stream
         if stream is not None and stream.open:
-            if stream.flush_call is None:
+            if not stream.flush_due:
                 if not self.outbound.in_flight:
                     self._flush()
                 else:
-                    stream.flush_call = self.clock.callLater(0, self._flush)
+                    stream.flush_at_turn_end(self.clock, self._flush)
         elif stream is None and self._failures == 0:
             self._wake(0)
 
@@ -139,24 +140,18 @@ class PeerLink:
         received. At most ``RELAY_WINDOW`` go unanswered; past that, or while
         the stream is not open, it is dropped: repair brings it instead."""
         stream = self._stream
-        if stream is not None and stream.open and stream.relays < RELAY_WINDOW:
-            stream.relays += 1
-            stream.sendString(b"r" + payload)
-        else:
+        if stream is None or not stream.relay(payload, RELAY_WINDOW):
             self.unrelayed += 1
 
     def stop(self) -> None:
         self.stopped = True
-        stream = self._stream
-        calls = (self._timer, stream.flush_call if stream is not None else None)
-        for call in calls:
-            if call is not None and call.active():
-                call.cancel()
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
         self._timer = None
+        stream = self._stream
         if stream is not None:
-            stream.flush_call = None
-            if stream.transport is not None:
-                stream.transport.loseConnection()
+            stream.cancel_flush()
+            stream.close()
 
     @property
     def state(self) -> LinkState:
@@ -250,8 +245,7 @@ class PeerLink:
     def _connect(self) -> None:
         stream = self._stream = Dial(self, self.secret, self.clock.seconds())
         self.status.dials += 1
-        d = stream.dialling = self.dial(stream)
-        d.addErrback(self._not_connected, stream)
+        stream.connect(self.dial).addErrback(self._not_connected, stream)
         self._wake(self.timeout)
 
     def _not_connected(self, failure: Any, stream: Dial) -> None:
@@ -264,16 +258,13 @@ class PeerLink:
         stream = self._stream
         if stream is None:
             return
-        stream.why = why
-        if stream.transport is not None:
-            if isinstance(why, PeerTimeout):  # it reads nothing: nothing more to send
-                stream.transport.abortConnection()  # type: ignore[attr-defined]
-            else:  # what we said last (a refusal) still goes
-                stream.transport.loseConnection()
+        if stream.phase is not DiallingPhase.CONNECTING:
+            # A peer that times out reads nothing: nothing more to send. Else
+            # what we said last (a refusal) still goes.
+            stream.close(why, abort=isinstance(why, PeerTimeout))
         else:  # still dialling: forget it
             self._stream = None
-            if stream.dialling is not None:
-                stream.dialling.cancel()
+            stream.abandon()
             self._failed(why)
 
     # -- the stream, as Dial tells us -----------------------------------------
@@ -306,8 +297,8 @@ class PeerLink:
         try:
             if kind == b"a" or kind == b"n":
                 self._answered(stream, kind, int(payload))
-            elif kind == b"r" and stream.relays:
-                stream.relays -= 1
+            elif kind == b"r" and stream.relay_answered():
+                pass  # a relayed batch answered: the window has room for one more
             elif kind == b"e":
                 text = payload.decode(errors="replace")
                 error = PeerRefused if text == "refused" else PeerError
@@ -321,17 +312,17 @@ class PeerLink:
         outbound = self.outbound
         what, moved = outbound.answer(kind, value)
         if what == "acked":
-            stream.answering = True
+            stream.acked()
             self._up()
         if moved and self.on_change is not None:
             self.on_change(self)
         if what == "stale":
             return
         if (what == "acked" and outbound.cork and outbound.waiting() and stream is self._stream
-                and stream.flush_call is None):
+                and not stream.flush_due):
             # The cork comes off at this turn's end, so the batch also
             # takes the publishes the rest of the turn reads.
-            stream.flush_call = self.clock.callLater(0, self._flush)
+            stream.flush_at_turn_end(self.clock, self._flush)
             return
         self.poke()
 
@@ -340,7 +331,7 @@ class PeerLink:
         stream = self._stream
         if stream is None or not stream.open:
             return
-        stream.flush_call = None
+        stream.flushing()
         outbound = self.outbound
         if outbound.corked(hello):
             return  # the answer in flight sends it (``_answered``)

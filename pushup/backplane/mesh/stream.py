@@ -43,6 +43,7 @@ from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver, StringTooLongError
 
 from pushup._twisted import write_now
+from pushup.backplane.mesh.phases import ReceivingEvent, ReceivingPhase, receiving_after
 from pushup.backplane.mesh.wire import PEER_BODY_LIMIT, Batch, unpack_batch
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.follow import Applied, Followed
@@ -56,6 +57,8 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds for a dialer to prove it holds the secret
 IDLE_TIMEOUT = 30.0  # seconds of silence after which a stream is given up
 UPGRADE = b"pushup-peer"
 PATH = "/peer/stream"
+_HELLO, _PROOF = ReceivingPhase.HELLO, ReceivingPhase.PROOF
+_OPEN, _CLOSED = ReceivingPhase.OPEN, ReceivingPhase.CLOSED
 
 
 def nonce() -> bytes:
@@ -122,13 +125,14 @@ class PeerStream(Frames):
     in the node's ``refused`` and closes the connection. Each batch is
     answered once, in order; a batch the node cannot take now (catching up)
     is answered ``e`` and the connection closes (the dialer retries).
+    Its ``phase`` moves by :mod:`pushup.backplane.mesh.phases`'s table only.
     """
 
     MAX_LENGTH = HANDSHAKE_FRAME  # PEER_BODY_LIMIT once the dialer has proven itself
 
     def __init__(self, node: Receiver) -> None:
         self.node = node
-        self.state = "hello"  # hello -> proof -> open -> closed
+        self.phase = _HELLO
         self._nonce_c = b""
         self._nonce_s = b""
         self.from_node = True  # from another node (TCP), not a sibling worker (Unix)
@@ -143,12 +147,15 @@ class PeerStream(Frames):
         self._heard = self.node.clock.seconds()
         self._timer = self.node.clock.callLater(HANDSHAKE_TIMEOUT, self._check)
 
+    def _move(self, event: ReceivingEvent) -> None:
+        self.phase = receiving_after(self.phase, event)
+
     def _check(self) -> None:
         """Close a stream still unproven, or silent for too long."""
         self._timer = None
-        if self.state == "closed":
+        if self.phase is _CLOSED:
             return
-        if self.state != "open":
+        if self.phase is not _OPEN:
             self._close(b"eno handshake in time")
             return
         quiet = self.node.clock.seconds() - self._heard
@@ -158,7 +165,7 @@ class PeerStream(Frames):
             self._timer = self.node.clock.callLater(IDLE_TIMEOUT - quiet, self._check)
 
     def connectionLost(self, reason: object = None) -> None:  # noqa: N802 (Twisted's name)
-        self.state = "closed"
+        self._move(ReceivingEvent.LOST)
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -167,7 +174,7 @@ class PeerStream(Frames):
         """Frames in, then their answers out in one write: a dialer that sent
         several batches while we were busy reads one answer per read of ours,
         not one per batch."""
-        if self.state == "closed":
+        if self.phase is _CLOSED:
             return  # refused: what still comes is read into nothing
         self._answers = []
         try:
@@ -189,7 +196,7 @@ class PeerStream(Frames):
     def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
         kind, payload = frame[:1], frame[1:]
         self._heard = self.node.clock.seconds()
-        if self.state == "open" and kind == b"b":
+        if self.phase is _OPEN and kind == b"b":
             try:
                 received = self.node.receive(unpack_batch(payload))
             except BadRequest as e:  # malformed, or not the sender's to send
@@ -201,7 +208,7 @@ class PeerStream(Frames):
             self._answer(answer_frame(received))
             if self.from_node and isinstance(received, Applied):
                 self.node.relay(payload)
-        elif self.state == "open" and kind == b"r":
+        elif self.phase is _OPEN and kind == b"r":
             try:  # a hole, or not ready yet: repair brings it later
                 self.node.receive(unpack_batch(payload))
             except BadRequest as e:
@@ -210,19 +217,19 @@ class PeerStream(Frames):
             except PushUpError as e:
                 log.debug("a relayed batch was not applied: {e}", e=e)
             self._answer(b"r")
-        elif self.state == "hello" and kind == b"h" and len(payload) == NONCE:
+        elif self.phase is _HELLO and kind == b"h" and len(payload) == NONCE:
             self._nonce_c, self._nonce_s = payload, nonce()
-            self.state = "proof"
+            self._move(ReceivingEvent.HELLO)
             self.sendString(b"c" + self._nonce_s
                             + proof(self.node.secret, b"server", self._nonce_c, self._nonce_s))
-        elif (self.state == "proof" and kind == b"p" and hmac.compare_digest(
+        elif (self.phase is _PROOF and kind == b"p" and hmac.compare_digest(
                 payload, proof(self.node.secret, b"client", self._nonce_s, self._nonce_c))):
-            self.state = "open"
+            self._move(ReceivingEvent.PROVEN)
             self.MAX_LENGTH = PEER_BODY_LIMIT
-        elif self.state != "closed":
+        elif self.phase is not _CLOSED:
             self.node.refused += 1
             log.warn("a peer stream was refused: {kind!r} while {state}",
-                     kind=kind, state=self.state)
+                     kind=kind, state=self.phase.value)
             self._close(b"erefused")
 
     def _refuse(self, why: str) -> None:
@@ -232,7 +239,7 @@ class PeerStream(Frames):
         self._close(b"e" + why.encode())
 
     def _close(self, frame: bytes) -> None:
-        self.state = "closed"
+        self._move(ReceivingEvent.CLOSE)
         self._flush_answers()  # what was answered goes before the reason
         self.sendString(frame[:1024])  # a reason, not a payload (ANSWER_LIMIT)
         if self.transport is not None:
@@ -240,5 +247,5 @@ class PeerStream(Frames):
 
     def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
         self._unprocessed = b""  # what Twisted kept of it: not held until the close
-        if self.state != "closed":  # (refused already: what follows is not read)
-            self._refuse(f"a frame of {length} bytes is too long while {self.state}")
+        if self.phase is not _CLOSED:  # (refused already: what follows is not read)
+            self._refuse(f"a frame of {length} bytes is too long while {self.phase.value}")
