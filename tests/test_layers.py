@@ -210,3 +210,39 @@ def test_the_mesh_word_rule_catches_a_peer_route_and_value(tmp_path: Path) -> No
                       'ROUTE = b"/peer/x"\nclass TypeErrorish: pass\n')
     assert mesh_words(source, strings=True) == ["PeerRequest", "/peer/x"]
     assert mesh_words(source, strings=False) == ["PeerRequest"]
+
+
+# A header's name, whole (b"Stream-Next-Offset", "Content-Type"): http/ writes
+# each once and renders what the core returns; a sentence naming one is prose.
+HEADER_NAME = re.compile(r"(?:stream|producer|access-control)-[a-z-]+|content-type|etag|location"
+                         r"|cache-control|allow|retry-after|if-none-match", re.IGNORECASE)
+
+
+def header_names(path: Path) -> list[str]:
+    """The string and bytes constants of ``path`` (docstrings aside) that are
+    an HTTP header's name."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+            value = node.value
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            if HEADER_NAME.fullmatch(text):
+                found.append(text)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "core").glob("*.py")),
+                         ids=lambda p: module_name(p))
+def test_the_core_writes_no_http_header_name(path: Path) -> None:
+    """The core returns values (a tail, a producer's expected sequence); the
+    HTTP layer names the headers they go out in."""
+    assert header_names(path) == []
+
+
+def test_the_header_rule_catches_a_header_name_not_a_sentence(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text('"""Stream-Closed in a docstring is prose."""\n'
+                      'A = (b"Stream-Closed", b"true")\nB = "Content-Type"\n'
+                      'C = "give Stream-TTL or Stream-Expires-At, not both"\nD = b"producer-seq"\n')
+    assert sorted(header_names(source)) == ["Content-Type", "Stream-Closed", "producer-seq"]

@@ -21,7 +21,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pushup.core.errors import BadRequest, NotFound, PushUpError, TargetTooLong
+from pushup.core.errors import (
+    BadRequest,
+    ForkTooDeep,
+    NotFound,
+    PushUpError,
+    SequenceGap,
+    StaleEpoch,
+    StreamClosed,
+    StreamConflict,
+    StreamGone,
+    StreamsFull,
+    TargetTooLong,
+)
 from pushup.core.stream_values import (
     JSON_TYPE,
     START,
@@ -29,14 +41,9 @@ from pushup.core.stream_values import (
     Appended,
     Creation,
     Entry,
-    ForkTooDeep,
     Position,
     Producer,
     Read,
-    StaleEpoch,
-    StreamConflict,
-    StreamGone,
-    StreamsFull,
     expiry_of,
     json_messages,
     make_entry,
@@ -396,7 +403,7 @@ class Streams:
                 return Appended(stream.tail, True, duplicate=True, producer_seq=producer[2])
             if not asked.body:
                 return Appended(stream.tail, True)  # closing again: idempotent
-            raise StreamConflict("the stream is closed", _closed_headers(stream))
+            raise StreamClosed("the stream is closed", stream.tail.offset)
         if asked.body and asked.content_type is not None and (
                 media_type(asked.content_type) != media_type(stream.content_type)):
             raise StreamConflict(f"this stream's Content-Type is {stream.content_type}")
@@ -537,8 +544,7 @@ def _fence(stream: Stream, producer: tuple[str, int, int]) -> Producer | None:
     if known is None or epoch > known.epoch:
         if seq != 0:
             if known is None:
-                raise StreamConflict("a new producer starts at Producer-Seq 0",
-                                     _gap_headers(0, seq))
+                raise SequenceGap("a new producer starts at Producer-Seq 0", 0, seq)
             raise BadRequest("a new Producer-Epoch starts at Producer-Seq 0")
         return Producer(epoch, 0)
     if epoch < known.epoch:
@@ -546,18 +552,9 @@ def _fence(stream: Stream, producer: tuple[str, int, int]) -> Producer | None:
     if seq <= known.last_seq:
         return None
     if seq != known.last_seq + 1:
-        raise StreamConflict(f"Producer-Seq {seq} skips ahead of {known.last_seq + 1}",
-                             _gap_headers(known.last_seq + 1, seq))
+        raise SequenceGap(f"Producer-Seq {seq} skips ahead of {known.last_seq + 1}",
+                          known.last_seq + 1, seq)
     return Producer(epoch, seq)
-
-
-def _gap_headers(expected: int, received: int) -> tuple[tuple[bytes, bytes], ...]:
-    return ((b"Producer-Expected-Seq", b"%d" % expected),
-            (b"Producer-Received-Seq", b"%d" % received))
-
-
-def _closed_headers(stream: Stream) -> tuple[tuple[bytes, bytes], ...]:
-    return ((b"Stream-Closed", b"true"), (b"Stream-Next-Offset", stream.tail.offset.encode()))
 
 
 # -- a stream as kept (--data-dir, the Redis engine) -------------------------------

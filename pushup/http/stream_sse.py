@@ -19,6 +19,7 @@ from pushup.core.clock import Clock, DelayedCall
 from pushup.core.model import dumps
 from pushup.core.stream_values import JSON_TYPE, Position, media_type
 from pushup.core.streams import Stream
+from pushup.http import stream_headers as h
 
 SSE_LIFETIME_S = 60.0  # an SSE response ends after this (protocol §10.2), the client resumes
 _LINES = re.compile(rb"\r\n|\r|\n")
@@ -63,8 +64,8 @@ class Feed:
         self.timer: DelayedCall | None = None
 
     def start(self) -> None:
-        fields = ((b"Cache-Control", b"no-cache"), *self.fields,
-                  *(((b"Stream-SSE-Data-Encoding", b"base64"),) if self.base64 else ()))
+        fields = ((h.CACHE_CONTROL, b"no-cache"), *self.fields,
+                  *(((h.SSE_DATA_ENCODING, b"base64"),) if self.base64 else ()))
         self.client.open_stream(b"text/event-stream", fields)
         self.timer = self.clock.callLater(SSE_LIFETIME_S, self.end)
         self.pump()

@@ -28,14 +28,13 @@ from pushup.core.stream_values import (
     Creation,
     Position,
     Read,
-    StaleEpoch,
-    StreamConflict,
     decimal,
     expiry_of,
     is_media_type,
     parse_offset,
 )
 from pushup.core.streams import Stream, Streams, check_path
+from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
@@ -47,21 +46,16 @@ PREFIX = b"/v1/stream/"
 LONG_POLL_S = 3.0
 CURSOR_EPOCH_S = 1728432000  # 2024-10-09T00:00:00Z and 20-second intervals (protocol §10.1)
 CURSOR_INTERVAL_S = 20
-_PROTOCOL_HEADERS = (b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
-                     b"Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, "
-                     b"Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Location")
-_COMMON = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),
-           (b"Access-Control-Expose-Headers", _PROTOCOL_HEADERS))
-# A preflight is answered on a stream path whatever --cors-origin says: without
-# an Access-Control-Allow-Origin (the Writer's, from --cors-origin) a browser
-# still refuses a foreign page, so this grants nothing the flag does not.
-_PREFLIGHT_FIELDS = (
-    (b"Access-Control-Allow-Methods", b"GET, HEAD, PUT, POST, DELETE, OPTIONS"),
-    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, If-None-Match, "
-     b"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, "
-     b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
-    (b"Access-Control-Max-Age", b"86400"))
-Headers = tuple[tuple[bytes, bytes], ...]
+
+
+# a request's headers, by their keys
+_FORKED_FROM, _CONTENT_TYPE, _TTL, _EXPIRES_AT = (
+    h.key(n) for n in (h.FORKED_FROM, h.CONTENT_TYPE, h.TTL, h.EXPIRES_AT))
+_FORK_OFFSET, _FORK_SUB_OFFSET, _CLOSED, _SEQ = (
+    h.key(n) for n in (h.FORK_OFFSET, h.FORK_SUB_OFFSET, h.CLOSED, h.SEQ))
+_HOST, _IF_NONE_MATCH = h.key(h.HOST), h.key(h.IF_NONE_MATCH)
+_PRODUCER = tuple(h.key(n) for n in (h.PRODUCER_ID, h.PRODUCER_EPOCH, h.PRODUCER_SEQ))
+Headers = h.Headers
 
 
 class SharedStore(Protocol):
@@ -109,23 +103,16 @@ def cursor_after(given: str | None, now_s: float) -> str:
 def _answer(status: int, body: bytes | None = None, content_type: bytes | None = None,
             headers: Headers = ()) -> Response:
     if content_type is None:
-        return Response(status, body, headers=headers + _COMMON)
-    return Response(status, body, content_type, headers + _COMMON)
+        return Response(status, body, headers=headers + h.COMMON)
+    return Response(status, body, content_type, headers + h.COMMON)
 
 
 def _error(e: PushUpError) -> Response:
-    headers: Headers = ()
-    if isinstance(e, StreamConflict):
-        headers = e.headers
-    elif isinstance(e, StaleEpoch):
-        headers = ((b"Producer-Epoch", b"%d" % e.current),)
-    elif isinstance(e, errors.MethodNotAllowed):
-        headers = ((b"Allow", ", ".join(e.allowed).encode()),)
-    return _answer(e.status, error_body(e), headers=headers)
+    return _answer(e.status, error_body(e), headers=h.error_fields(e))
 
 
 def _closed(stream: Stream) -> Headers:
-    return ((b"Stream-Closed", b"true"),) if stream.closed else ()
+    return h.closed(stream.closed)
 
 
 class StreamEndpoints:
@@ -168,7 +155,7 @@ class StreamEndpoints:
                ) -> Response | Held | Pending:
         """``request`` to a stream path, answered (errors included)."""
         if request.method == b"OPTIONS":
-            return _answer(204, headers=_PREFLIGHT_FIELDS)
+            return _answer(204, headers=h.PREFLIGHT)
         handler = self.routes.get(request.method)
         try:
             if handler is None:
@@ -214,7 +201,7 @@ class StreamEndpoints:
         """``request`` answered on the streams Redis holds (``--engine
         redis``): read from it, decided here, written before the answer."""
         assert self.shared is not None
-        source = request.headers.get(b"stream-forked-from") if request.method == b"PUT" else None
+        source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
         paths = [path] if source is None else [source.decode("latin-1"), path]
         answered = self.shared.serve(paths, lambda: handler(request, (path,), client))
 
@@ -228,20 +215,20 @@ class StreamEndpoints:
     # -- create, append, close, delete -----------------------------------------
 
     def create(self, request: Request, params: tuple[str, ...], _: object) -> Response:
-        forked_from = request.headers.get(b"stream-forked-from")
-        content_type = request.header(b"content-type")
+        forked_from = request.headers.get(_FORKED_FROM)
+        content_type = request.header(_CONTENT_TYPE)
         if not is_media_type(content_type):
             content_type = "" if forked_from is not None else "application/octet-stream"
-        ttl_text = request.headers.get(b"stream-ttl")
-        expires = request.headers.get(b"stream-expires-at")
+        ttl_text = request.headers.get(_TTL)
+        expires = request.headers.get(_EXPIRES_AT)
         if ttl_text is not None and expires is not None:
             raise BadRequest("give Stream-TTL or Stream-Expires-At, not both")
         ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), "Stream-TTL")
         expires_at = None if expires is None else expires.decode("latin-1").strip()
         if expires_at is not None:
             expiry_of(expires_at)
-        fork_offset = request.headers.get(b"stream-fork-offset")
-        sub = request.headers.get(b"stream-fork-sub-offset")
+        fork_offset = request.headers.get(_FORK_OFFSET)
+        sub = request.headers.get(_FORK_SUB_OFFSET)
         if forked_from is None and (fork_offset is not None or sub is not None):
             raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need "
                              "Stream-Forked-From")
@@ -250,38 +237,38 @@ class StreamEndpoints:
             parse_offset(offset)
         asked = Creation(
             content_type or None, ttl, expires_at,
-            request.header(b"stream-closed").lower() == "true", request.body,
+            request.header(_CLOSED).lower() == "true", request.body,
             None if forked_from is None else forked_from.decode("latin-1"), offset,
             0 if sub is None else decimal(sub.decode("latin-1"), "Stream-Fork-Sub-Offset"))
         stream, created = self.streams.create(params[0], asked, self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+        headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if created:
-            host = request.headers.get(b"host")
-            headers += ((b"Location", request.path if host is None
+            host = request.headers.get(_HOST)
+            headers += ((h.LOCATION, request.path if host is None
                          else b"http://" + host + request.path),)
         return _answer(201 if created else 200, b"", stream.content_type.encode(), headers)
 
     def append(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         producer = _producer(request)
-        close = request.header(b"stream-closed").lower() == "true"
+        close = request.header(_CLOSED).lower() == "true"
         if not request.body and not close:
             raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
-        content_type = request.headers.get(b"content-type")
+        content_type = request.headers.get(_CONTENT_TYPE)
         if request.body and (content_type is None
                              or not is_media_type(content_type.decode("latin-1"))):
             raise BadRequest("an append needs its Content-Type")
-        seq = request.headers.get(b"stream-seq")
+        seq = request.headers.get(_SEQ)
         done = self.streams.append(params[0], Append(
             None if content_type is None else content_type.decode("latin-1"),
             request.body, close, None if seq is None else seq.decode("latin-1"), producer),
             self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", done.tail.offset.encode()),)
+        headers: Headers = ((h.NEXT_OFFSET, done.tail.offset.encode()),)
         if done.closed:
-            headers += ((b"Stream-Closed", b"true"),)
+            headers += ((h.CLOSED, h.TRUE),)
         if producer is not None:
-            headers += ((b"Producer-Epoch", b"%d" % producer[1]),
-                        (b"Producer-Seq", b"%d" % (done.producer_seq or 0)))
+            headers += ((h.PRODUCER_EPOCH, b"%d" % producer[1]),
+                        (h.PRODUCER_SEQ, b"%d" % (done.producer_seq or 0)))
         new_data = producer is not None and not done.duplicate and bool(request.body)
         return _answer(200 if new_data else 204, headers=headers)
 
@@ -293,12 +280,12 @@ class StreamEndpoints:
 
     def head(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         stream = self.streams.get(params[0], self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+        headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if stream.ttl is not None:
-            headers += ((b"Stream-TTL", b"%d" % stream.ttl),)
+            headers += ((h.TTL, b"%d" % stream.ttl),)
         if stream.expires_at is not None:
-            headers += ((b"Stream-Expires-At", stream.expires_at.encode()),)
+            headers += ((h.EXPIRES_AT, stream.expires_at.encode()),)
         return _answer(200, b"", stream.content_type.encode(), headers)
 
     def read(self, request: Request, params: tuple[str, ...], client: object,
@@ -326,13 +313,13 @@ class StreamEndpoints:
             return self._sse(stream, at, cursor_text, client)
         if given == "now" and live is None:
             return _answer(200, b"[]" if stream.is_json else b"", stream.content_type.encode(),
-                           ((b"Stream-Next-Offset", stream.tail.offset.encode()),
-                            (b"Stream-Up-To-Date", b"true"), *_closed(stream)))
+                           ((h.NEXT_OFFSET, stream.tail.offset.encode()),
+                            (h.UP_TO_DATE, h.TRUE), *_closed(stream)))
         read = stream.read(at, self.config.max_response_bytes)
         if live == "long-poll" and not read.data and not read.messages:
             if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
-                if_none_match = request.headers.get(b"if-none-match")
+                if_none_match = request.headers.get(_IF_NONE_MATCH)
                 if self.shared is not None:  # answered after Redis: held through a Deferred
                     later = Later()
                     self.polls.hold(later, stream, at, cursor_text, if_none_match, hold)
@@ -340,34 +327,34 @@ class StreamEndpoints:
                 return self.polls.hold(client, stream, at,  # type: ignore[arg-type]
                                        cursor_text, if_none_match, hold)
             return self._caught_up(stream, at, cursor_text)
-        return self._data(request.headers.get(b"if-none-match"), stream, given or "-1", read,
+        return self._data(request.headers.get(_IF_NONE_MATCH), stream, given or "-1", read,
                           live, cursor_text)
 
     def _data(self, if_none_match: bytes | None, stream: Stream, start: str,
               read: Read, live: str | None, cursor: str | None) -> Response:
-        headers: Headers = ((b"Stream-Next-Offset", read.next.offset.encode()),)
+        headers: Headers = ((h.NEXT_OFFSET, read.next.offset.encode()),)
         if read.up_to_date:
-            headers += ((b"Stream-Up-To-Date", b"true"),)
+            headers += ((h.UP_TO_DATE, h.TRUE),)
         final = stream.closed and read.up_to_date and read.next == stream.tail
         if final:
-            headers += ((b"Stream-Closed", b"true"),)
+            headers += ((h.CLOSED, h.TRUE),)
         if live is not None:
-            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+            headers += ((h.CURSOR, self._cursor(cursor).encode()),)
         etag = b'"%s:%s:%s%s"' % (stream.uid.encode(), start.encode(),
                                   read.next.offset.encode(), b":c" if final else b"")
-        headers += ((b"ETag", etag),)
+        headers += ((h.ETAG, etag),)
         if if_none_match == etag:
-            return _answer(304, headers=((b"ETag", etag),))
+            return _answer(304, headers=((h.ETAG, etag),))
         body = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
                 else read.data)
         return _answer(200, body, stream.content_type.encode(), headers)
 
     def _caught_up(self, stream: Stream, at: Position, cursor: str | None) -> Response:
         """A long poll's 204: nothing after ``at`` (yet, or ever: closed)."""
-        headers: Headers = ((b"Stream-Next-Offset", at.offset.encode()),
-                            (b"Stream-Up-To-Date", b"true"), *_closed(stream))
+        headers: Headers = ((h.NEXT_OFFSET, at.offset.encode()),
+                            (h.UP_TO_DATE, h.TRUE), *_closed(stream))
         if not stream.closed:
-            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+            headers += ((h.CURSOR, self._cursor(cursor).encode()),)
         return _answer(204, headers=headers)
 
     def _cursor(self, given: str | None) -> str:
@@ -399,7 +386,7 @@ class StreamEndpoints:
         feed = Feed(stream, at, client,  # type: ignore[arg-type]
                     clock=self.service.clock, budget=self.config.max_response_bytes,
                     cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
-                    fields=_COMMON)
+                    fields=h.COMMON)
         feed.start()
         return Held(feed.stop)
 
@@ -440,7 +427,7 @@ def _refused(failure: Failure) -> Response:
 def _producer(request: Request) -> tuple[str, int, int] | None:
     """The idempotent producer's (id, epoch, seq): all three headers or none."""
     given = [request.headers.get(name)
-             for name in (b"producer-id", b"producer-epoch", b"producer-seq")]
+             for name in _PRODUCER]
     if all(v is None for v in given):
         return None
     if any(v is None for v in given):
