@@ -22,6 +22,7 @@ from pushup.config import Config
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.service import Service
+from pushup.core.stream import Stream
 from pushup.core.stream_values import (
     START,
     Append,
@@ -33,7 +34,7 @@ from pushup.core.stream_values import (
     is_media_type,
     parse_offset,
 )
-from pushup.core.streams import Stream, Streams, check_path
+from pushup.core.streams import Streams, check_path
 from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
@@ -125,7 +126,6 @@ class StreamEndpoints:
         self.config = config
         self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
         self._authorize = authorize
-        self._swept = 0
         # --engine redis: every node's streams, in Redis (this node's a cache)
         self.shared: SharedStore | None = None
         # the mesh: each stream on one node, which the others hand requests on to
@@ -177,10 +177,7 @@ class StreamEndpoints:
                 check_path(path)  # before Redis or another node hears of it
             if self.shared is not None:
                 return self._shared_answer(request, handler, path, client)
-            now = self.service.now()
-            if now - self._swept > 10_000_000:  # expired streams go within ~10 s
-                self._swept = now
-                self.streams.sweep(now)
+            self.streams.sweep_due(self.service.now())
             if self.routing is not None:
                 return _routed(self.routing.route(
                     request, path, client, lambda: handler(request, (path,), client), hop))
@@ -191,9 +188,7 @@ class StreamEndpoints:
     def holds(self, path: str) -> bool:
         """Whether a stream is at ``path`` here (live, or deleted while its
         forks read it), expired ones not counted."""
-        stream = self.streams.at(path)
-        return stream is not None and (stream.deadline is None
-                                       or self.service.now() < stream.deadline)
+        return self.streams.holds(path, self.service.now())
 
     def _shared_answer(self, request: Request, handler: Callable[
             [Request, tuple[str, ...], object], Response | Held | Pending],

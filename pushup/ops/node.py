@@ -212,11 +212,8 @@ class Node:
         answer at a path, what they are charged against ``--max-cached-bytes``
         and the producers they keep; with ``--engine redis`` Redis holds them
         (the budget caps one write), so only how many this node has cached."""
-        streams = self.handlers.streams.streams
-        if self.handlers.streams.shared is not None:
-            return {"count": len(streams)}
-        return {"count": len(streams), "bytes": streams.held, "budget": streams.budget,
-                "producers": streams.producers}
+        endpoints = self.handlers.streams
+        return endpoints.streams.figures(shared=endpoints.shared is not None)
 
     def engine_up(self) -> int:
         """1 if the engine can take a publish now (the gauge an alert watches)."""

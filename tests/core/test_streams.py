@@ -12,13 +12,14 @@ from pushup.core.errors import (
     StreamConflict,
     StreamsFull,
 )
+from pushup.core.stream_budget import STREAM_OVERHEAD, stream_cost
 from pushup.core.stream_values import (
     START,
     Append,
     Creation,
     Position,
 )
-from pushup.core.streams import STREAM_OVERHEAD, Streams, stream_cost
+from pushup.core.streams import Streams
 
 TEXT = "text/plain"
 
