@@ -17,6 +17,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pushup"
 SHARED = ("pushup._twisted", "pushup._libc")
+# The seam every layer above the engines may import: the Backplane, and beside it
+# the StreamEngine (as centrifuge's MapBroker beside its Broker).
+SEAM = ("pushup.backplane", "pushup.backplane.stream_engine")
 ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.core": ("pushup.core",),
     "pushup.config": ("pushup.core", "pushup.config"),
@@ -63,7 +66,7 @@ def allowed(importer: str, imported: str) -> bool:
     layer = max((k for k in ALLOWED if importer == k or importer.startswith(k + ".")), key=len)
     for prefix in ALLOWED[layer]:
         if prefix == "pushup.backplane:seam":
-            if imported == "pushup.backplane":
+            if imported in SEAM:
                 return True
         elif imported == prefix or imported.startswith(prefix + "."):
             return True
@@ -95,6 +98,8 @@ def test_the_rule_catches_a_core_module_importing_http() -> None:
     assert not allowed("pushup.core.store", "pushup.http.exchange")
     assert not allowed("pushup.http.handlers", "pushup.backplane.mesh.wire")
     assert allowed("pushup.http.handlers", "pushup.backplane")
+    assert allowed("pushup.http.streams", "pushup.backplane.stream_engine")
+    assert not allowed("pushup.http.streams", "pushup.backplane.redis.streams")
     assert allowed("pushup.backplane.mesh.peers", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.backplane.redis.engine", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.client.sync", "pushup.core.errors")

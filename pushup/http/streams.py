@@ -2,22 +2,25 @@
 
 This module maps the protocol's requests (PUT, POST, GET catch-up, long poll
 and SSE, HEAD, DELETE) and headers onto :mod:`pushup.core.streams`, which
-decides; it checks every header and query parameter the protocol names and
-answers a bad one 400 with PushUp's JSON error body. It parses no HTTP and
-reads the clock only through the service (docs/api.md, "Durable Streams").
-An SSE read is :mod:`pushup.http.stream_sse`'s.
+decides, through the node's ``StreamEngine`` (:mod:`pushup.backplane.stream_engine`:
+here, on what a shared store holds, or on the node that serves the stream),
+and renders what comes back; it checks every header and query parameter the
+protocol names and answers a bad one 400 with PushUp's JSON error body. It
+knows no engine's words, parses no HTTP and reads the clock only through the
+service (docs/api.md, "Durable Streams"). The header names are
+:mod:`pushup.http.stream_headers`'; an SSE read is :mod:`pushup.http.stream_sse`'s.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from pushup.backplane import Relayed, RelayedStream
+from pushup.backplane.stream_engine import LocalStreams, StreamEngine
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError
@@ -59,37 +62,10 @@ _PRODUCER = tuple(h.key(n) for n in (h.PRODUCER_ID, h.PRODUCER_EPOCH, h.PRODUCER
 Headers = h.Headers
 
 
-class SharedStore(Protocol):
-    """Where the streams of every node are, when not in this one alone
-    (``--engine redis``: ``pushup.backplane.redis.streams``)."""
-
-    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> defer.Deferred[Any]:
-        """``run()``'s outcome, decided by ``self.streams`` on ``paths`` as
-        the store holds them, its changes stored before it fires (a
-        ``PushUpError`` fails it)."""
-
-
-# The one hop that is no client's request handed on (``owners.WHERE``): a
-# node asks the owner of a path where its stream lives. Every other is
-# authorized again where it is served, with the client's own headers.
-WHERE_HOP = "where"
-
-
-class Routes(Protocol):
-    """Which node serves a stream, when each stream is one node's on a
-    cluster of nodes (the mesh: ``pushup.backplane.mesh.stream_routes``)."""
-
-    def hop(self, request: Request) -> str | None:
-        """The kind of hop a request another node handed on is, or None: a
-        client's own; 401 if wrongly signed."""
-
-    def route(self, request: Request, path: str, client: Any,
-              here: Callable[[], Response | Held | Pending], kind: str | None) -> object:
-        """``here()``, or the serving node's answer: ``Relayed``,
-        ``RelayedStream``, or a Deferred of one of them or of ``here()``'s."""
-
-    def drain(self) -> None:
-        """The node stops: every event stream relayed from another node ends."""
+def new_streams(config: Config) -> Streams:
+    """The core's stream service for a node of ``config``: random stream ids,
+    ``--max-cached-bytes`` the streams' budget."""
+    return Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
 
 
 def cursor_after(given: str | None, now_s: float) -> str:
@@ -121,15 +97,16 @@ class StreamEndpoints:
     publish token, as for /publish) and, with --subscribe-secret too, reads."""
 
     def __init__(self, service: Service, config: Config,
-                 authorize: Callable[[Request], None]) -> None:
+                 authorize: Callable[[Request], None], streams: Streams | None = None,
+                 engine: StreamEngine | None = None) -> None:
+        """``streams``: the core's stream service (the composition root's;
+        by default one of this node alone); ``engine``: where its decisions
+        are made and on what (by default here: ``LocalStreams``)."""
         self.service = service
         self.config = config
-        self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
+        self.streams = streams if streams is not None else new_streams(config)
+        self.engine: StreamEngine = engine if engine is not None else LocalStreams()
         self._authorize = authorize
-        # --engine redis: every node's streams, in Redis (this node's a cache)
-        self.shared: SharedStore | None = None
-        # the mesh: each stream on one node, which the others hand requests on to
-        self.routing: Routes | None = None
         self.draining = False
         # the held long polls, answered together (pushup.http.stream_polls)
         self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
@@ -148,8 +125,7 @@ class StreamEndpoints:
         SSE response ends after its last control event."""
         self.draining = True
         self.streams.wake_all()
-        if self.routing is not None:
-            self.routing.drain()
+        self.engine.drain()
 
     def answer(self, request: Request, client: object,
                ) -> Response | Held | Pending:
@@ -162,9 +138,8 @@ class StreamEndpoints:
                 raise errors.MethodNotAllowed(
                     f"{request.method.decode('latin-1')} is not allowed on a stream",
                     tuple(m.decode() for m in self.routes))
-            hop = None if self.routing is None else self.routing.hop(request)
-            if hop == WHERE_HOP:
-                pass  # a node asks where a stream lives: no client's request
+            if self.engine.internal(request):
+                pass  # a node's own question to another: no client's request
             elif request.method in (b"GET", b"HEAD"):
                 if self.config.subscribe_secret and self.config.publish_token:
                     self._authorize(request)
@@ -175,13 +150,12 @@ class StreamEndpoints:
             path = request.path.decode("latin-1")
             if request.method == b"PUT":
                 check_path(path)  # before Redis or another node hears of it
-            if self.shared is not None:
-                return self._shared_answer(request, handler, path, client)
-            self.streams.sweep_due(self.service.now())
-            if self.routing is not None:
-                return _routed(self.routing.route(
-                    request, path, client, lambda: handler(request, (path,), client), hop))
-            return handler(request, (path,), client)
+            if not self.engine.shared:  # a shared store sweeps its own
+                self.streams.sweep_due(self.service.now())
+            source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
+            paths = [path] if source is None else [source.decode("latin-1"), path]
+            return _outcome(self.engine.serve(
+                paths, lambda: handler(request, (path,), client), request, client))
         except PushUpError as e:
             return _error(e)
 
@@ -189,23 +163,6 @@ class StreamEndpoints:
         """Whether a stream is at ``path`` here (live, or deleted while its
         forks read it), expired ones not counted."""
         return self.streams.holds(path, self.service.now())
-
-    def _shared_answer(self, request: Request, handler: Callable[
-            [Request, tuple[str, ...], object], Response | Held | Pending],
-                       path: str, client: object) -> Pending:
-        """``request`` answered on the streams Redis holds (``--engine
-        redis``): read from it, decided here, written before the answer."""
-        assert self.shared is not None
-        source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
-        paths = [path] if source is None else [source.decode("latin-1"), path]
-        answered = self.shared.serve(paths, lambda: handler(request, (path,), client))
-
-        def outcome(result: Response | Held | Pending) -> object:
-            return result.answer if isinstance(result, Pending) else result
-
-        answered.addCallback(outcome)
-        answered.addErrback(_refused)
-        return Pending(answered)
 
     # -- create, append, close, delete -----------------------------------------
 
@@ -315,7 +272,7 @@ class StreamEndpoints:
             if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
                 if_none_match = request.headers.get(_IF_NONE_MATCH)
-                if self.shared is not None:  # answered after Redis: held through a Deferred
+                if self.engine.shared:  # answered after the store: held through a Deferred
                     later = Later()
                     self.polls.hold(later, stream, at, cursor_text, if_none_match, hold)
                     return Pending(later.answer)
@@ -397,8 +354,8 @@ def _relayed(outcome: object) -> Response | Held | Pending:
     return outcome
 
 
-def _routed(outcome: object) -> Response | Held | Pending:
-    """A routed request's outcome, now or later (``Routes.route``)."""
+def _outcome(outcome: object) -> Response | Held | Pending:
+    """A request's outcome through its engine, now or later (``StreamEngine.serve``)."""
     if not isinstance(outcome, defer.Deferred):
         return _relayed(outcome)
 

@@ -102,7 +102,9 @@ class Conflict(Exception):
 class SharedStreams(StreamCache):
     """The streams of every node on this Redis, with ``streams`` this node's
     cache of them (its ``Journal``: the changes the core makes are collected
-    here and written by :meth:`serve`)."""
+    here and written by :meth:`serve`); the Redis engine's ``StreamEngine``."""
+
+    shared = True
 
     def __init__(self, shards: Shards, streams: Streams, now: Callable[[], int],
                  timeout: float, clock: Any) -> None:
@@ -130,11 +132,20 @@ class SharedStreams(StreamCache):
 
     # -- a request -------------------------------------------------------------
 
+    def internal(self, request: object) -> bool:
+        return False  # every request is a client's: nodes talk through Redis
+
+    def drain(self) -> None:
+        pass  # nothing held open: a request's answer waits for Redis only
+
     @defer.inlineCallbacks
-    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> Generator[Any, Any, Any]:
+    def serve(self, paths: Sequence[str], run: Callable[[], Any], request: object = None,
+              client: object = None) -> Generator[Any, Any, Any]:
         """``run()``'s answer, the core deciding on ``paths`` as Redis holds
         them and its changes written before it is returned (PushUpError:
-        the answer is that error's; Redis unreachable: 503)."""
+        the answer is that error's; Redis unreachable: 503); a Deferred
+        always. ``request`` and ``client`` are not needed: every node
+        serves every stream."""
         for attempt in range(ATTEMPTS):
             if attempt:  # lost a race: let the other writer finish, unlocked meanwhile
                 pause = random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2 ** attempt))
