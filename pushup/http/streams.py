@@ -62,6 +62,11 @@ _PRODUCER = tuple(h.key(n) for n in (h.PRODUCER_ID, h.PRODUCER_EPOCH, h.PRODUCER
 Headers = h.Headers
 
 
+def _name(header: bytes) -> str:
+    """A header's name as an error message says it."""
+    return header.decode("latin-1")
+
+
 def new_streams(config: Config) -> Streams:
     """The core's stream service for a node of ``config``: random stream ids,
     ``--max-cached-bytes`` the streams' budget."""
@@ -149,8 +154,8 @@ class StreamEndpoints:
                 raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
             path = request.path.decode("latin-1")
             if request.method == b"PUT":
-                check_path(path)  # before Redis or another node hears of it
-            if not self.engine.shared:  # a shared store sweeps its own
+                check_path(path)  # before any engine (a store, another node) hears of it
+            if not self.engine.shared:  # a shared store expires its own
                 self.streams.sweep_due(self.service.now())
             source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
             paths = [path] if source is None else [source.decode("latin-1"), path]
@@ -158,11 +163,6 @@ class StreamEndpoints:
                 paths, lambda: handler(request, (path,), client), request, client))
         except PushUpError as e:
             return _error(e)
-
-    def holds(self, path: str) -> bool:
-        """Whether a stream is at ``path`` here (live, or deleted while its
-        forks read it), expired ones not counted."""
-        return self.streams.holds(path, self.service.now())
 
     # -- create, append, close, delete -----------------------------------------
 
@@ -175,7 +175,7 @@ class StreamEndpoints:
         expires = request.headers.get(_EXPIRES_AT)
         if ttl_text is not None and expires is not None:
             raise BadRequest("give Stream-TTL or Stream-Expires-At, not both")
-        ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), "Stream-TTL")
+        ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), _name(h.TTL))
         expires_at = None if expires is None else expires.decode("latin-1").strip()
         if expires_at is not None:
             expiry_of(expires_at)
@@ -191,7 +191,7 @@ class StreamEndpoints:
             content_type or None, ttl, expires_at,
             request.header(_CLOSED).lower() == "true", request.body,
             None if forked_from is None else forked_from.decode("latin-1"), offset,
-            0 if sub is None else decimal(sub.decode("latin-1"), "Stream-Fork-Sub-Offset"))
+            0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)))
         stream, created = self.streams.create(params[0], asked, self.service.now())
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
@@ -378,8 +378,7 @@ def _refused(failure: Failure) -> Response:
 
 def _producer(request: Request) -> tuple[str, int, int] | None:
     """The idempotent producer's (id, epoch, seq): all three headers or none."""
-    given = [request.headers.get(name)
-             for name in _PRODUCER]
+    given = [request.headers.get(name) for name in _PRODUCER]
     if all(v is None for v in given):
         return None
     if any(v is None for v in given):
@@ -387,4 +386,4 @@ def _producer(request: Request) -> tuple[str, int, int] | None:
     name, epoch, seq = (v.decode("latin-1") if v is not None else "" for v in given)
     if not name:
         raise BadRequest("Producer-Id is empty")
-    return name, decimal(epoch, "Producer-Epoch"), decimal(seq, "Producer-Seq")
+    return name, decimal(epoch, _name(h.PRODUCER_EPOCH)), decimal(seq, _name(h.PRODUCER_SEQ))
