@@ -251,3 +251,73 @@ def test_the_header_rule_catches_a_header_name_not_a_sentence(tmp_path: Path) ->
                       'A = (b"Stream-Closed", b"true")\nB = "Content-Type"\n'
                       'C = "give Stream-TTL or Stream-Expires-At, not both"\nD = b"producer-seq"\n')
     assert sorted(header_names(source)) == ["Content-Type", "Stream-Closed", "producer-seq"]
+
+
+# What the core's Durable Streams hold (a Stream's fields, the service's own):
+# outside pushup/core/ they are read, and changed only through named methods.
+STREAM_FIELDS = frozenset({
+    "content_type", "ttl", "expires_at", "deadline", "closed", "closed_by", "source",
+    "forked_at", "fork_request", "entries", "begins", "tail", "forks", "deleted",
+    "producers", "writer_seq", "charged", "waiters", "held", "journal"})
+# the lists of them a caller could grow or empty in place
+STREAM_LISTS = frozenset({"entries", "begins", "waiters"})
+
+
+def stream_field_writes(path: Path) -> list[str]:
+    """Where ``path`` writes one of ``STREAM_FIELDS`` of an object not its
+    own (``x.tail = ...``, ``del x.entries[:]``, ``x.waiters.append(...)``,
+    ``setattr(x, name, ...)``): ``self``'s fields are its class's."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+
+    def foreign(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and node.attr in STREAM_FIELDS and not (
+                isinstance(node.value, ast.Name) and node.value.id == "self"):
+            return f"{ast.unparse(node)} (line {node.lineno})"
+        return None
+
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("append", "extend", "remove", "clear", "pop", "insert") \
+                    and isinstance(node.func.value, ast.Attribute) \
+                    and node.func.value.attr in STREAM_LISTS:
+                targets = [node.func.value]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "setattr":
+            found.append(f"setattr (line {node.lineno})")
+        found += [w for w in map(foreign, targets) if w is not None]
+    return found
+
+
+STREAM_USERS = sorted(  # every module outside the core that holds the core's streams
+    p for p in PACKAGE.rglob("*.py") if not module_name(p).startswith("pushup.core")
+    and {"pushup.core.stream", "pushup.core.streams"} & set(imports(p)))
+
+
+@pytest.mark.parametrize("path", STREAM_USERS, ids=lambda p: module_name(p))
+def test_outside_the_core_a_durable_streams_state_is_changed_only_by_named_methods(
+        path: Path) -> None:
+    """The core's ``Streams`` owns the streams and their waiters, as ``Service``
+    owns ``Store`` and ``Hub``: the HTTP layer and the engines call its (and
+    ``Stream``'s) named methods, never write their fields."""
+    assert stream_field_writes(path) == []
+
+
+def test_the_stream_field_rule_catches_writes_not_reads_or_its_own(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f(s, fresh):\n    s.deleted = True\n    del s.entries[:]\n"
+                      "    s.waiters.append(f)\n    setattr(s, 'tail', fresh.tail)\n"
+                      "    x = s.tail\n    s.wait(f)\n"
+                      "class C:\n    def g(self):\n        self.held = 0\n")
+    assert stream_field_writes(source) == [
+        "s.deleted (line 2)", "s.entries (line 3)", "s.waiters (line 4)", "setattr (line 5)"]

@@ -65,6 +65,7 @@ class Stream:
     producers: dict[str, Producer] = field(default_factory=dict)
     writer_seq: str | None = None
     charged: int = 0  # bytes counted against ``Streams.budget`` for this stream
+    # the readers waiting for a change: through wait, stop_waiting and wake only
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
     @property
