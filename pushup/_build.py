@@ -84,6 +84,14 @@ INTERPRETED = {
     "pushup.http.streams": "Durable Streams' endpoints (issue 30): not measured compiled yet",
     "pushup.core.streams": "Durable Streams' streams and decisions (issue 30): not measured "
                            "compiled yet",
+    "pushup.core.stream": "one Durable Stream, its reads and waiters (issue 36, split from "
+                          "core.streams): not measured compiled yet",
+    "pushup.core.stream_budget": "what a Durable Stream is charged, once per create or append: "
+                                 "not measured compiled yet",
+    "pushup.core.stream_state": "a Durable Stream as kept (--data-dir, Redis), once per write "
+                                "or read back: not measured compiled yet",
+    "pushup.http.stream_headers": "Durable Streams' header names and error fields: constants "
+                                  "and one function per refused request",
     "pushup.http.stream_sse": "a Durable Stream's SSE feed (issue 30): not measured compiled "
                               "yet",
     "pushup.http.stream_polls": "a Durable Stream's held long polls (issue 30): once per "

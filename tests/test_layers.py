@@ -17,6 +17,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pushup"
 SHARED = ("pushup._twisted", "pushup._libc")
+# The seam every layer above the engines may import: the Backplane, and beside it
+# the StreamEngine (as centrifuge's MapBroker beside its Broker).
+SEAM = ("pushup.backplane", "pushup.backplane.stream_engine")
 ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.core": ("pushup.core",),
     "pushup.config": ("pushup.core", "pushup.config"),
@@ -63,7 +66,7 @@ def allowed(importer: str, imported: str) -> bool:
     layer = max((k for k in ALLOWED if importer == k or importer.startswith(k + ".")), key=len)
     for prefix in ALLOWED[layer]:
         if prefix == "pushup.backplane:seam":
-            if imported == "pushup.backplane":
+            if imported in SEAM:
                 return True
         elif imported == prefix or imported.startswith(prefix + "."):
             return True
@@ -95,6 +98,8 @@ def test_the_rule_catches_a_core_module_importing_http() -> None:
     assert not allowed("pushup.core.store", "pushup.http.exchange")
     assert not allowed("pushup.http.handlers", "pushup.backplane.mesh.wire")
     assert allowed("pushup.http.handlers", "pushup.backplane")
+    assert allowed("pushup.http.streams", "pushup.backplane.stream_engine")
+    assert not allowed("pushup.http.streams", "pushup.backplane.redis.streams")
     assert allowed("pushup.backplane.mesh.peers", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.backplane.redis.engine", "pushup.backplane.mesh.wire")
     assert not allowed("pushup.client.sync", "pushup.core.errors")
@@ -210,3 +215,109 @@ def test_the_mesh_word_rule_catches_a_peer_route_and_value(tmp_path: Path) -> No
                       'ROUTE = b"/peer/x"\nclass TypeErrorish: pass\n')
     assert mesh_words(source, strings=True) == ["PeerRequest", "/peer/x"]
     assert mesh_words(source, strings=False) == ["PeerRequest"]
+
+
+# A header's name, whole (b"Stream-Next-Offset", "Content-Type"): http/ writes
+# each once and renders what the core returns; a sentence naming one is prose.
+HEADER_NAME = re.compile(r"(?:stream|producer|access-control)-[a-z-]+|content-type|etag|location"
+                         r"|cache-control|allow|retry-after|if-none-match", re.IGNORECASE)
+
+
+def header_names(path: Path) -> list[str]:
+    """The string and bytes constants of ``path`` (docstrings aside) that are
+    an HTTP header's name."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+            value = node.value
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            if HEADER_NAME.fullmatch(text):
+                found.append(text)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "core").glob("*.py")),
+                         ids=lambda p: module_name(p))
+def test_the_core_writes_no_http_header_name(path: Path) -> None:
+    """The core returns values (a tail, a producer's expected sequence); the
+    HTTP layer names the headers they go out in."""
+    assert header_names(path) == []
+
+
+def test_the_header_rule_catches_a_header_name_not_a_sentence(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text('"""Stream-Closed in a docstring is prose."""\n'
+                      'A = (b"Stream-Closed", b"true")\nB = "Content-Type"\n'
+                      'C = "give Stream-TTL or Stream-Expires-At, not both"\nD = b"producer-seq"\n')
+    assert sorted(header_names(source)) == ["Content-Type", "Stream-Closed", "producer-seq"]
+
+
+# What the core's Durable Streams hold (a Stream's fields, the service's own):
+# outside pushup/core/ they are read, and changed only through named methods.
+STREAM_FIELDS = frozenset({
+    "content_type", "ttl", "expires_at", "deadline", "closed", "closed_by", "source",
+    "forked_at", "fork_request", "entries", "begins", "tail", "forks", "deleted",
+    "producers", "writer_seq", "charged", "waiters", "held", "journal"})
+# the lists of them a caller could grow or empty in place
+STREAM_LISTS = frozenset({"entries", "begins", "waiters"})
+
+
+def stream_field_writes(path: Path) -> list[str]:
+    """Where ``path`` writes one of ``STREAM_FIELDS`` of an object not its
+    own (``x.tail = ...``, ``del x.entries[:]``, ``x.waiters.append(...)``,
+    ``setattr(x, name, ...)``): ``self``'s fields are its class's."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+
+    def foreign(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and node.attr in STREAM_FIELDS and not (
+                isinstance(node.value, ast.Name) and node.value.id == "self"):
+            return f"{ast.unparse(node)} (line {node.lineno})"
+        return None
+
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("append", "extend", "remove", "clear", "pop", "insert") \
+                    and isinstance(node.func.value, ast.Attribute) \
+                    and node.func.value.attr in STREAM_LISTS:
+                targets = [node.func.value]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "setattr":
+            found.append(f"setattr (line {node.lineno})")
+        found += [w for w in map(foreign, targets) if w is not None]
+    return found
+
+
+STREAM_USERS = sorted(  # every module outside the core that holds the core's streams
+    p for p in PACKAGE.rglob("*.py") if not module_name(p).startswith("pushup.core")
+    and {"pushup.core.stream", "pushup.core.streams"} & set(imports(p)))
+
+
+@pytest.mark.parametrize("path", STREAM_USERS, ids=lambda p: module_name(p))
+def test_outside_the_core_a_durable_streams_state_is_changed_only_by_named_methods(
+        path: Path) -> None:
+    """The core's ``Streams`` owns the streams and their waiters, as ``Service``
+    owns ``Store`` and ``Hub``: the HTTP layer and the engines call its (and
+    ``Stream``'s) named methods, never write their fields."""
+    assert stream_field_writes(path) == []
+
+
+def test_the_stream_field_rule_catches_writes_not_reads_or_its_own(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f(s, fresh):\n    s.deleted = True\n    del s.entries[:]\n"
+                      "    s.waiters.append(f)\n    setattr(s, 'tail', fresh.tail)\n"
+                      "    x = s.tail\n    s.wait(f)\n"
+                      "class C:\n    def g(self):\n        self.held = 0\n")
+    assert stream_field_writes(source) == [
+        "s.deleted (line 2)", "s.entries (line 3)", "s.waiters (line 4)", "setattr (line 5)"]

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pushup.core import errors
+from pushup.core.stream import Stream
+from pushup.core.stream_state import entry_of, state_of, stream_of
 from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, entry_of, state_of, stream_of
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -71,12 +72,11 @@ class StreamsFile:
                 "SELECT uid, appends, size, data, lengths FROM entries ORDER BY uid, appends"):
             stream = streams.get(uid)
             if stream is not None:
-                stream.entries.append(entry_of(Position(appends, size), bytes(data), lengths))
-                stream.begins.append(size)
+                stream.add_entry(entry_of(Position(appends, size), bytes(data), lengths))
         for uid, state in states.items():
             source = state["source"]
             if source is not None:
-                streams[uid].source = streams[source]
+                streams[uid].link_source(streams[source])
         return [(stream, bool(states[uid]["mapped"])) for uid, stream in streams.items()]
 
     def saved(self, stream: Stream, entries: Sequence[Entry], mapped: bool) -> None:

@@ -100,3 +100,49 @@ class CatchingUp(Unavailable, code="catching_up"):
 
 
 class ShuttingDown(Unavailable, code="shutting_down"): ...
+
+
+# -- Durable Streams (pushup.core.streams): what they carry is a value, which
+# the HTTP layer renders in the protocol's headers
+
+class StreamConflict(PushUpError, status=409, code="stream_conflict"):
+    """409: the stream exists otherwise, is closed, or a sequence went back."""
+
+
+class StreamClosed(StreamConflict):
+    """409: data appended to a closed stream; ``tail``: the offset it ends at."""
+
+    def __init__(self, message: str, tail: str) -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+class SequenceGap(StreamConflict):
+    """409: a producer's sequence number is not the one the stream expects
+    (``expected``; it sent ``received``)."""
+
+    def __init__(self, message: str, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+
+class ForkTooDeep(BadRequest, code="fork_too_deep"):
+    """400: a fork of a stream that is ``MAX_FORK_DEPTH`` forks deep already."""
+
+
+class StreamGone(PushUpError, status=410, code="stream_gone"):
+    """410: the stream was deleted while forks still read it."""
+
+
+class StreamsFull(PushUpError, status=507, code="streams_full"):
+    """507: the node holds as many stream bytes as it may (``budget``)."""
+
+
+class StaleEpoch(PushUpError, status=403, code="stale_producer_epoch"):
+    """403: a producer's epoch older than the stream has seen (a zombie);
+    ``current``: the stream's."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"producer epoch is stale; the current one is {current}")
+        self.current = current

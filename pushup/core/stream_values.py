@@ -1,5 +1,5 @@
 """Durable Streams' values: offsets, appends as stored, what a request asks and
-what it is answered, the protocol's errors, and the checks of every header value.
+what it is answered, and the checks of every header value.
 
 Values and pure functions only (pushup/core/streams.py holds the streams and
 decides).
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from pushup.core.errors import BadJSON, BadRequest, PushUpError
+from pushup.core.errors import BadJSON, BadRequest
 from pushup.core.model import loads
 
 JSON_TYPE = "application/json"
@@ -26,35 +26,6 @@ _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _OFFSET = re.compile(r"([0-9]{1,19})_([0-9]{1,19})")
 _MEDIA_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
 
-
-
-
-class StreamConflict(PushUpError, status=409, code="stream_conflict"):
-    """409: the stream exists otherwise, is closed, or a sequence went back."""
-
-    def __init__(self, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        super().__init__(message)
-        self.headers = headers
-
-
-class ForkTooDeep(BadRequest, code="fork_too_deep"):
-    """400: a fork of a stream that is ``MAX_FORK_DEPTH`` forks deep already."""
-
-
-class StreamGone(PushUpError, status=410, code="stream_gone"):
-    """410: the stream was deleted while forks still read it."""
-
-
-class StreamsFull(PushUpError, status=507, code="streams_full"):
-    """507: the node holds as many stream bytes as it may (``budget``)."""
-
-
-class StaleEpoch(PushUpError, status=403, code="stale_producer_epoch"):
-    """403: a producer's epoch older than the stream has seen (a zombie)."""
-
-    def __init__(self, current: int) -> None:
-        super().__init__(f"producer epoch is stale; the current one is {current}")
-        self.current = current
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +131,6 @@ class Read:
 class Producer:
     epoch: int
     last_seq: int
-
 
 
 @dataclass(frozen=True, slots=True)

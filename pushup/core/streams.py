@@ -1,13 +1,16 @@
-"""Durable Streams (protocol v1): every stream a node serves, and what each
-request to one does: create (or fork), append, close, read, delete, expire,
-and the idempotent producers' fencing.
+"""Durable Streams (protocol v1), the core's stream service: every stream a
+node serves, and what each request to one does: create (or fork), append,
+close, read, delete, expire, and the idempotent producers' fencing.
 
-It keeps its streams in memory, one node's own (a stream is not a channel and
-never rides the backplane: docs/api.md, "Durable Streams"), and tells a
-``Journal`` (``--data-dir``) of each change before it is answered. It never
+``Streams`` owns the streams and their waiting readers (as ``Service`` owns
+``Store`` and ``Hub``): the HTTP layer and the engines call its named methods
+and :class:`pushup.core.stream.Stream`'s, never write their fields. It keeps
+its streams in memory and tells a ``Journal`` (``--data-dir``, or the Redis
+engine that shares them) of each change before it is answered. It never
 touches a socket and never reads the clock (``now`` is an argument, in
-microseconds). Its values are :mod:`pushup.core.stream_values`';
-:mod:`pushup.http.streams` maps HTTP onto it.
+microseconds); it returns values and raises :mod:`pushup.core.errors`, which
+:mod:`pushup.http.streams` renders. Its values are
+:mod:`pushup.core.stream_values`'; a stream as kept, :mod:`pushup.core.stream_state`'s.
 
 A fork chain is walked by loops, never by recursion: a chain a journal kept
 from before ``MAX_FORK_DEPTH`` bounded new ones may be of any depth.
@@ -15,190 +18,41 @@ from before ``MAX_FORK_DEPTH`` bounded new ones may be of any depth.
 
 from __future__ import annotations
 
-import json
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from contextlib import contextmanager
+from typing import Protocol
 
-from pushup.core.errors import BadRequest, NotFound, PushUpError, TargetTooLong
+from pushup.core.errors import (
+    BadRequest,
+    ForkTooDeep,
+    NotFound,
+    PushUpError,
+    SequenceGap,
+    StaleEpoch,
+    StreamClosed,
+    StreamConflict,
+    StreamGone,
+    StreamsFull,
+    TargetTooLong,
+)
+from pushup.core.stream import MAX_FORK_DEPTH, Stream
+from pushup.core.stream_budget import PRODUCER_OVERHEAD, append_cost, stream_cost
 from pushup.core.stream_values import (
-    JSON_TYPE,
-    START,
     Append,
     Appended,
     Creation,
     Entry,
-    ForkTooDeep,
-    Position,
     Producer,
-    Read,
-    StaleEpoch,
-    StreamConflict,
-    StreamGone,
-    StreamsFull,
     expiry_of,
     json_messages,
-    make_entry,
     media_type,
     parse_offset,
 )
 
-# What ``Streams.budget`` charges: what CPython holds, estimated from
-# tracemalloc's count (3.11, the interpreted core; the compiled one holds
-# less) and rounded up, so the streams never hold more than the budget.
-# A stream's state (the Stream, its lists, id, map slot, a first producer's
-# dict: ~660 measured), besides its strings (``stream_cost``):
-STREAM_OVERHEAD = 768
-# an append's Entry, offsets, index slot, its bytes' header and a JSON
-# append's tuple (~175; ~220), besides its bytes (``append_cost``):
-ENTRY_OVERHEAD = 256
-# each message of a JSON append, held again as its own bytes: their header
-# and tuple slot (41), besides the message's bytes:
-MESSAGE_OVERHEAD = 48
-# each producer a stream has seen, besides its id (~140):
-PRODUCER_OVERHEAD = 160
-# The most forks a chain may have below its root stream: a fork of a stream this
-# deep is refused 400 ``fork_too_deep`` (docs/api.md, "Fork chains"). One rule for
-# every node and engine; a read stitches every level (on Redis, read level by level).
-MAX_FORK_DEPTH = 64
 # The longest path a stream is created at, in bytes as sent (``/v1/stream/`` and
 # percent-escapes included): a 201's Location echoes it, and clients refuse a long
 # header line (Node's, the protocol's own client, take 16 KiB of headers in all).
 MAX_STREAM_PATH = 1024
-
-
-@dataclass(eq=False)
-class Stream:
-    """One stream. A fork reads its source (``source``) below ``forked_at``,
-    then its own entries."""
-
-    path: str
-    uid: str
-    content_type: str
-    ttl: int | None = None
-    expires_at: str | None = None
-    deadline: int | None = None  # microseconds
-    closed: bool = False
-    closed_by: tuple[str, int, int] | None = None
-    source: Stream | None = None
-    forked_at: Position = START
-    fork_request: tuple[str, str | None, int] | None = None  # as asked, for a repeat PUT
-    entries: list[Entry] = field(default_factory=list)
-    begins: list[int] = field(default_factory=list)  # each entry's begins.size, to bisect
-    tail: Position = START
-    forks: int = 0
-    deleted: bool = False
-    producers: dict[str, Producer] = field(default_factory=dict)
-    writer_seq: str | None = None
-    charged: int = 0  # bytes counted against ``Streams.budget`` for this stream
-    waiters: list[Callable[[], None]] = field(default_factory=list)
-
-    @property
-    def is_json(self) -> bool:
-        return media_type(self.content_type) == JSON_TYPE
-
-    def touch(self, now: int) -> None:
-        """A read or a write: a sliding TTL starts again."""
-        if self.ttl is not None:
-            self.deadline = now + self.ttl * 1_000_000
-
-    def _segments(self, at: Position) -> Iterator[Entry]:
-        """The entries at or after ``at`` (the first cut to begin there): a
-        fork's sources' first, each up to where the stream above forked it."""
-        levels: list[tuple[Stream, Position | None]] = [(self, None)]
-        stream = self
-        while stream.source is not None and at.size < stream.forked_at.size:
-            levels.append((stream.source, stream.forked_at))
-            stream = stream.source
-        for stream, below in reversed(levels):
-            yield from stream._own_segments(at, below)
-
-    def _own_segments(self, at: Position, below: Position | None) -> Iterator[Entry]:
-        """This stream's own entries at or after ``at``, up to ``below`` (a
-        fork's boundary in it)."""
-        entries = self.entries
-        start = at.size
-        limit = None if below is None else below.size
-        for i in range(max(0, bisect_right(self.begins, start) - 1), len(entries)):
-            entry = entries[i]
-            begins = entry.begins.size
-            ends = begins + len(entry.data)  # not entry.ends: no Position made per entry
-            if limit is not None and ends > limit:
-                return
-            if ends <= start:
-                continue
-            if begins < start and entry.messages is None:
-                entry = Entry(at, entry.data[start - begins:])
-            yield entry
-
-    def position(self, offset: str) -> Position:
-        """The position ``offset`` names: one this stream issued, where one
-        of its appends begins or ends (below a fork's boundary, its
-        source's); 400 otherwise (``-1`` and ``now`` are the caller's)."""
-        at = parse_offset(offset)
-        if at.size > self.tail.size:
-            raise BadRequest("offset is past the stream's tail")
-        if not self.issued(at):
-            raise BadRequest(f"offset {offset[:80]!r} is not an offset this stream issued "
-                             "(none of its appends begins or ends there)")
-        return at
-
-    def issued(self, at: Position) -> bool:
-        """Whether ``at`` is where one of this stream's appends begins or
-        ends. Another stream's offset is one only where both streams have
-        the same count of appends and bytes before it: a position of this
-        stream then, whose bytes are this stream's."""
-        stream = self
-        while stream.source is not None and at.size < stream.forked_at.size:
-            stream = stream.source
-        if at == stream.tail or at == stream.forked_at:
-            return True
-        i = bisect_right(stream.begins, at.size) - 1
-        return i >= 0 and stream.entries[i].begins == at
-
-    def depth(self) -> int:
-        """How many forks lie between this stream and its chain's root,
-        counted up to ``MAX_FORK_DEPTH`` (a deeper chain counts as that)."""
-        depth = 0
-        stream = self
-        while stream.source is not None and depth < MAX_FORK_DEPTH:
-            depth += 1
-            stream = stream.source
-        return depth
-
-    def read(self, at: Position, budget: int) -> Read:
-        """Entries from ``at`` while under ``budget`` bytes (at least one)."""
-        taken: list[Entry] = []
-        used = 0
-        more = False
-        for entry in self._segments(at):
-            size = len(entry.data)
-            if taken and used + size > budget:
-                more = True
-                break
-            taken.append(entry)
-            used += size
-        after = taken[-1].ends if taken else max(at, self.tail, key=lambda p: p.size)
-        if self.is_json:
-            messages = tuple(m for e in taken for m in e.messages or ())
-            return Read(b"", messages, after, not more)
-        return Read(b"".join([e.data for e in taken]), None, after, not more)
-
-    def next_entry(self, at: Position) -> Entry | None:
-        return next(self._segments(at), None)
-
-    def append(self, body: bytes, messages: list[bytes] | None) -> Position:
-        entry = make_entry(self.tail, body, messages)
-        self.entries.append(entry)
-        self.begins.append(entry.begins.size)
-        self.tail = entry.ends
-        return self.tail
-
-    def wake(self) -> None:
-        waiters, self.waiters = self.waiters, []
-        for wake in waiters:
-            wake()
 
 
 class Journal(Protocol):
@@ -226,6 +80,7 @@ class Streams:
         self.held = 0
         self.producers = 0  # the producers the streams held keep (/stats)
         self.journal: Journal | None = None
+        self._swept = 0  # when expired streams were last dropped (``sweep_due``)
 
     def restore(self, journal: Journal, streams: Iterable[tuple[Stream, bool]],
                 now: int) -> None:
@@ -239,6 +94,45 @@ class Streams:
                 self._streams[stream.path] = stream
         self.journal = journal
         self.sweep(now)
+
+    def keep_with(self, journal: Journal) -> None:
+        """Tell ``journal`` of every change from now on (a store shared with
+        other nodes, which writes them before the answer)."""
+        self.journal = journal
+
+    def charge_afresh(self) -> None:
+        """Count against ``budget`` only what is charged from now on: a store
+        shared with other nodes holds the bytes, so the budget caps one
+        request's writes."""
+        self.held = 0
+
+    @contextmanager
+    def wakes_held(self, streams: Iterable[Stream]) -> Iterator[None]:
+        """Within the block, no reader of ``streams`` is woken: a change is
+        not served before a store shared with other nodes took it (the
+        store wakes each written stream after)."""
+        held = [(stream, stream.hold_wakes()) for stream in streams]
+        try:
+            yield
+        finally:
+            for stream, waiters in held:
+                stream.resume_wakes(waiters)
+
+    def holds(self, path: str, now: int) -> bool:
+        """Whether a stream is at ``path`` here (live, or deleted while its
+        forks read it), expired ones not counted."""
+        stream = self._streams.get(path)
+        return stream is not None and (stream.deadline is None or now < stream.deadline)
+
+    def figures(self, shared: bool) -> dict[str, int]:
+        """/stats ``streams``: how many answer at a path, the bytes charged
+        against ``budget`` and the producers they keep; ``shared`` (a store
+        shared with other nodes holds them, the budget caps one write): how
+        many this node has cached only."""
+        if shared:
+            return {"count": len(self._streams)}
+        return {"count": len(self._streams), "bytes": self.held, "budget": self.budget,
+                "producers": self.producers}
 
     def mapped(self, stream: Stream) -> bool:
         """Whether ``stream`` answers at its path (else forks keep it)."""
@@ -293,6 +187,13 @@ class Streams:
         """Every stream's held readers, woken (the node drains)."""
         for stream in list(self._streams.values()):
             stream.wake()
+
+    def sweep_due(self, now: int) -> None:
+        """``sweep``, unless it ran in the last 10 s: an expired stream goes
+        within ~10 s of its deadline though nobody asks for it."""
+        if now - self._swept > 10_000_000:
+            self._swept = now
+            self.sweep(now)
 
     def sweep(self, now: int) -> None:
         """Drop every expired stream (their forks keep what they read)."""
@@ -396,7 +297,7 @@ class Streams:
                 return Appended(stream.tail, True, duplicate=True, producer_seq=producer[2])
             if not asked.body:
                 return Appended(stream.tail, True)  # closing again: idempotent
-            raise StreamConflict("the stream is closed", _closed_headers(stream))
+            raise StreamClosed("the stream is closed", stream.tail.offset)
         if asked.body and asked.content_type is not None and (
                 media_type(asked.content_type) != media_type(stream.content_type)):
             raise StreamConflict(f"this stream's Content-Type is {stream.content_type}")
@@ -483,24 +384,6 @@ def check_path(path: str) -> None:
                             f"{len(path)})")
 
 
-def stream_cost(stream: Stream) -> int:
-    """What ``stream`` is charged besides its appends and producers: its
-    state and the strings it keeps (its path, Content-Type and
-    Stream-Expires-At; a fork, its source's path as asked)."""
-    source = "" if stream.fork_request is None else stream.fork_request[0]
-    return (STREAM_OVERHEAD + len(stream.path) + len(stream.content_type)
-            + len(stream.expires_at or "") + len(source))
-
-
-def append_cost(data: bytes, messages: Sequence[bytes] | None) -> int:
-    """What an append is charged: its bytes, or a JSON append's messages held
-    twice (joined, each with its comma, and each on its own), and what
-    keeping it costs besides (``ENTRY_OVERHEAD``, ``MESSAGE_OVERHEAD``)."""
-    if messages is None:
-        return ENTRY_OVERHEAD + len(data)
-    return ENTRY_OVERHEAD + sum(2 * len(m) + 1 + MESSAGE_OVERHEAD for m in messages)
-
-
 def _same(stream: Stream, asked: Creation) -> bool:
     """Whether a PUT asks for the stream that is there."""
     wanted_type = asked.content_type or (stream.content_type if asked.forked_from
@@ -537,8 +420,7 @@ def _fence(stream: Stream, producer: tuple[str, int, int]) -> Producer | None:
     if known is None or epoch > known.epoch:
         if seq != 0:
             if known is None:
-                raise StreamConflict("a new producer starts at Producer-Seq 0",
-                                     _gap_headers(0, seq))
+                raise SequenceGap("a new producer starts at Producer-Seq 0", 0, seq)
             raise BadRequest("a new Producer-Epoch starts at Producer-Seq 0")
         return Producer(epoch, 0)
     if epoch < known.epoch:
@@ -546,61 +428,6 @@ def _fence(stream: Stream, producer: tuple[str, int, int]) -> Producer | None:
     if seq <= known.last_seq:
         return None
     if seq != known.last_seq + 1:
-        raise StreamConflict(f"Producer-Seq {seq} skips ahead of {known.last_seq + 1}",
-                             _gap_headers(known.last_seq + 1, seq))
+        raise SequenceGap(f"Producer-Seq {seq} skips ahead of {known.last_seq + 1}",
+                          known.last_seq + 1, seq)
     return Producer(epoch, seq)
-
-
-def _gap_headers(expected: int, received: int) -> tuple[tuple[bytes, bytes], ...]:
-    return ((b"Producer-Expected-Seq", b"%d" % expected),
-            (b"Producer-Received-Seq", b"%d" % received))
-
-
-def _closed_headers(stream: Stream) -> tuple[tuple[bytes, bytes], ...]:
-    return ((b"Stream-Closed", b"true"), (b"Stream-Next-Offset", stream.tail.offset.encode()))
-
-
-# -- a stream as kept (--data-dir, the Redis engine) -------------------------------
-
-def state_of(stream: Stream, mapped: bool) -> dict[str, Any]:
-    """``stream``'s state but its appends, as JSON values (``--data-dir``, Redis)."""
-    return {
-        "path": stream.path, "content_type": stream.content_type, "ttl": stream.ttl,
-        "expires_at": stream.expires_at, "deadline": stream.deadline,
-        "closed": stream.closed, "closed_by": stream.closed_by,
-        "source": None if stream.source is None else stream.source.uid,
-        "forked_at": [stream.forked_at.appends, stream.forked_at.size],
-        "fork_request": stream.fork_request,
-        "tail": [stream.tail.appends, stream.tail.size], "forks": stream.forks,
-        "deleted": stream.deleted, "mapped": mapped,
-        "producers": {name: [p.epoch, p.last_seq] for name, p in stream.producers.items()},
-        "writer_seq": stream.writer_seq, "charged": stream.charged,
-    }
-
-
-def stream_of(uid: str, state: dict[str, Any]) -> Stream:
-    """The stream ``state_of`` gave (no appends yet, no source linked)."""
-    closed_by = state["closed_by"]
-    fork_request = state["fork_request"]
-    return Stream(
-        state["path"], uid, state["content_type"], state["ttl"], state["expires_at"],
-        state["deadline"], state["closed"],
-        None if closed_by is None else (closed_by[0], closed_by[1], closed_by[2]),
-        None, Position(*state["forked_at"]),
-        None if fork_request is None else (fork_request[0], fork_request[1], fork_request[2]),
-        tail=Position(*state["tail"]), forks=state["forks"], deleted=state["deleted"],
-        producers={name: Producer(epoch, seq) for name, (epoch, seq)
-                   in state["producers"].items()},
-        writer_seq=state["writer_seq"], charged=state["charged"])
-
-
-def entry_of(begins: Position, data: bytes, lengths: str | None) -> Entry:
-    """An append as kept: its bytes and, JSON, each message's length (JSON)."""
-    if lengths is None:
-        return Entry(begins, data)
-    messages = []
-    at = 0
-    for length in json.loads(lengths):
-        messages.append(data[at:at + length])
-        at += length + 1  # the comma after each
-    return Entry(begins, data, tuple(messages))

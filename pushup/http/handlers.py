@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IProtocol
 from twisted.python.failure import Failure
 
 from pushup.backplane import Backplane, ExternalEngine, Mount, Unconfirmed
+from pushup.backplane.stream_engine import StreamEngine
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.cursor import Cursor
@@ -41,6 +42,7 @@ from pushup.core.model import (
 )
 from pushup.core.service import Delivery, Service, Subscriber
 from pushup.core.store import Channel
+from pushup.core.streams import Streams
 from pushup.http.exchange import Held, Pending, Request, Response, error_response
 from pushup.http.params import (
     Args,
@@ -76,9 +78,11 @@ class Handlers:
                  stats: Callable[[], dict[str, Any]],
                  metrics: Callable[[], tuple[bytes, bytes]],
                  backplane: Backplane, mount: Mount | None = None,
-                 figures: bool = True) -> None:
+                 figures: bool = True, streams: Streams | None = None,
+                 stream_engine: StreamEngine | None = None) -> None:
         """``figures``: answer /stats and /metrics (else they are only on the
-        admin port, and 404 here)."""
+        admin port, and 404 here); ``streams`` and ``stream_engine``: the
+        Durable Streams' service and engine (by default, this node's alone)."""
         self.service = service
         self.config = config
         self.backplane = backplane
@@ -105,7 +109,7 @@ class Handlers:
         if not figures:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
         # Durable Streams, /v1/stream/{path}: every method (pushup.http.streams)
-        self.streams = StreamEndpoints(service, config, self._authorize)
+        self.streams = StreamEndpoints(service, config, self._authorize, streams, stream_engine)
         # The routes without a parameter by their whole path (b"/publish"): one
         # lookup for nearly every request, before _route splits the path.
         self._fixed = {b"/" + b"/".join(key): handlers for key, handlers in self._routes.items()

@@ -25,8 +25,8 @@ from typing import Protocol
 from twisted.internet import defer
 
 from pushup.core.clock import Alarm, Clock, micros
+from pushup.core.stream import Stream
 from pushup.core.stream_values import Position
-from pushup.core.streams import Stream
 from pushup.http.exchange import Held, Response
 
 GroupKey = tuple[str, Position, str | None, bytes | None]
@@ -132,7 +132,7 @@ class LongPolls:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = Group(self, key, stream, at, cursor, if_none_match)
-            stream.waiters.append(group.wake)
+            stream.wait(group.wake)
         now = micros(self._clock.seconds())
         poll = Poll(self, group, client, now + micros(seconds))
         group.polls[poll] = None
@@ -149,7 +149,7 @@ class LongPolls:
             return  # forgotten meanwhile
         response = self._answer_for(group)
         if response is None:
-            group.stream.waiters.append(group.wake)  # nothing for them yet: hold on
+            group.stream.wait(group.wake)  # nothing for them yet: hold on
             return
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
@@ -199,7 +199,5 @@ class LongPolls:
         """No poll of ``group`` is held any more: it waits on nothing."""
         if self._groups.get(group.key) is group:
             del self._groups[group.key]
-        waiters = group.stream.waiters
-        wake = group.wake  # equal to the one handed to the stream (same group, same method)
-        if wake in waiters:
-            waiters.remove(wake)
+        # equal to the one handed to the stream (same group, same method)
+        group.stream.stop_waiting(group.wake)

@@ -17,8 +17,9 @@ from typing import Protocol
 
 from pushup.core.clock import Clock, DelayedCall
 from pushup.core.model import dumps
+from pushup.core.stream import Stream
 from pushup.core.stream_values import JSON_TYPE, Position, media_type
-from pushup.core.streams import Stream
+from pushup.http import stream_headers as h
 
 SSE_LIFETIME_S = 60.0  # an SSE response ends after this (protocol §10.2), the client resumes
 _LINES = re.compile(rb"\r\n|\r|\n")
@@ -63,8 +64,8 @@ class Feed:
         self.timer: DelayedCall | None = None
 
     def start(self) -> None:
-        fields = ((b"Cache-Control", b"no-cache"), *self.fields,
-                  *(((b"Stream-SSE-Data-Encoding", b"base64"),) if self.base64 else ()))
+        fields = ((h.CACHE_CONTROL, b"no-cache"), *self.fields,
+                  *(((h.SSE_DATA_ENCODING, b"base64"),) if self.base64 else ()))
         self.client.open_stream(b"text/event-stream", fields)
         self.timer = self.clock.callLater(SSE_LIFETIME_S, self.end)
         self.pump()
@@ -102,7 +103,7 @@ class Feed:
         elif not read.up_to_date:
             self.client.when_writable(self.pump)
         else:
-            stream.waiters.append(self.pump)
+            stream.wait(self.pump)
 
     def _control(self, after: Position, up_to_date: bool, final: bool) -> bytes:
         self.sent_control = True
@@ -124,8 +125,7 @@ class Feed:
     def stop(self) -> None:
         """The client went (or we end): forget the hold and the timer."""
         self.ended = True
-        if self.pump in self.stream.waiters:
-            self.stream.waiters.remove(self.pump)
+        self.stream.stop_waiting(self.pump)
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
 

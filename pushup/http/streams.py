@@ -2,40 +2,43 @@
 
 This module maps the protocol's requests (PUT, POST, GET catch-up, long poll
 and SSE, HEAD, DELETE) and headers onto :mod:`pushup.core.streams`, which
-decides; it checks every header and query parameter the protocol names and
-answers a bad one 400 with PushUp's JSON error body. It parses no HTTP and
-reads the clock only through the service (docs/api.md, "Durable Streams").
-An SSE read is :mod:`pushup.http.stream_sse`'s.
+decides, through the node's ``StreamEngine`` (:mod:`pushup.backplane.stream_engine`:
+here, on what a shared store holds, or on the node that serves the stream),
+and renders what comes back; it checks every header and query parameter the
+protocol names and answers a bad one 400 with PushUp's JSON error body. It
+knows no engine's words, parses no HTTP and reads the clock only through the
+service (docs/api.md, "Durable Streams"). The header names are
+:mod:`pushup.http.stream_headers`'; an SSE read is :mod:`pushup.http.stream_sse`'s.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from pushup.backplane import Relayed, RelayedStream
+from pushup.backplane.stream_engine import LocalStreams, StreamEngine
 from pushup.config import Config
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError
 from pushup.core.service import Service
+from pushup.core.stream import Stream
 from pushup.core.stream_values import (
     START,
     Append,
     Creation,
     Position,
     Read,
-    StaleEpoch,
-    StreamConflict,
     decimal,
     expiry_of,
     is_media_type,
     parse_offset,
 )
-from pushup.core.streams import Stream, Streams, check_path
+from pushup.core.streams import Streams, check_path
+from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
@@ -47,54 +50,27 @@ PREFIX = b"/v1/stream/"
 LONG_POLL_S = 3.0
 CURSOR_EPOCH_S = 1728432000  # 2024-10-09T00:00:00Z and 20-second intervals (protocol §10.1)
 CURSOR_INTERVAL_S = 20
-_PROTOCOL_HEADERS = (b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
-                     b"Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, "
-                     b"Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, ETag, Location")
-_COMMON = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),
-           (b"Access-Control-Expose-Headers", _PROTOCOL_HEADERS))
-# A preflight is answered on a stream path whatever --cors-origin says: without
-# an Access-Control-Allow-Origin (the Writer's, from --cors-origin) a browser
-# still refuses a foreign page, so this grants nothing the flag does not.
-_PREFLIGHT_FIELDS = (
-    (b"Access-Control-Allow-Methods", b"GET, HEAD, PUT, POST, DELETE, OPTIONS"),
-    (b"Access-Control-Allow-Headers", b"Authorization, Content-Type, If-None-Match, "
-     b"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, "
-     b"Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq"),
-    (b"Access-Control-Max-Age", b"86400"))
-Headers = tuple[tuple[bytes, bytes], ...]
 
 
-class SharedStore(Protocol):
-    """Where the streams of every node are, when not in this one alone
-    (``--engine redis``: ``pushup.backplane.redis.streams``)."""
-
-    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> defer.Deferred[Any]:
-        """``run()``'s outcome, decided by ``self.streams`` on ``paths`` as
-        the store holds them, its changes stored before it fires (a
-        ``PushUpError`` fails it)."""
-
-
-# The one hop that is no client's request handed on (``owners.WHERE``): a
-# node asks the owner of a path where its stream lives. Every other is
-# authorized again where it is served, with the client's own headers.
-WHERE_HOP = "where"
+# a request's headers, by their keys
+_FORKED_FROM, _CONTENT_TYPE, _TTL, _EXPIRES_AT = (
+    h.key(n) for n in (h.FORKED_FROM, h.CONTENT_TYPE, h.TTL, h.EXPIRES_AT))
+_FORK_OFFSET, _FORK_SUB_OFFSET, _CLOSED, _SEQ = (
+    h.key(n) for n in (h.FORK_OFFSET, h.FORK_SUB_OFFSET, h.CLOSED, h.SEQ))
+_HOST, _IF_NONE_MATCH = h.key(h.HOST), h.key(h.IF_NONE_MATCH)
+_PRODUCER = tuple(h.key(n) for n in (h.PRODUCER_ID, h.PRODUCER_EPOCH, h.PRODUCER_SEQ))
+Headers = h.Headers
 
 
-class Routes(Protocol):
-    """Which node serves a stream, when each stream is one node's on a
-    cluster of nodes (the mesh: ``pushup.backplane.mesh.stream_routes``)."""
+def _name(header: bytes) -> str:
+    """A header's name as an error message says it."""
+    return header.decode("latin-1")
 
-    def hop(self, request: Request) -> str | None:
-        """The kind of hop a request another node handed on is, or None: a
-        client's own; 401 if wrongly signed."""
 
-    def route(self, request: Request, path: str, client: Any,
-              here: Callable[[], Response | Held | Pending], kind: str | None) -> object:
-        """``here()``, or the serving node's answer: ``Relayed``,
-        ``RelayedStream``, or a Deferred of one of them or of ``here()``'s."""
-
-    def drain(self) -> None:
-        """The node stops: every event stream relayed from another node ends."""
+def new_streams(config: Config) -> Streams:
+    """The core's stream service for a node of ``config``: random stream ids,
+    ``--max-cached-bytes`` the streams' budget."""
+    return Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
 
 
 def cursor_after(given: str | None, now_s: float) -> str:
@@ -109,23 +85,16 @@ def cursor_after(given: str | None, now_s: float) -> str:
 def _answer(status: int, body: bytes | None = None, content_type: bytes | None = None,
             headers: Headers = ()) -> Response:
     if content_type is None:
-        return Response(status, body, headers=headers + _COMMON)
-    return Response(status, body, content_type, headers + _COMMON)
+        return Response(status, body, headers=headers + h.COMMON)
+    return Response(status, body, content_type, headers + h.COMMON)
 
 
 def _error(e: PushUpError) -> Response:
-    headers: Headers = ()
-    if isinstance(e, StreamConflict):
-        headers = e.headers
-    elif isinstance(e, StaleEpoch):
-        headers = ((b"Producer-Epoch", b"%d" % e.current),)
-    elif isinstance(e, errors.MethodNotAllowed):
-        headers = ((b"Allow", ", ".join(e.allowed).encode()),)
-    return _answer(e.status, error_body(e), headers=headers)
+    return _answer(e.status, error_body(e), headers=h.error_fields(e))
 
 
 def _closed(stream: Stream) -> Headers:
-    return ((b"Stream-Closed", b"true"),) if stream.closed else ()
+    return h.closed(stream.closed)
 
 
 class StreamEndpoints:
@@ -133,16 +102,16 @@ class StreamEndpoints:
     publish token, as for /publish) and, with --subscribe-secret too, reads."""
 
     def __init__(self, service: Service, config: Config,
-                 authorize: Callable[[Request], None]) -> None:
+                 authorize: Callable[[Request], None], streams: Streams | None = None,
+                 engine: StreamEngine | None = None) -> None:
+        """``streams``: the core's stream service (the composition root's;
+        by default one of this node alone); ``engine``: where its decisions
+        are made and on what (by default here: ``LocalStreams``)."""
         self.service = service
         self.config = config
-        self.streams = Streams(lambda: f"{random.getrandbits(64):016x}", config.max_cached_bytes)
+        self.streams = streams if streams is not None else new_streams(config)
+        self.engine: StreamEngine = engine if engine is not None else LocalStreams()
         self._authorize = authorize
-        self._swept = 0
-        # --engine redis: every node's streams, in Redis (this node's a cache)
-        self.shared: SharedStore | None = None
-        # the mesh: each stream on one node, which the others hand requests on to
-        self.routing: Routes | None = None
         self.draining = False
         # the held long polls, answered together (pushup.http.stream_polls)
         self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
@@ -161,23 +130,21 @@ class StreamEndpoints:
         SSE response ends after its last control event."""
         self.draining = True
         self.streams.wake_all()
-        if self.routing is not None:
-            self.routing.drain()
+        self.engine.drain()
 
     def answer(self, request: Request, client: object,
                ) -> Response | Held | Pending:
         """``request`` to a stream path, answered (errors included)."""
         if request.method == b"OPTIONS":
-            return _answer(204, headers=_PREFLIGHT_FIELDS)
+            return _answer(204, headers=h.PREFLIGHT)
         handler = self.routes.get(request.method)
         try:
             if handler is None:
                 raise errors.MethodNotAllowed(
                     f"{request.method.decode('latin-1')} is not allowed on a stream",
                     tuple(m.decode() for m in self.routes))
-            hop = None if self.routing is None else self.routing.hop(request)
-            if hop == WHERE_HOP:
-                pass  # a node asks where a stream lives: no client's request
+            if self.engine.internal(request):
+                pass  # a node's own question to another: no client's request
             elif request.method in (b"GET", b"HEAD"):
                 if self.config.subscribe_secret and self.config.publish_token:
                     self._authorize(request)
@@ -187,61 +154,33 @@ class StreamEndpoints:
                 raise errors.NotFound("a stream's URL is /v1/stream/{path}, with a path")
             path = request.path.decode("latin-1")
             if request.method == b"PUT":
-                check_path(path)  # before Redis or another node hears of it
-            if self.shared is not None:
-                return self._shared_answer(request, handler, path, client)
-            now = self.service.now()
-            if now - self._swept > 10_000_000:  # expired streams go within ~10 s
-                self._swept = now
-                self.streams.sweep(now)
-            if self.routing is not None:
-                return _routed(self.routing.route(
-                    request, path, client, lambda: handler(request, (path,), client), hop))
-            return handler(request, (path,), client)
+                check_path(path)  # before any engine (a store, another node) hears of it
+            if not self.engine.shared:  # a shared store expires its own
+                self.streams.sweep_due(self.service.now())
+            source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
+            paths = [path] if source is None else [source.decode("latin-1"), path]
+            return _outcome(self.engine.serve(
+                paths, lambda: handler(request, (path,), client), request, client))
         except PushUpError as e:
             return _error(e)
-
-    def holds(self, path: str) -> bool:
-        """Whether a stream is at ``path`` here (live, or deleted while its
-        forks read it), expired ones not counted."""
-        stream = self.streams.at(path)
-        return stream is not None and (stream.deadline is None
-                                       or self.service.now() < stream.deadline)
-
-    def _shared_answer(self, request: Request, handler: Callable[
-            [Request, tuple[str, ...], object], Response | Held | Pending],
-                       path: str, client: object) -> Pending:
-        """``request`` answered on the streams Redis holds (``--engine
-        redis``): read from it, decided here, written before the answer."""
-        assert self.shared is not None
-        source = request.headers.get(b"stream-forked-from") if request.method == b"PUT" else None
-        paths = [path] if source is None else [source.decode("latin-1"), path]
-        answered = self.shared.serve(paths, lambda: handler(request, (path,), client))
-
-        def outcome(result: Response | Held | Pending) -> object:
-            return result.answer if isinstance(result, Pending) else result
-
-        answered.addCallback(outcome)
-        answered.addErrback(_refused)
-        return Pending(answered)
 
     # -- create, append, close, delete -----------------------------------------
 
     def create(self, request: Request, params: tuple[str, ...], _: object) -> Response:
-        forked_from = request.headers.get(b"stream-forked-from")
-        content_type = request.header(b"content-type")
+        forked_from = request.headers.get(_FORKED_FROM)
+        content_type = request.header(_CONTENT_TYPE)
         if not is_media_type(content_type):
             content_type = "" if forked_from is not None else "application/octet-stream"
-        ttl_text = request.headers.get(b"stream-ttl")
-        expires = request.headers.get(b"stream-expires-at")
+        ttl_text = request.headers.get(_TTL)
+        expires = request.headers.get(_EXPIRES_AT)
         if ttl_text is not None and expires is not None:
             raise BadRequest("give Stream-TTL or Stream-Expires-At, not both")
-        ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), "Stream-TTL")
+        ttl = None if ttl_text is None else decimal(ttl_text.decode("latin-1"), _name(h.TTL))
         expires_at = None if expires is None else expires.decode("latin-1").strip()
         if expires_at is not None:
             expiry_of(expires_at)
-        fork_offset = request.headers.get(b"stream-fork-offset")
-        sub = request.headers.get(b"stream-fork-sub-offset")
+        fork_offset = request.headers.get(_FORK_OFFSET)
+        sub = request.headers.get(_FORK_SUB_OFFSET)
         if forked_from is None and (fork_offset is not None or sub is not None):
             raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need "
                              "Stream-Forked-From")
@@ -250,38 +189,38 @@ class StreamEndpoints:
             parse_offset(offset)
         asked = Creation(
             content_type or None, ttl, expires_at,
-            request.header(b"stream-closed").lower() == "true", request.body,
+            request.header(_CLOSED).lower() == "true", request.body,
             None if forked_from is None else forked_from.decode("latin-1"), offset,
-            0 if sub is None else decimal(sub.decode("latin-1"), "Stream-Fork-Sub-Offset"))
+            0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)))
         stream, created = self.streams.create(params[0], asked, self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+        headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if created:
-            host = request.headers.get(b"host")
-            headers += ((b"Location", request.path if host is None
+            host = request.headers.get(_HOST)
+            headers += ((h.LOCATION, request.path if host is None
                          else b"http://" + host + request.path),)
         return _answer(201 if created else 200, b"", stream.content_type.encode(), headers)
 
     def append(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         producer = _producer(request)
-        close = request.header(b"stream-closed").lower() == "true"
+        close = request.header(_CLOSED).lower() == "true"
         if not request.body and not close:
             raise BadRequest("an append needs a body (or Stream-Closed: true to close)")
-        content_type = request.headers.get(b"content-type")
+        content_type = request.headers.get(_CONTENT_TYPE)
         if request.body and (content_type is None
                              or not is_media_type(content_type.decode("latin-1"))):
             raise BadRequest("an append needs its Content-Type")
-        seq = request.headers.get(b"stream-seq")
+        seq = request.headers.get(_SEQ)
         done = self.streams.append(params[0], Append(
             None if content_type is None else content_type.decode("latin-1"),
             request.body, close, None if seq is None else seq.decode("latin-1"), producer),
             self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", done.tail.offset.encode()),)
+        headers: Headers = ((h.NEXT_OFFSET, done.tail.offset.encode()),)
         if done.closed:
-            headers += ((b"Stream-Closed", b"true"),)
+            headers += ((h.CLOSED, h.TRUE),)
         if producer is not None:
-            headers += ((b"Producer-Epoch", b"%d" % producer[1]),
-                        (b"Producer-Seq", b"%d" % (done.producer_seq or 0)))
+            headers += ((h.PRODUCER_EPOCH, b"%d" % producer[1]),
+                        (h.PRODUCER_SEQ, b"%d" % (done.producer_seq or 0)))
         new_data = producer is not None and not done.duplicate and bool(request.body)
         return _answer(200 if new_data else 204, headers=headers)
 
@@ -293,12 +232,12 @@ class StreamEndpoints:
 
     def head(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         stream = self.streams.get(params[0], self.service.now())
-        headers: Headers = ((b"Stream-Next-Offset", stream.tail.offset.encode()),
+        headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if stream.ttl is not None:
-            headers += ((b"Stream-TTL", b"%d" % stream.ttl),)
+            headers += ((h.TTL, b"%d" % stream.ttl),)
         if stream.expires_at is not None:
-            headers += ((b"Stream-Expires-At", stream.expires_at.encode()),)
+            headers += ((h.EXPIRES_AT, stream.expires_at.encode()),)
         return _answer(200, b"", stream.content_type.encode(), headers)
 
     def read(self, request: Request, params: tuple[str, ...], client: object,
@@ -326,48 +265,48 @@ class StreamEndpoints:
             return self._sse(stream, at, cursor_text, client)
         if given == "now" and live is None:
             return _answer(200, b"[]" if stream.is_json else b"", stream.content_type.encode(),
-                           ((b"Stream-Next-Offset", stream.tail.offset.encode()),
-                            (b"Stream-Up-To-Date", b"true"), *_closed(stream)))
+                           ((h.NEXT_OFFSET, stream.tail.offset.encode()),
+                            (h.UP_TO_DATE, h.TRUE), *_closed(stream)))
         read = stream.read(at, self.config.max_response_bytes)
         if live == "long-poll" and not read.data and not read.messages:
             if not stream.closed and not self.draining:
                 hold = min(Args(args).number("timeout", LONG_POLL_S), self.config.max_timeout)
-                if_none_match = request.headers.get(b"if-none-match")
-                if self.shared is not None:  # answered after Redis: held through a Deferred
+                if_none_match = request.headers.get(_IF_NONE_MATCH)
+                if self.engine.shared:  # answered after the store: held through a Deferred
                     later = Later()
                     self.polls.hold(later, stream, at, cursor_text, if_none_match, hold)
                     return Pending(later.answer)
                 return self.polls.hold(client, stream, at,  # type: ignore[arg-type]
                                        cursor_text, if_none_match, hold)
             return self._caught_up(stream, at, cursor_text)
-        return self._data(request.headers.get(b"if-none-match"), stream, given or "-1", read,
+        return self._data(request.headers.get(_IF_NONE_MATCH), stream, given or "-1", read,
                           live, cursor_text)
 
     def _data(self, if_none_match: bytes | None, stream: Stream, start: str,
               read: Read, live: str | None, cursor: str | None) -> Response:
-        headers: Headers = ((b"Stream-Next-Offset", read.next.offset.encode()),)
+        headers: Headers = ((h.NEXT_OFFSET, read.next.offset.encode()),)
         if read.up_to_date:
-            headers += ((b"Stream-Up-To-Date", b"true"),)
+            headers += ((h.UP_TO_DATE, h.TRUE),)
         final = stream.closed and read.up_to_date and read.next == stream.tail
         if final:
-            headers += ((b"Stream-Closed", b"true"),)
+            headers += ((h.CLOSED, h.TRUE),)
         if live is not None:
-            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+            headers += ((h.CURSOR, self._cursor(cursor).encode()),)
         etag = b'"%s:%s:%s%s"' % (stream.uid.encode(), start.encode(),
                                   read.next.offset.encode(), b":c" if final else b"")
-        headers += ((b"ETag", etag),)
+        headers += ((h.ETAG, etag),)
         if if_none_match == etag:
-            return _answer(304, headers=((b"ETag", etag),))
+            return _answer(304, headers=((h.ETAG, etag),))
         body = (b"[" + b",".join(read.messages) + b"]" if read.messages is not None
                 else read.data)
         return _answer(200, body, stream.content_type.encode(), headers)
 
     def _caught_up(self, stream: Stream, at: Position, cursor: str | None) -> Response:
         """A long poll's 204: nothing after ``at`` (yet, or ever: closed)."""
-        headers: Headers = ((b"Stream-Next-Offset", at.offset.encode()),
-                            (b"Stream-Up-To-Date", b"true"), *_closed(stream))
+        headers: Headers = ((h.NEXT_OFFSET, at.offset.encode()),
+                            (h.UP_TO_DATE, h.TRUE), *_closed(stream))
         if not stream.closed:
-            headers += ((b"Stream-Cursor", self._cursor(cursor).encode()),)
+            headers += ((h.CURSOR, self._cursor(cursor).encode()),)
         return _answer(204, headers=headers)
 
     def _cursor(self, given: str | None) -> str:
@@ -399,7 +338,7 @@ class StreamEndpoints:
         feed = Feed(stream, at, client,  # type: ignore[arg-type]
                     clock=self.service.clock, budget=self.config.max_response_bytes,
                     cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
-                    fields=_COMMON)
+                    fields=h.COMMON)
         feed.start()
         return Held(feed.stop)
 
@@ -415,8 +354,8 @@ def _relayed(outcome: object) -> Response | Held | Pending:
     return outcome
 
 
-def _routed(outcome: object) -> Response | Held | Pending:
-    """A routed request's outcome, now or later (``Routes.route``)."""
+def _outcome(outcome: object) -> Response | Held | Pending:
+    """A request's outcome through its engine, now or later (``StreamEngine.serve``)."""
     if not isinstance(outcome, defer.Deferred):
         return _relayed(outcome)
 
@@ -439,8 +378,7 @@ def _refused(failure: Failure) -> Response:
 
 def _producer(request: Request) -> tuple[str, int, int] | None:
     """The idempotent producer's (id, epoch, seq): all three headers or none."""
-    given = [request.headers.get(name)
-             for name in (b"producer-id", b"producer-epoch", b"producer-seq")]
+    given = [request.headers.get(name) for name in _PRODUCER]
     if all(v is None for v in given):
         return None
     if any(v is None for v in given):
@@ -448,4 +386,4 @@ def _producer(request: Request) -> tuple[str, int, int] | None:
     name, epoch, seq = (v.decode("latin-1") if v is not None else "" for v in given)
     if not name:
         raise BadRequest("Producer-Id is empty")
-    return name, decimal(epoch, "Producer-Epoch"), decimal(seq, "Producer-Seq")
+    return name, decimal(epoch, _name(h.PRODUCER_EPOCH)), decimal(seq, _name(h.PRODUCER_SEQ))

@@ -32,17 +32,20 @@ from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
 from pushup.backplane.mesh.owners import advertised
 from pushup.backplane.mesh.relay import Relay
 from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
+from pushup.backplane.stream_engine import LocalStreams, StreamEngine
 from pushup.config import Config
 from pushup.core.counters import Counters
 from pushup.core.errors import PushUpError
 from pushup.core.model import Origin, default_node_id
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
+from pushup.core.streams import Streams
 from pushup.http.exchange import Writer
 from pushup.http.front import Front
 from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
 from pushup.http.sse import max_event_id
+from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
@@ -95,26 +98,11 @@ class Node:
         else:
             self.backplane = Alone(self.service)
         endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
+        streams = new_streams(config)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
-                                 figures=not config.admin_port)
-        if config.engine != "mesh":  # Durable Streams in Redis, shared by every node
-            from pushup.backplane.redis.engine import RedisEngine
-            from pushup.backplane.redis.streams import SharedStreams
-
-            assert isinstance(self.backplane, RedisEngine)
-            self.handlers.streams.shared = SharedStreams(
-                self.backplane.shards, self.handlers.streams.streams, self.service.now,
-                self.backplane.timeout, reactor)
-        kept = None
-        if config.engine == "mesh" and self.data is not None:  # Durable Streams on disk too
-            try:
-                kept = StreamsFile(self.data.path)
-            except StreamsFileError as e:
-                raise DataDirError(str(e)) from None
-            self.handlers.streams.streams.restore(kept, kept.load(), self.service.now())
-        if self.mesh is not None and config.peer:  # each stream on one node of the mesh
-            self.handlers.streams.routing = self._stream_routes(kept)
+                                 figures=not config.admin_port, streams=streams,
+                                 stream_engine=self._stream_engine(streams))
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -138,7 +126,30 @@ class Node:
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
 
-    def _stream_routes(self, kept: StreamsFile | None) -> StreamRoutes:
+    def _stream_engine(self, streams: Streams) -> StreamEngine:
+        """Where the Durable Streams of ``streams`` (the core's) are decided:
+        in Redis, shared by every node; on the mesh, each on one node; else
+        here alone (kept on disk too with ``--data-dir``)."""
+        config = self.config
+        if config.engine != "mesh":  # Durable Streams in Redis, shared by every node
+            from pushup.backplane.redis.engine import RedisEngine
+            from pushup.backplane.redis.streams import SharedStreams
+
+            assert isinstance(self.backplane, RedisEngine)
+            return SharedStreams(self.backplane.shards, streams, self.service.now,
+                                 self.backplane.timeout, self.reactor)
+        kept = None
+        if self.data is not None:  # Durable Streams on disk too
+            try:
+                kept = StreamsFile(self.data.path)
+            except StreamsFileError as e:
+                raise DataDirError(str(e)) from None
+            streams.restore(kept, kept.load(), self.service.now())
+        if self.mesh is not None and config.peer:  # each stream on one node of the mesh
+            return self._stream_routes(streams, kept)
+        return LocalStreams()
+
+    def _stream_routes(self, streams: Streams, kept: StreamsFile | None) -> StreamRoutes:
         """The mesh's Durable Streams: each on the node its path picks
         (``--advertise-url`` and ``--peer``), requests handed on to it."""
         config = self.config
@@ -148,7 +159,8 @@ class Node:
                       else Placements(kept.placements(), kept))
         return StreamRoutes(config.advertise_url or advertised(config.host, config.port),
                             config.peer, config.cluster_secret, relay, placements,
-                            self.handlers.streams.holds, config.max_timeout)
+                            lambda path: streams.holds(path, self.service.now()),
+                            config.max_timeout)
 
     def listen(self, reuse_port: bool = False) -> int:
         """Start accepting connections; returns the port (useful with port 0).
@@ -212,11 +224,8 @@ class Node:
         answer at a path, what they are charged against ``--max-cached-bytes``
         and the producers they keep; with ``--engine redis`` Redis holds them
         (the budget caps one write), so only how many this node has cached."""
-        streams = self.handlers.streams.streams
-        if self.handlers.streams.shared is not None:
-            return {"count": len(streams)}
-        return {"count": len(streams), "bytes": streams.held, "budget": streams.budget,
-                "producers": streams.producers}
+        endpoints = self.handlers.streams
+        return endpoints.streams.figures(shared=endpoints.engine.shared)
 
     def engine_up(self) -> int:
         """1 if the engine can take a publish now (the gauge an alert watches)."""

@@ -11,17 +11,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from pushup.core.errors import BadRequest, NotFound, TargetTooLong
+from pushup.core.errors import BadRequest, ForkTooDeep, NotFound, StreamGone, TargetTooLong
+from pushup.core.stream import Stream
 from pushup.core.stream_values import (
     START,
     Append,
     Creation,
     Entry,
-    ForkTooDeep,
     Position,
-    StreamGone,
 )
-from pushup.core.streams import MAX_FORK_DEPTH, MAX_STREAM_PATH, Stream, Streams
+from pushup.core.streams import MAX_FORK_DEPTH, MAX_STREAM_PATH, Streams
 
 TEXT = "text/plain"
 NOW = 1_763_800_000_000_000  # microseconds

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from twisted.internet.task import Clock
 
 from pushup.config import Config
-from pushup.core.stream_values import Append, Creation, StreamsFull
+from pushup.core.errors import StreamsFull
+from pushup.core.stream_values import Append, Creation
 from pushup.core.streams import Streams
 from pushup.ops.node import Node
 from tests.http.test_streams import START, answered, ask

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from twisted.internet.task import Clock
 
+from pushup.core.stream import Stream
 from pushup.core.stream_values import START
-from pushup.core.streams import Stream
 from pushup.http.stream_sse import Feed
 
 

@@ -234,3 +234,25 @@ def test_a_long_poll_whose_client_left_is_forgotten_and_the_others_are_answered(
     answered(ask(handlers, b"POST", b"/v1/stream/s", b"x", content_type=b"text/plain"))
     assert (gone.answers, [r.body for r in staying.answers]) == ([], [b"x"])
     assert whole.stats()["stream_long_polls"] == 0
+
+
+def test_a_refused_append_renders_the_values_its_error_carries_as_headers():
+    """The core raises values (the sequence expected, a closed stream's
+    tail); the HTTP layer names the headers they go out in."""
+    handlers = node()
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", content_type=b"text/plain"))
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"a", content_type=b"text/plain",
+                 producer_id=b"p", producer_epoch=b"1", producer_seq=b"0"))
+    gap = answered(ask(handlers, b"POST", b"/v1/stream/s", b"c", content_type=b"text/plain",
+                       producer_id=b"p", producer_epoch=b"1", producer_seq=b"3"))
+    assert gap.status == 409 and json.loads(gap.body or b"")["error"]["code"] == "stream_conflict"
+    assert (header(gap, b"Producer-Expected-Seq"), header(gap, b"Producer-Received-Seq")) == (
+        b"1", b"3")
+    stale = answered(ask(handlers, b"POST", b"/v1/stream/s", b"z", content_type=b"text/plain",
+                         producer_id=b"p", producer_epoch=b"0", producer_seq=b"0"))
+    assert (stale.status, header(stale, b"Producer-Epoch")) == (403, b"1")
+    answered(ask(handlers, b"POST", b"/v1/stream/s", stream_closed=b"true"))
+    closed = answered(ask(handlers, b"POST", b"/v1/stream/s", b"d", content_type=b"text/plain"))
+    assert (closed.status, header(closed, b"Stream-Closed"),
+            header(closed, b"Stream-Next-Offset")) == (
+        409, b"true", b"0000000000000001_0000000000000001")

@@ -3,7 +3,7 @@
 ``Dial`` is one connection of the replication stream, dialling end: it asks
 the peer's front for the stream (HTTP ``Upgrade``), proves this node holds
 the cluster secret and checks that the peer does (the challenge-response of
-:mod:`pushup.backplane.mesh.stream`), then hands every frame and the loss of
+:mod:`pushup.backplane.mesh.replication`), then hands every frame and the loss of
 the connection to its link (:mod:`pushup.backplane.mesh.peers`), which owns
 every other decision. What holds for one connection only lives on it and
 goes with it; its phase moves by the table of :mod:`~pushup.backplane.mesh.phases`,
@@ -31,7 +31,14 @@ from twisted.internet.protocol import Protocol
 from pushup.backplane import client_endpoint
 from pushup.backplane.mesh.outbound import PeerError
 from pushup.backplane.mesh.phases import DiallingEvent, DiallingPhase, dialling_after
-from pushup.backplane.mesh.stream import ANSWER_LIMIT, PROOF, Frames, nonce, proof, request_head
+from pushup.backplane.mesh.replication import (
+    ANSWER_LIMIT,
+    PROOF,
+    Frames,
+    nonce,
+    proof,
+    request_head,
+)
 
 
 class PeerRefused(PeerError):

@@ -1,7 +1,7 @@
 """The mesh's endpoints, mounted under ``/peer/``: what a peer's request does here.
 
 ``GET /peer/stream`` upgraded to ``pushup-peer`` is the replication stream
-(batches in, :mod:`pushup.backplane.mesh.stream`; it authenticates itself);
+(batches in, :mod:`pushup.backplane.mesh.replication`; it authenticates itself);
 ``GET /peer/snapshot`` (everything we hold, for a joining node) and ``POST
 /peer/repair`` (a batch a peer lacks, as MessagePack) are signed requests,
 checked against the cluster secret (an HMAC over method, path, time and body:
@@ -18,8 +18,8 @@ from twisted.internet.interfaces import IProtocol
 
 from pushup.backplane import EngineAnswer, EngineRequest
 from pushup.backplane.mesh.mesh import Mesh
-from pushup.backplane.mesh.stream import PATH as STREAM_PATH
-from pushup.backplane.mesh.stream import PeerStream
+from pushup.backplane.mesh.replication import PATH as STREAM_PATH
+from pushup.backplane.mesh.replication import PeerStream
 from pushup.backplane.mesh.wire import PEER_BODY_LIMIT, verify
 from pushup.core import errors
 

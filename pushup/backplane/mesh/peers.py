@@ -1,7 +1,7 @@
 """Peers out: one link per peer, ordered, pipelined, authenticated, retried.
 
 A link sends this node's own messages to one peer over one long-lived
-connection at a time (the replication stream, :mod:`pushup.backplane.mesh.stream`):
+connection at a time (the replication stream, :mod:`pushup.backplane.mesh.replication`):
 batches in sequence order, up to a window of them unanswered, each answered
 by the peer with an ack (how far it holds us) or a hole (the sequence it
 expects: the link rewinds and resends from there). With a batch in flight a

@@ -71,7 +71,9 @@ class Placements:
 
 class StreamRoutes:
     """This node's view of the mesh's streams: who serves a path, and the
-    hand-on of a request to it."""
+    hand-on of a request to it (the mesh's ``StreamEngine``)."""
+
+    shared = False  # each stream is one node's, in its memory (and --data-dir)
 
     def __init__(self, me: str, peers: Sequence[str], secret: str, relay: Relay,
                  placements: Placements, holds: Callable[[str], bool],
@@ -89,7 +91,23 @@ class StreamRoutes:
         self._deciding: dict[str, list[defer.Deferred[None]]] = {}
 
     def drain(self) -> None:
+        """Every event stream relayed from another node ends."""
         self.relay.drain()
+
+    def internal(self, request: Outgoing) -> bool:
+        """Whether ``request`` is a node asking the owner of a path where its
+        stream lives (``WHERE``): the one hop that is no client's request
+        handed on; every other is authorized again where it is served, with
+        the client's own headers. 401 if wrongly signed."""
+        return self.hop(request) == WHERE
+
+    def serve(self, paths: Sequence[str], run: Callable[[], object],
+              request: Outgoing | None = None, client: object = None) -> object:
+        """``run()`` here, or the serving node's answer (``route``) for the
+        request to ``paths[-1]``."""
+        assert request is not None
+        return self.route(request, paths[-1], client, run,  # type: ignore[arg-type]
+                          self.hop(request))
 
     def owner(self, path: str) -> str:
         return owner_of(path, self.members)

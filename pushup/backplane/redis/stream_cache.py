@@ -39,8 +39,10 @@ from pushup.backplane.redis.stream_keys import (
     prefix_of,
 )
 from pushup.backplane.redis.stream_loss import APPENDS, COUNT, diverged, past, unpacked
+from pushup.core.stream import Stream
+from pushup.core.stream_state import stream_of
 from pushup.core.stream_values import Position
-from pushup.core.streams import Stream, Streams, stream_of
+from pushup.core.streams import Streams
 
 log = Logger()
 MAX_FLOORS = 10_000  # paths whose lost offsets are remembered, the oldest forgotten first
@@ -190,7 +192,7 @@ class StreamCache:
                                           timeout=self.timeout)
         if len(reply) == 1:  # gone: nothing more to read of it
             if cached is not None:
-                cached.deleted = True
+                cached.mark_deleted()
             return cached, False, []
         stream, changed = yield self._adopt(home, reply, known)
         return stream, True, [stream] if changed else []
@@ -216,7 +218,7 @@ class StreamCache:
         woken: list[Stream] = []
         while fork.fork_request is not None and fork.uid in self.sources:
             source, found, changed = yield self._read_one(home, self.sources[fork.uid])
-            fork.source = source
+            fork.link_source(source)
             woken += changed
             if source is None or not found:
                 break
@@ -241,14 +243,14 @@ class StreamCache:
             self.versions.pop(uid, None)
             self.marks.pop(uid, None)
             self.last_marks.pop(uid, None)
-            del stream.entries[:], stream.begins[:]
+            stream.forget_entries()
             if first:  # all of it, read again
                 first = 0
                 reply = yield self.shards.evalsha(READ_SHA, READ, (home + "at",),
                                                   (home, uid, "", 0, "", ""),
                                                   timeout=self.timeout)
                 if len(reply) == 1:  # gone meanwhile: read as no stream next time
-                    stream.deleted = True
+                    stream.mark_deleted()
                     return stream, True
                 version, state_text, deadline = int(reply[2]), _text(reply[3]), _text(reply[4])
         changed = stream is None or self.versions.get(uid) != version
@@ -258,17 +260,13 @@ class StreamCache:
             if stream is None:
                 stream = self.by_uid[uid] = fresh
             else:
-                for name in ("content_type", "ttl", "expires_at", "deadline", "closed",
-                             "closed_by", "forked_at", "fork_request", "tail", "forks",
-                             "deleted", "producers", "writer_seq", "charged"):
-                    setattr(stream, name, getattr(fresh, name))
+                stream.take_state(fresh)
         assert stream is not None  # READ sends the state of a stream new to the cache
-        if deadline and stream.deadline is not None:  # reads renew it in Redis only
-            stream.deadline = max(stream.deadline, int(deadline))
+        if deadline:  # reads renew it in Redis only
+            stream.renew_deadline(int(deadline))
         for item in reply[APPENDS + max(0, len(stream.entries) - first):]:
             entry, mark = unpacked(bytes(item))
-            stream.entries.append(entry)
-            stream.begins.append(entry.begins.size)
+            stream.add_entry(entry)
             if mark is not None:
                 self.last_marks[uid] = mark
         self.versions[uid] = version
@@ -314,7 +312,7 @@ class StreamCache:
         through another node): its readers hear it, and the cache forgets it."""
         if self.streams.at(path) is stream:
             self.streams.place(path, None)
-        stream.deleted = True
+        stream.mark_deleted()
         stream.wake()
         if self.by_uid.get(stream.uid) in (None, stream):
             self._release(stream.uid)

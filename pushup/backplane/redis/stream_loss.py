@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pushup.core.stream import Stream
+from pushup.core.stream_state import entry_of
 from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, entry_of
 
 # READ's reply: at, uid, version, state, deadline, mark, count, head before, appends...
 COUNT, BEFORE, APPENDS = 6, 7, 8

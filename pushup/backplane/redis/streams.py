@@ -49,8 +49,10 @@ from pushup.backplane.redis.stream_keys import (
 )
 from pushup.core import errors
 from pushup.core.errors import PushUpError
-from pushup.core.stream_values import Entry, Position
-from pushup.core.streams import Stream, Streams, state_of
+from pushup.core.stream import Stream
+from pushup.core.stream_state import state_of
+from pushup.core.stream_values import Entry
+from pushup.core.streams import Streams
 
 log = Logger()
 EXPIRY_GRACE_MS = 3_600_000  # Redis drops an expired stream nobody asked for after this
@@ -100,7 +102,9 @@ class Conflict(Exception):
 class SharedStreams(StreamCache):
     """The streams of every node on this Redis, with ``streams`` this node's
     cache of them (its ``Journal``: the changes the core makes are collected
-    here and written by :meth:`serve`)."""
+    here and written by :meth:`serve`); the Redis engine's ``StreamEngine``."""
+
+    shared = True
 
     def __init__(self, shards: Shards, streams: Streams, now: Callable[[], int],
                  timeout: float, clock: Any) -> None:
@@ -108,7 +112,7 @@ class SharedStreams(StreamCache):
         is 503; ``clock``: the reactor (a retry's pause)."""
         super().__init__(shards, streams, timeout, self._refresh, now)
         self.clock = clock
-        streams.journal = self
+        streams.keep_with(self)
         self.lock = defer.DeferredLock()  # one request's read-decide-write at a time
         # uid -> (fork, its version) created here whose path another stream took
         # first: it is dropped again before the next request (``_undo``)
@@ -128,11 +132,20 @@ class SharedStreams(StreamCache):
 
     # -- a request -------------------------------------------------------------
 
+    def internal(self, request: object) -> bool:
+        return False  # every request is a client's: nodes talk through Redis
+
+    def drain(self) -> None:
+        pass  # nothing held open: a request's answer waits for Redis only
+
     @defer.inlineCallbacks
-    def serve(self, paths: Sequence[str], run: Callable[[], Any]) -> Generator[Any, Any, Any]:
+    def serve(self, paths: Sequence[str], run: Callable[[], Any], request: object = None,
+              client: object = None) -> Generator[Any, Any, Any]:
         """``run()``'s answer, the core deciding on ``paths`` as Redis holds
         them and its changes written before it is returned (PushUpError:
-        the answer is that error's; Redis unreachable: 503)."""
+        the answer is that error's; Redis unreachable: 503); a Deferred
+        always. ``request`` and ``client`` are not needed: every node
+        serves every stream."""
         for attempt in range(ATTEMPTS):
             if attempt:  # lost a race: let the other writer finish, unlocked meanwhile
                 pause = random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2 ** attempt))
@@ -187,20 +200,15 @@ class SharedStreams(StreamCache):
     @defer.inlineCallbacks
     def _decide(self, run: Callable[[], Any]) -> Generator[Any, Any, Any]:
         self._saved, self._dropped = {}, {}
-        self.streams.held = 0  # Redis holds the bytes: the node's budget caps one write
+        self.streams.charge_afresh()  # Redis holds the bytes: the node's budget caps one write
         involved = self._involved
         deadlines = {uid: s.deadline for uid, s in involved.items() if s.ttl is not None}
-        held_back = {uid: s.waiters for uid, s in involved.items()}
-        for stream in involved.values():
-            stream.waiters = []  # nobody is woken before the write is in Redis
         raised = self._raise_floors(involved)
-        try:
-            result = run()
-        except PushUpError as e:
-            result = e
-        finally:
-            for uid, waiters in held_back.items():
-                involved[uid].waiters = waiters + involved[uid].waiters
+        with self.streams.wakes_held(involved.values()):  # woken once the write is in Redis
+            try:
+                result = run()
+            except PushUpError as e:
+                result = e
         saved, dropped = self._saved, self._dropped
         self._saved, self._dropped = {}, {}
         try:
@@ -242,7 +250,7 @@ class SharedStreams(StreamCache):
                     floor.appends <= tail.appends and floor.size <= tail.size):
                 del self.floors[stream.path]
                 continue
-            stream.tail = Position(max(floor.appends, tail.appends), max(floor.size, tail.size))
+            stream.raise_tail(floor)
             self.saved(stream, [], True)
             raised.append(stream.path)
         return raised
@@ -340,7 +348,7 @@ class SharedStreams(StreamCache):
                 if self.streams.at(stream.path) is stream:
                     self.streams.place(stream.path, None)
                 continue
-            del stream.entries[:], stream.begins[:]
+            stream.forget_entries()
 
     def _refresh(self, path: str, gone: bool) -> None:
         """A write to ``path`` (or a resubscription, after which one may have
@@ -350,7 +358,7 @@ class SharedStreams(StreamCache):
         write that dropped it (``gone``): read it again always, which forgets
         it here and leaves its channel."""
         held = self.streams.at(path)
-        if not gone and (held is None or not (held.waiters or self.lock.locked)):
+        if not gone and (held is None or not (held.waited_on or self.lock.locked)):
             return
         d = self.serve([path], lambda: None)
         d.addErrback(lambda f: log.warn("redis: stream {path} not read again: {why}",

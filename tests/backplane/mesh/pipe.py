@@ -14,7 +14,7 @@ from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from pushup.backplane.mesh.stream import PeerStream
+from pushup.backplane.mesh.replication import PeerStream
 
 SWITCHED = (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: pushup-peer\r\n"
             b"Connection: Upgrade\r\n\r\n")

@@ -67,10 +67,3 @@ def test_a_hop_of_another_kind_than_signed_is_401():
     mark = hop_mark("secret", TO_OWNER, b"GET", b"/v1/stream/a", 1000.0)
     with pytest.raises(errors.Unauthorized):
         hop_kind("secret", mark.replace(b"owner", b"here", 1), b"GET", b"/v1/stream/a", 1000.0)
-
-
-def test_the_http_layer_knows_the_where_hop_by_the_same_name():
-    from pushup.backplane.mesh.owners import WHERE
-    from pushup.http.streams import WHERE_HOP
-
-    assert WHERE_HOP == WHERE

@@ -17,7 +17,7 @@ from pushup.config import Config
 from pushup.core.model import Draft
 from pushup.core.service import Service
 from tests.backplane.mesh.pipe import Pipe, frames
-from tests.backplane.mesh.test_stream import _clock, _cluster, _held, _store
+from tests.backplane.mesh.test_replication import _clock, _cluster, _held, _store
 
 
 def _worker(clock: Clock, url: str = "http+unix://c", takes: int | None = None):

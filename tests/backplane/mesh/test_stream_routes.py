@@ -163,3 +163,31 @@ def test_a_fork_made_again_moves_its_placement_only_once_nothing_is_left_at_the_
     relay.answers[(C, SERVE_HERE, fork.encode())] = defer.succeed(Head(404))
     assert outcome(r.route(put, fork, None, lambda: HERE, None)) == HERE
     assert kept.kept == [(fork, C), (fork, None)]
+
+
+def test_only_a_signed_where_hop_is_the_engines_own_question_and_serve_routes_the_last_path():
+    """The HTTP layer knows no hop: it asks the engine whether a request is
+    a node's own (``internal``: no client's authorization) and hands it to
+    ``serve``, which routes it as ``route`` does (moved from the HTTP layer's
+    WHERE_HOP, which had to name the owners' WHERE alike)."""
+    from pushup.backplane.mesh.owners import HOP, WHERE, hop_mark
+
+    r, relay, _ = routes()
+    path = owned_by(ME)
+    now = relay.clock.seconds()
+    where = request(b"HEAD", path)
+    where.headers[HOP] = hop_mark("secret", WHERE, b"HEAD", path.encode(), now)
+    to_owner = request(b"GET", path)
+    to_owner.headers[HOP] = hop_mark("secret", TO_OWNER, b"GET", path.encode(), now)
+    assert r.internal(where) is True
+    assert r.internal(to_owner) is False and r.internal(request(b"GET", path)) is False
+    forged = request(b"HEAD", path)
+    forged.headers[HOP] = hop_mark("other", WHERE, b"HEAD", path.encode(), now)
+    with pytest.raises(errors.Unauthorized):
+        r.internal(forged)
+    assert r.shared is False
+    assert r.serve(["/v1/stream/source", path], lambda: HERE, request(b"GET", path)) == HERE
+    elsewhere = owned_by(B)
+    assert outcome(r.serve([elsewhere], lambda: HERE, request(b"GET", elsewhere))) == Relayed(
+        200, None, (), B.encode())
+    assert relay.handed == [(B, TO_OWNER, b"GET", elsewhere.encode())]

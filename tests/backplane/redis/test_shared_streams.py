@@ -75,7 +75,7 @@ def test_a_write_heard_while_a_request_is_decided_wakes_the_poll_it_then_holds(n
     wait_for(b.serve(["p"], lambda: b_streams.append("p", Append(None, b"new", False), now())))
     run_until(lambda: heard == ["p", "p"], 5.0, "A to hear of B's append")
     woken: list[bytes] = []
-    stream.waiters.append(lambda: woken.append(bytes(stream.entries[-1].data)))
+    stream.wait(lambda: woken.append(bytes(stream.entries[-1].data)))
     a.lock.release()  # the request decided: it holds a poll
     run_until(lambda: woken == [b"new"], 5.0, "the poll to be woken")
 

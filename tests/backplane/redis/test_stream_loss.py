@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from pushup.backplane.redis.stream_loss import diverged, unpacked
+from pushup.core.stream import Stream
+from pushup.core.stream_state import entry_of
 from pushup.core.stream_values import Position
-from pushup.core.streams import Stream, entry_of
 
 
 def cached(*parts: bytes) -> Stream:

@@ -16,7 +16,7 @@ from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.outbound import WINDOW
 from pushup.backplane.mesh.peers import RELAY_WINDOW, PeerLink
-from pushup.backplane.mesh.stream import (
+from pushup.backplane.mesh.replication import (
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
     PeerStream,

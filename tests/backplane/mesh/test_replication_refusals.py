@@ -15,13 +15,13 @@ import pytest
 from twisted.internet.testing import StringTransport
 
 from pushup.backplane.mesh.mesh import Mesh
-from pushup.backplane.mesh.stream import PeerStream, proof, request_head
+from pushup.backplane.mesh.replication import PeerStream, proof, request_head
 from pushup.backplane.mesh.wire import Batch, pack_batch
 from pushup.config import Config
 from pushup.core.model import Message
 from pushup.ops.node import Node
 from tests.backplane.mesh.pipe import frames
-from tests.backplane.mesh.test_stream import (
+from tests.backplane.mesh.test_replication import (
     NONCE_C,
     _clock,
     _cluster,
