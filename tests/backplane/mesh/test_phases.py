@@ -35,7 +35,7 @@ from pushup.backplane.mesh.phases import (
 
 # (PeerStream through the pipe, which names the receiving end's module.)
 from tests.backplane.mesh.pipe import SWITCHED, PeerStream, Pipe, frames
-from tests.backplane.mesh.test_stream import (
+from tests.backplane.mesh.test_replication import (
     _clock,
     _cluster,
     _published,
