@@ -17,6 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pushup"
 SHARED = ("pushup._twisted", "pushup._libc")
+LINKS = "pushup.backplane.links"  # the link toolkit every engine shares
 ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.core": ("pushup.core",),
     "pushup.config": ("pushup.core", "pushup.config"),
@@ -24,9 +25,9 @@ ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
                     *SHARED),
     "pushup.backplane.disk": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.backplane.mesh": ("pushup.core", "pushup.config", "pushup.backplane:seam",
-                              "pushup.backplane.mesh", *SHARED),
+                              "pushup.backplane.mesh", LINKS, *SHARED),
     "pushup.backplane.redis": ("pushup.core", "pushup.config", "pushup.backplane:seam",
-                               "pushup.backplane.redis", *SHARED),
+                               "pushup.backplane.redis", LINKS, *SHARED),
     "pushup.backplane": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.ops": ("pushup",),
     "pushup.__main__": ("pushup.ops",),
