@@ -21,8 +21,8 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane.redis.client import RedisError, RedisGone
 from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.exceptions import RedisError, RedisGone
 from pushup.backplane.redis.interest import Interest
 from pushup.backplane.redis.partitions import Partition, partition_tags
 from pushup.backplane.redis.parts import EnginePart

@@ -21,11 +21,12 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pushup.backplane.redis.client import NodeTimer, first_failure
+from pushup.backplane.links import gather
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.partitions import Partition
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader
+from pushup.backplane.redis.timer import NodeTimer
 from pushup.core import errors
 from pushup.core.service import Service
 
@@ -79,9 +80,7 @@ class Interest(EnginePart):
                     missing.append(p)
         if not missing:
             return None
-        d: defer.Deferred[Any] = defer.gatherResults(
-            [self._when_ready(p) for p in dict.fromkeys(missing)], consumeErrors=True)
-        d.addErrback(first_failure)
+        d: defer.Deferred[Any] = gather([self._when_ready(p) for p in dict.fromkeys(missing)])
         # what is read may name partitions abroad to follow too: ask again
         d.addCallback(lambda _: self.prepare(names))
         return d

@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from pushup.backplane.redis.client import script_sha
-from pushup.backplane.redis.slots import SLOTS, key_slot
+from pushup.backplane.redis.slots import SLOTS, hash_tag, key_slot
 from pushup.config import Config
 
 BALANCED_UP_TO = 256  # up to this many partitions, tags are chosen for even slots
@@ -200,17 +200,6 @@ def partition_tags(count: int) -> list[str]:
             j += 1
         tags.append(tag)
     return tags
-
-
-def hash_tag(name: str) -> str:
-    """What of a name is hashed, by Redis Cluster's rule: the part between its
-    first ``{`` and the next ``}`` if that is not empty, else the whole name."""
-    start = name.find("{")
-    if start >= 0:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return name[start + 1:end]
-    return name
 
 
 def partition_of(channel: str, count: int) -> int:

@@ -24,8 +24,15 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from pushup.backplane import OpKind, Unconfirmed
-from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent, first_failure
+from pushup.backplane.links import gather, unanswered
 from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.exceptions import (
+    ChannelExists,
+    KeyReused,
+    RedisError,
+    RedisGone,
+    RedisNotSent,
+)
 from pushup.backplane.redis.partitions import PUBLISH, PUBLISH_SHA, Partition
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader, logged_op
@@ -64,9 +71,7 @@ class Publisher(EnginePart):
                 if there is not home and home.index not in there.abroad.get(name, ()):
                     notes.setdefault(there, []).extend(("f", name, str(home.index)))
         if notes:  # before the messages: a follower of those channels learns where
-            noted = defer.gatherResults([self._append(p, entries)
-                                         for p, entries in notes.items()], consumeErrors=True)
-            noted.addErrback(first_failure)
+            noted = gather([self._append(p, entries) for p, entries in notes.items()])
             return noted.addCallback(lambda _: self._publish_parts(drafts, parts, idem))
         return self._publish_parts(drafts, parts, idem)
 
@@ -98,8 +103,8 @@ class Publisher(EnginePart):
             ((p, mine),) = parts.items()
             return self._publish_to(p, mine, idem)
         calls = [self._publish_to(p, mine, idem) for p, mine in parts.items()]
-        d: defer.Deferred[Any] = defer.gatherResults(calls, consumeErrors=True)
-        d.addCallbacks(self._in_draft_order, first_failure, callbackArgs=(drafts, parts))
+        d: defer.Deferred[Any] = gather(calls)
+        d.addCallback(self._in_draft_order, drafts, parts)
         return d
 
     def _publish_to(self, p: Partition, drafts: Sequence[Draft], idem: Idem | None,
@@ -205,19 +210,18 @@ def _unavailable(failure: Failure) -> Any:
     command never left this node (nothing can have been stored, retry
     anywhere), 504 when it was sent and no reply came (it may run yet:
     retry with the same Idempotency-Key)."""
-    if isinstance(failure.value, RedisNotSent):
-        raise errors.EngineUnavailable(f"Redis is unreachable ({failure.getErrorMessage()}); "
-                                       "nothing was acknowledged")
-    if isinstance(failure.value, RedisGone):
-        raise errors.OutcomeUnknown(f"Redis did not answer ({failure.getErrorMessage()}); "
-                                    "the publish may or may not be stored: retry it with "
-                                    "the same Idempotency-Key")
-    if isinstance(failure.value, RedisError):
-        message = str(failure.value)
-        if message.startswith("EXISTS "):  # the script refused a create
-            raise errors.ChannelExists(f"channel {message[7:]!r} exists")
-        if message.startswith("REUSED "):
-            raise errors.KeyReused("this Idempotency-Key was used for a publish with another "
-                                   "body; use a new key for a new publish")
-        raise errors.EngineUnavailable(f"Redis refused the publish: {message}")
+    error = failure.value
+    if isinstance(error, RedisGone):
+        why = failure.getErrorMessage()
+        raise unanswered(sent=not isinstance(error, RedisNotSent),
+                         never_sent=f"Redis is unreachable ({why}); nothing was acknowledged",
+                         no_answer=f"Redis did not answer ({why}); the publish may or may not "
+                                   "be stored: retry it with the same Idempotency-Key")
+    if isinstance(error, ChannelExists):  # the script refused a create
+        raise errors.ChannelExists(f"channel {error.channel!r} exists")
+    if isinstance(error, KeyReused):
+        raise errors.KeyReused("this Idempotency-Key was used for a publish with another "
+                               "body; use a new key for a new publish")
+    if isinstance(error, RedisError):
+        raise errors.EngineUnavailable(f"Redis refused the publish: {error.message}")
     return failure

@@ -20,7 +20,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import trouble
-from pushup.backplane.redis.client import MAX_DELAY, RedisNotSent
+from pushup.backplane.links import SaidOnce
+from pushup.backplane.redis.client import MAX_DELAY
+from pushup.backplane.redis.exceptions import RedisNotSent
 from pushup.backplane.redis.pool import ASK_TIMEOUT, Pool, Primary
 from pushup.backplane.redis.slots import SLOTS, Topology, address_of, key_slot, read_topology
 from pushup.config import RedisURL
@@ -54,7 +56,7 @@ class SlotMap:
         self._first_read: list[Deferred[None]] = []  # read_once()'s
         self._retry: Any = None  # the next periodic re-read's IDelayedCall
         self._reading: Deferred[Any] | None = None  # a read_topology under way
-        self._last_complaint = ""
+        self._said = SaidOnce()  # the trouble last logged
         pool.on_commands_up.append(self.stop_rereading)
         pool.on_commands_lost.append(self.lost)
 
@@ -149,8 +151,7 @@ class SlotMap:
 
     def complain(self, why: str) -> None:
         """Log ``why``, unless it is what was logged last."""
-        if why != self._last_complaint:
-            self._last_complaint = why
+        if self._said.new(why):
             log.warn("redis {name}: {why}", name=self._name, why=why)
 
     def _read_done(self, result: Any) -> None:
@@ -244,6 +245,6 @@ class SlotMap:
         if before != self.primaries() and self.clustered:  # (one server: the start line says it)
             log.info("redis {name}: a cluster of {primaries}", name=self._name,
                      primaries=", ".join(self.primaries()))
-        self._last_complaint = ""
+        self._said.clear()
         for listener in list(self.on_applied):
             listener()
