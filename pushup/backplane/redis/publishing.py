@@ -33,7 +33,8 @@ from pushup.backplane.redis.exceptions import (
     RedisGone,
     RedisNotSent,
 )
-from pushup.backplane.redis.partitions import PUBLISH, PUBLISH_SHA, Partition
+from pushup.backplane.redis.following import Partition
+from pushup.backplane.redis.partitions import PUBLISH, PUBLISH_SHA, epoch_of
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader, logged_op
 from pushup.config import Config
@@ -84,7 +85,7 @@ class Publisher(EnginePart):
         d = self._append(p, ["o", name, op])
 
         def done(reply: list[Any]) -> Channel:
-            epoch, seq = p.epoch_of(reply), int(reply[1])
+            epoch, seq = epoch_of(reply), int(reply[1])
             if p.ready and epoch == p.epoch:  # applied now if next, else notified
                 self.service.follow(p.origin, [logged_op(seq, 0, name, op)], scoped=True)
             elif p.followed:
@@ -135,7 +136,7 @@ class Publisher(EnginePart):
             return messages
         need = 1 if self.publish_ack == "peer" else replicas
         try:
-            acked = yield self.shards.execute(p.log, "WAIT", need, self.ack_timeout_ms,
+            acked = yield self.shards.execute(p.keys.log, "WAIT", need, self.ack_timeout_ms,
                                               timeout=self.ack_timeout_ms / 1000 + self.timeout)
         except (RedisGone, RedisError):
             acked = 0
@@ -150,7 +151,7 @@ class Publisher(EnginePart):
         if known is not None and now - known[1] < REPLICAS_TTL:
             return known[0]
         try:
-            role = yield self.shards.execute(p.log, "ROLE", timeout=self.timeout)
+            role = yield self.shards.execute(p.keys.log, "ROLE", timeout=self.timeout)
             count = len(role[2]) if role[0] == b"master" else 0
         except (RedisGone, RedisError):
             count = 0
@@ -174,7 +175,7 @@ class Publisher(EnginePart):
     def _published(self, reply: list[Any], p: Partition, drafts: Sequence[Draft],
                    ) -> list[Message]:
         again = reply[-1] == b"again"  # a retry: the first attempt's entries
-        epoch, stamps = p.epoch_of(reply), reply[1:-1] if again else reply[1:]
+        epoch, stamps = epoch_of(reply), reply[1:-1] if again else reply[1:]
         origin = f"{p.tag}.{epoch}"
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
@@ -194,10 +195,12 @@ class Publisher(EnginePart):
         """Append entries to a partition's log in one script call (all or
         nothing); with ``idem``, once per key within the window. (A command
         connection that is down fails it at once, ``RedisNotSent``: 503.)"""
-        keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify, p.foreign)
+        named = p.keys
+        keys: tuple[str, ...] = (named.log, named.meta, named.channels, named.notify,
+                                 named.foreign)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
-            keys += (p.key + idem.key,)
+            keys += (named.key + idem.key,)
             keyed = (idem.fingerprint, self.key_window_ms)
         d = self.shards.evalsha(PUBLISH_SHA, PUBLISH, keys,
                                 (*self.reader.held(p), *keyed, *entries), timeout=self.timeout)
