@@ -118,7 +118,7 @@ class Shards:
         """How each primary owning slots is, for ``/health``: one
         ``{"address", "state", "slots"}`` per primary, by address, its ``state``
         ``up`` when both its connections are up and it answered a PING within
-        ``timeout`` seconds (of the node's own time, client.py), else ``down``
+        ``timeout`` seconds (of the node's own time, timer.py), else ``down``
         (not asked: a connection that is not up is reconnecting, and fails at once).
         Fires once every PING is answered or failed; fails with ``RedisNotSent``
         while the topology is not known, never otherwise."""
