@@ -35,7 +35,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import client_endpoint, trouble
-from pushup.backplane.links import SaidOnce, backoff, first_failure
+from pushup.backplane.links import SaidOnce, backoff, gather
 from pushup.backplane.redis.exceptions import NoScript, reply_error
 
 # Re-exported under their old home: redis/streams.py and the tests import them from here.
@@ -110,11 +110,9 @@ class RedisProtocol(Protocol):
             steps.append(self.execute("AUTH", *credentials, timeout=self._handshake_timeout))
         if self._db:
             steps.append(self.execute("SELECT", self._db, timeout=self._handshake_timeout))
-        defer.gatherResults(steps, consumeErrors=True).addCallbacks(
-            lambda _: self.ready.callback(self), self._handshake_failed)
+        gather(steps).addCallbacks(lambda _: self.ready.callback(self), self._handshake_failed)
 
     def _handshake_failed(self, failure: Failure) -> None:
-        failure = first_failure(failure)
         self.abort(f"handshake failed: {trouble(failure)}")
         self.ready.errback(failure)
 
