@@ -53,10 +53,15 @@ class LogReader(EnginePart):
         self.stopped = False
         self.lost_epochs = 0  # times a log was found to have lost entries we held
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
+        self._retries: dict[int, Any] = {}  # partition index -> its failed read's retry
 
     def stop(self) -> None:
-        """No read starts or is retried from now on."""
+        """No read starts or is retried from now on (no retry's timer outlives it)."""
         self.stopped = True
+        for call in self._retries.values():
+            if call.active():
+                call.cancel()
+        self._retries.clear()
 
     def held(self, p: Partition) -> tuple[int, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
@@ -147,7 +152,8 @@ class LogReader(EnginePart):
                              tag=p.tag, why=result.getErrorMessage())
                 else:
                     log.failure("redis {tag}: reading the log failed", result, tag=p.tag)
-                self.clock.callLater(RETRY, self.read_back, p, "a read failed")
+                if p.index not in self._retries:  # (one armed already reads it again)
+                    self._retries[p.index] = self.clock.callLater(RETRY, self._retry, p)
             return
         if not p.followed:  # let go of while it was read
             return
@@ -161,6 +167,10 @@ class LogReader(EnginePart):
             for d in ready:
                 d.callback(None)
         self._say_gone()
+
+    def _retry(self, p: Partition) -> None:
+        self._retries.pop(p.index, None)
+        self.read_back(p, "a read failed")
 
     def _lost_epoch(self, p: Partition, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap
