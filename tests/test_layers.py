@@ -20,6 +20,7 @@ SHARED = ("pushup._twisted", "pushup._libc")
 # The seam every layer above the engines may import: the Backplane, and beside it
 # the StreamEngine (as centrifuge's MapBroker beside its Broker).
 SEAM = ("pushup.backplane", "pushup.backplane.stream_engine")
+LINKS = "pushup.backplane.links"  # the link toolkit every engine shares
 ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
     "pushup.core": ("pushup.core",),
     "pushup.config": ("pushup.core", "pushup.config"),
@@ -27,9 +28,9 @@ ALLOWED = {  # a module's layer -> the prefixes it may import from pushup
                     *SHARED),
     "pushup.backplane.disk": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.backplane.mesh": ("pushup.core", "pushup.config", "pushup.backplane:seam",
-                              "pushup.backplane.mesh", *SHARED),
+                              "pushup.backplane.mesh", LINKS, *SHARED),
     "pushup.backplane.redis": ("pushup.core", "pushup.config", "pushup.backplane:seam",
-                               "pushup.backplane.redis", *SHARED),
+                               "pushup.backplane.redis", LINKS, *SHARED),
     "pushup.backplane": ("pushup.core", "pushup.config", "pushup.backplane:seam"),
     "pushup.ops": ("pushup",),
     "pushup.__main__": ("pushup.ops",),

@@ -31,6 +31,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 
 from pushup.backplane import ChannelOp, trouble
+from pushup.backplane.links import backoff
 from pushup.backplane.mesh.dial import UNIX_SCHEME, Dial, PeerRefused, dialer
 from pushup.backplane.mesh.outbound import Outbound, PeerError
 from pushup.backplane.mesh.phases import DiallingPhase
@@ -52,8 +53,7 @@ def retry_after(failures: int, draw: float) -> float:
     that lost the same peer do not dial it in step. Defined for any count:
     the doubling stops at the cap (``0.1 * 2 ** 1024`` overflowed a float, and
     the link stopped retrying)."""
-    doubled = 0.1 * 2.0 ** min(failures, 16)  # 6,553 s: past any cap
-    return min(BACKOFF_MAX, doubled) * (1.0 - JITTER * draw)
+    return backoff(failures, cap=BACKOFF_MAX, jitter=JITTER, draw=draw)
 
 
 class PeerTimeout(PeerError):

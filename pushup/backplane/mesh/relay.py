@@ -28,6 +28,7 @@ from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 
 from pushup.backplane import Fields, Relayed, RelayedStream
+from pushup.backplane.links import unanswered
 from pushup.backplane.mesh.owners import HOP, hop_mark
 from pushup.core import errors
 
@@ -214,8 +215,9 @@ def _unanswered(failure: Failure, node: str, method: bytes) -> Failure:
     if isinstance(failure.value, errors.PushUpError):
         return failure
     where = f"the node that holds this stream ({node})"
-    if isinstance(failure.value, ConnectError | RequestTransmissionFailed) \
-            or method not in WRITES:
-        raise errors.EngineUnavailable(f"{where} cannot be reached; retry shortly")
-    raise errors.OutcomeUnknown(f"{where} took this request and gave no answer: it may be "
-                                "stored; retry it (with the same producer headers)")
+    # a read that got no answer did nothing either: as if never sent
+    sent = method in WRITES and not isinstance(failure.value,
+                                               ConnectError | RequestTransmissionFailed)
+    raise unanswered(sent=sent, never_sent=f"{where} cannot be reached; retry shortly",
+                     no_answer=f"{where} took this request and gave no answer: it may be "
+                               "stored; retry it (with the same producer headers)")

@@ -11,13 +11,9 @@ client-side timeouts unless a command asks for one, so a blocking ``XREAD`` may 
 long as it likes; a timeout is counted in the node's own time (``NodeTimer``), so it
 means "Redis did not answer", never "this node was too busy to read the answer".
 
-Errors, by origin: ``RedisError`` is Redis's own error reply (the connection is fine);
-``RedisGone`` means no reply will come (the command may or may not have run),
-``RedisTimeout`` is the ``RedisGone`` of a command that outlived its ``timeout``, and
-``RedisNotSent`` the ``RedisGone`` of a command never written (it cannot have run).
-
-``RedisPubSubProtocol`` is the same connection in sharded pub/sub mode, where Redis
-also sends arrays no command asked for (pool.py's subscriber connections).
+Errors are exceptions.py's (``RedisError`` typed by its reply's first word,
+``RedisGone``, ``RedisTimeout``, ``RedisNotSent``); the same connection in sharded
+pub/sub mode is pubsub.py's.
 """
 
 from __future__ import annotations
@@ -39,6 +35,15 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import client_endpoint, trouble
+from pushup.backplane.links import SaidOnce, backoff, gather
+from pushup.backplane.redis.exceptions import NoScript, reply_error
+
+# Re-exported under their old home: redis/streams.py and the tests import them from here.
+from pushup.backplane.redis.exceptions import RedisError as RedisError
+from pushup.backplane.redis.exceptions import RedisGone as RedisGone
+from pushup.backplane.redis.exceptions import RedisNotSent as RedisNotSent
+from pushup.backplane.redis.exceptions import RedisTimeout as RedisTimeout
+from pushup.backplane.redis.timer import NodeTimer as NodeTimer
 from pushup.config import RedisURL, parse_url
 
 log = Logger()
@@ -48,45 +53,11 @@ MIN_DELAY = 0.1  # seconds before the first reconnect; doubles per failure ...
 MAX_DELAY = 1.0  # ... up to this
 HANDSHAKE_TIMEOUT = 5.0  # AUTH/SELECT/PING must answer within this, or the connection is dropped
 _INCOMPLETE = object()  # hiredis.Reader.gets() result when no whole reply is buffered
-SLICES = 8  # a NodeTimer counts its time in this many timed calls, one after the other
-# A timed call armed by a timed call runs after the reactor's next I/O pass (Twisted
-# inserts it at the next runUntilCurrent, and polls with no wait first): 0 would do on a
-# real reactor; 1 ms keeps that order on a task.Clock, which runs a call due now within
-# the same advance.
-IO_PASS = 0.001
-
-
-class RedisError(Exception):
-    """Redis answered this command with an error reply, e.g. ``NOSCRIPT No matching...``."""
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class RedisGone(Exception):
-    """No reply will come: not connected, or the connection went while waiting."""
-
-
-class RedisTimeout(RedisGone):
-    """No reply within the command's ``timeout``; the connection was dropped for it."""
-
-
-class RedisNotSent(RedisGone):
-    """Not connected when the command was issued: it was never written, so never ran."""
 
 
 def script_sha(script: str | bytes) -> str:
     """The SHA1 Redis names ``script`` by (what EVALSHA takes)."""
     return hashlib.sha1(script.encode() if isinstance(script, str) else script).hexdigest()
-
-
-def first_failure(failure: Failure) -> Failure:
-    """A call over several commands (``gatherResults``) failed: the first one's failure."""
-    if isinstance(failure.value, defer.FirstError):
-        first: Failure = failure.value.subFailure
-        return first
-    return failure
 
 
 def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
@@ -95,62 +66,6 @@ def redis_endpoint(reactor: Any, url: RedisURL, timeout: float) -> Any:
         return UNIXClientEndpoint(reactor, url.path,  # type: ignore[no-untyped-call]
                                   timeout=timeout)
     return client_endpoint(reactor, url.host, url.port, timeout=timeout)
-
-
-# --- time that counts against Redis ------------------------------------------------
-
-class NodeTimer:
-    """Call ``expire()`` after ``seconds`` of this node's own time, and after one more
-    I/O pass: what a deadline on Redis's answer must count.
-
-    The time is counted in ``SLICES`` timed calls, each armed when the one before ran,
-    so a reactor turn in which the node was behind (its own queue of work, its CPU
-    budget spent) counts as one slice however long it lasted. When the last slice has
-    run, the reactor reads its sockets once more before ``expire``: Twisted runs the
-    timed calls of a turn before it polls, so an answer that came while the node was
-    busy sits unread when the timer is due. ``progress()``, if given, is sampled before
-    that pass: while it changes over a pass (bytes from Redis are still coming in),
-    another pass is granted, ``SLICES`` at most. ``active()``/``cancel()`` as an
-    ``IDelayedCall``'s; ``cancel`` is a no-op once it has expired.
-    """
-
-    def __init__(self, clock: Any, seconds: float, expire: Callable[[], object], *,
-                 progress: Callable[[], object] | None = None) -> None:
-        self._clock = clock
-        self._slice = seconds / SLICES
-        self._slices_left = SLICES
-        self._passes_left = SLICES
-        self._expire = expire
-        self._progress = progress
-        self._seen: object = None
-        self._call: Any = clock.callLater(self._slice, self._tick)
-
-    def active(self) -> bool:
-        return self._call is not None
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
-    def _tick(self) -> None:
-        self._slices_left -= 1
-        if self._slices_left > 0:
-            self._call = self._clock.callLater(self._slice, self._tick)
-            return
-        self._seen = self._progress() if self._progress is not None else None
-        self._call = self._clock.callLater(IO_PASS, self._after_pass)
-
-    def _after_pass(self) -> None:
-        self._passes_left -= 1
-        if self._progress is not None and self._passes_left > 0:
-            now = self._progress()
-            if now != self._seen:
-                self._seen = now
-                self._call = self._clock.callLater(IO_PASS, self._after_pass)
-                return
-        self._call = None
-        self._expire()
 
 
 # --- one connection -----------------------------------------------------------------
@@ -172,7 +87,9 @@ class RedisProtocol(Protocol):
         self._username = username
         self._db = db
         self._handshake_timeout = handshake_timeout
-        self._reader = hiredis.Reader(replyError=RedisError, notEnoughData=_INCOMPLETE)
+        # every error reply, one inside an array too, typed by its first word (exceptions.py)
+        self._reader = hiredis.Reader(replyError=reply_error,
+                                      notEnoughData=_INCOMPLETE)
         self._waiting: deque[Deferred[Any]] = deque()
         self._gone: str | None = None  # why commands now fail, once the connection is going
         self._closed = False
@@ -193,11 +110,9 @@ class RedisProtocol(Protocol):
             steps.append(self.execute("AUTH", *credentials, timeout=self._handshake_timeout))
         if self._db:
             steps.append(self.execute("SELECT", self._db, timeout=self._handshake_timeout))
-        defer.gatherResults(steps, consumeErrors=True).addCallbacks(
-            lambda _: self.ready.callback(self), self._handshake_failed)
+        gather(steps).addCallbacks(lambda _: self.ready.callback(self), self._handshake_failed)
 
     def _handshake_failed(self, failure: Failure) -> None:
-        failure = first_failure(failure)
         self.abort(f"handshake failed: {trouble(failure)}")
         self.ready.errback(failure)
 
@@ -298,67 +213,6 @@ class RedisProtocol(Protocol):
         self.lost.callback(None)
 
 
-# --- one connection in sharded pub/sub mode -----------------------------------------
-
-PushHandler = Callable[[bytes, bytes, Any], None]  # (kind, channel, payload or count)
-PUSHED_KINDS = frozenset({b"ssubscribe", b"sunsubscribe", b"smessage"})
-
-
-class RedisPubSubProtocol(RedisProtocol):
-    """One connection in RESP2 sharded pub/sub mode (SSUBSCRIBE), where Redis sends
-    arrays nobody asked for.
-
-    Every ``ssubscribe``/``sunsubscribe``/``smessage`` array goes to ``on_push(kind,
-    channel, payload or count)`` in the order Redis sent it, whether it answers our
-    command or Redis pushed it (a ``sunsubscribe`` when the channel's slot moved to
-    another node). Any other reply (an error such as ``MOVED`` for SSUBSCRIBE, PING's
-    ``pong``) fires the oldest waiting command, as in ``RedisProtocol``.
-    """
-
-    def __init__(self, clock: Any, on_push: PushHandler, **handshake: Any) -> None:
-        super().__init__(clock, **handshake)
-        self._on_push = on_push
-        # per waiting command, in the same order: the array that answers it, if any
-        self._answers: deque[tuple[bytes, bytes] | None] = deque()
-
-    def execute(self, *args: Arg, timeout: float | None = None) -> Deferred[Any]:
-        return self._send(None, args, timeout)
-
-    def ssubscribe(self, channel: bytes) -> Deferred[Any]:
-        """SSUBSCRIBE one channel. Fires with Redis's confirmation (which ``on_push``
-        also gets), or fails with its error reply (``MOVED``, ``CLUSTERDOWN``)."""
-        return self._send((b"ssubscribe", channel), ("SSUBSCRIBE", channel), None)
-
-    def sunsubscribe(self, channel: bytes) -> Deferred[Any]:
-        return self._send((b"sunsubscribe", channel), ("SUNSUBSCRIBE", channel), None)
-
-    def _send(self, answer: tuple[bytes, bytes] | None, args: tuple[Arg, ...],
-              timeout: float | None) -> Deferred[Any]:
-        sent = super().execute(*args, timeout=timeout)
-        if not sent.called:  # written: a reply is owed
-            self._answers.append(answer)
-        return sent
-
-    def _deliver(self, reply: Any) -> bool:
-        if isinstance(reply, list) and len(reply) == 3 and reply[0] in PUSHED_KINDS:
-            kind, channel = reply[0], reply[1]
-            if self._answers and self._answers[0] == (kind, channel):
-                self._answers.popleft()
-                super()._deliver(reply)
-            try:
-                self._on_push(kind, channel, reply[2])
-            except Exception:
-                log.failure("redis: a pub/sub listener failed")
-            return True
-        if self._answers:
-            self._answers.popleft()
-        return super()._deliver(reply)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._answers.clear()
-        super().connectionLost(reason)
-
-
 # --- a connection that comes back ---------------------------------------------------
 
 class RedisConnection:
@@ -372,19 +226,14 @@ class RedisConnection:
     """
 
     def __init__(self, url: RedisURL | str, reactor: Any, *,
-                 connect_timeout: float = HANDSHAKE_TIMEOUT, quiet: bool = False,
-                 on_push: PushHandler | None = None) -> None:
+                 connect_timeout: float = HANDSHAKE_TIMEOUT, quiet: bool = False) -> None:
         """``reactor`` provides IReactorTime and IReactorTCP (IReactorUNIX for unix://).
-
-        ``on_push``: a pub/sub connection (``RedisPubSubProtocol``, see ``pubsub``)
-        whose pushed arrays go to ``on_push``.
 
         The log tells each change of state once (up, lost, unreachable and why);
         ``quiet``: at debug level only (a second connection to the same Redis,
         whose changes the first one tells already).
         """
         self.url = parse_url(url) if isinstance(url, str) else url
-        self._on_push = on_push
         self._say = log.debug if quiet else None
         self.connected = False
         self.on_connect: list[Callable[[], object]] = []
@@ -395,8 +244,8 @@ class RedisConnection:
         self._protocol: RedisProtocol | None = None  # from TCP connect until lost
         self._attempt: Deferred[Any] | None = None
         self._retry: Any = None  # the reconnect's IDelayedCall
-        self._delay = MIN_DELAY
-        self._last_complaint = ""
+        self._failures = 0  # reconnects in a row since it was last up (``backoff``)
+        self._said = SaidOnce()  # why it is unreachable, as last logged
         self._stop_waiters: list[Deferred[None]] = []
         self._scripts: dict[str, str | bytes] = {}  # loaded again on every reconnect
 
@@ -435,10 +284,9 @@ class RedisConnection:
         return self._protocol.execute(*args, timeout=timeout)
 
     @property
-    def pubsub(self) -> RedisPubSubProtocol | None:
-        """The current connection's protocol, when up and made with ``on_push``."""
-        protocol = self._protocol if self.connected else None
-        return protocol if isinstance(protocol, RedisPubSubProtocol) else None
+    def protocol(self) -> RedisProtocol | None:
+        """The current connection's protocol, while up."""
+        return self._protocol if self.connected else None
 
     def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Arg], args: Sequence[Arg],
                 *, timeout: float | None = None) -> Deferred[Any]:
@@ -453,7 +301,7 @@ class RedisConnection:
 
         def fallback(failure: Failure) -> Any:
             error = failure.value
-            if not isinstance(error, RedisError) or not error.message.startswith("NOSCRIPT"):
+            if not isinstance(error, NoScript):
                 return failure
             return self.execute("EVAL", script, numkeys, *keys, *args, timeout=timeout)
 
@@ -466,13 +314,16 @@ class RedisConnection:
         handshake: dict[str, Any] = dict(password=url.password, db=url.db,
                                          username=url.username,
                                          handshake_timeout=self._connect_timeout)
-        protocol = (RedisProtocol(self._reactor, **handshake) if self._on_push is None
-                    else RedisPubSubProtocol(self._reactor, self._on_push, **handshake))
+        protocol = self._make_protocol(handshake)
         endpoint = redis_endpoint(self._reactor, url, self._connect_timeout)
         attempt: Deferred[Any] = connectProtocol(endpoint, protocol)  # type: ignore[no-untyped-call]
         self._attempt = attempt
         attempt.addCallback(self._made)
         attempt.addCallbacks(self._ready, self._failed)
+
+    def _make_protocol(self, handshake: dict[str, Any]) -> RedisProtocol:
+        """A new connection's protocol (pubsub.py's ``PubSubConnection`` makes its own)."""
+        return RedisProtocol(self._reactor, **handshake)
 
     def _made(self, protocol: RedisProtocol) -> Deferred[RedisProtocol]:
         self._attempt = None
@@ -502,8 +353,8 @@ class RedisConnection:
         if protocol is not self._protocol or not self._running:
             return
         self.connected = True
-        self._delay = MIN_DELAY
-        self._last_complaint = ""
+        self._failures = 0
+        self._said.clear()
         (self._say or log.info)("redis {redis} is up", redis=str(self.url), state="up")
         self._tell(self.on_connect)
 
@@ -528,8 +379,7 @@ class RedisConnection:
 
     def _complain(self, why: str) -> None:
         """Redis cannot be used: said once per reason, until it is up again."""
-        if why != self._last_complaint:
-            self._last_complaint = why
+        if self._said.new(why):
             (self._say or log.warn)("redis {redis} unreachable ({why}); retrying every {retry:g} s,"
                                     " quietly", redis=str(self.url), state="unreachable",
                                     why=why, retry=MAX_DELAY)
@@ -552,7 +402,13 @@ class RedisConnection:
 
     def _retry_later(self) -> None:
         self._retry = self._reactor.callLater(self._delay, self._connect)
-        self._delay = min(self._delay * 2, MAX_DELAY)
+        self._failures += 1
+
+    @property
+    def _delay(self) -> float:
+        """Seconds before the next reconnect: MIN_DELAY, doubled per failure up to
+        MAX_DELAY (no jitter: the reconnects of one node's connections are few)."""
+        return backoff(self._failures, base=MIN_DELAY, cap=MAX_DELAY)
 
     def _tell(self, listeners: list[Callable[[], object]]) -> None:
         for listener in list(listeners):

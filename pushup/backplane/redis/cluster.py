@@ -8,8 +8,8 @@ multi-key command caught mid-migration, sent again shortly). ``Shards`` puts
 together what keeps the rest right: ``slotmap.py`` (who owns each slot),
 ``pool.py`` (one command and one subscriber connection per primary) and
 ``subscriptions.py`` (sharded pub/sub). It never interprets what a command does:
-errors keep client.py's meaning (``RedisNotSent``, ``RedisGone``, ``RedisTimeout``,
-``RedisError``).
+errors keep exceptions.py's types (``RedisNotSent``, ``RedisGone``, ``RedisTimeout``,
+``RedisError`` and its kinds: ``Moved``, ``Ask`` and ``TryAgain`` are followed here).
 """
 
 from __future__ import annotations
@@ -22,12 +22,8 @@ from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from pushup.backplane.redis.client import (
-    Arg,
-    RedisConnection,
-    RedisError,
-    RedisNotSent,
-)
+from pushup.backplane.redis.client import Arg, RedisConnection
+from pushup.backplane.redis.exceptions import Moved, Redirected, RedisNotSent, TryAgain
 from pushup.backplane.redis.pool import Pool, Primary
 from pushup.backplane.redis.slotmap import ShardsRefused, SlotMap
 from pushup.backplane.redis.slots import key_slot
@@ -122,7 +118,7 @@ class Shards:
         """How each primary owning slots is, for ``/health``: one
         ``{"address", "state", "slots"}`` per primary, by address, its ``state``
         ``up`` when both its connections are up and it answered a PING within
-        ``timeout`` seconds (of the node's own time, client.py), else ``down``
+        ``timeout`` seconds (of the node's own time, timer.py), else ``down``
         (not asked: a connection that is not up is reconnecting, and fails at once).
         Fires once every PING is answered or failed; fails with ``RedisNotSent``
         while the topology is not known, never otherwise."""
@@ -165,24 +161,18 @@ class Shards:
         where Redis says (at most ``left`` more redirects, ``TRYAGAIN_TRIES``
         more tries)."""
         error = failure.value
-        if not isinstance(error, RedisError):
-            return failure
-        word, _, rest = error.message.partition(" ")
-        if word == "TRYAGAIN":  # a multi-key command whose keys are split mid-migration
+        if isinstance(error, TryAgain):  # a multi-key command whose keys are split mid-migration
             if tries >= TRYAGAIN_TRIES:
                 return failure
             return task.deferLater(self._reactor, TRYAGAIN_DELAY,
                                     lambda: self._route(key, send, left, tries=tries + 1))
-        if left <= 0:
+        if left <= 0 or not isinstance(error, Redirected):
             return failure
-        if word not in ("MOVED", "ASK"):
-            return failure
-        slot, _, address = rest.partition(" ")
-        if word == "MOVED":
-            target = self._map.moved(int(slot), address)
+        if isinstance(error, Moved):
+            target = self._map.moved(error.slot, error.address)
             return self._pool.when_up(target).addCallback(
                 lambda _: self._route(key, send, left - 1))
-        target = self._pool.primary(address)
+        target = self._pool.primary(error.address)  # ASK
         return self._pool.when_up(target).addCallback(
             lambda _: self._route(key, send, left - 1, asking=target))
 

@@ -21,10 +21,11 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane.redis.client import RedisError, RedisGone
 from pushup.backplane.redis.cluster import Shards
+from pushup.backplane.redis.exceptions import RedisError, RedisGone
+from pushup.backplane.redis.following import Partition
 from pushup.backplane.redis.interest import Interest
-from pushup.backplane.redis.partitions import Partition, partition_tags
+from pushup.backplane.redis.partitions import partition_tags
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.publishing import Publisher
 from pushup.backplane.redis.reader import RETRY, LogReader

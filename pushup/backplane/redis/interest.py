@@ -21,11 +21,12 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pushup.backplane.redis.client import NodeTimer, first_failure
+from pushup.backplane.links import gather
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.partitions import Partition
+from pushup.backplane.redis.following import Partition, Step
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader
+from pushup.backplane.redis.timer import NodeTimer
 from pushup.core import errors
 from pushup.core.service import Service
 
@@ -79,9 +80,7 @@ class Interest(EnginePart):
                     missing.append(p)
         if not missing:
             return None
-        d: defer.Deferred[Any] = defer.gatherResults(
-            [self._when_ready(p) for p in dict.fromkeys(missing)], consumeErrors=True)
-        d.addErrback(first_failure)
+        d: defer.Deferred[Any] = gather([self._when_ready(p) for p in dict.fromkeys(missing)])
         # what is read may name partitions abroad to follow too: ask again
         d.addCallback(lambda _: self.prepare(names))
         return d
@@ -121,8 +120,8 @@ class Interest(EnginePart):
     def _follow(self, p: Partition) -> None:
         """Subscribe to the partition's notifications (its read back follows)."""
         if not p.followed and not self.stopped:
-            p.followed = True
-            self.shards.subscribe(p.notify, partial(self.reader.notified, p),
+            p.move(Step.FOLLOW)
+            self.shards.subscribe(p.keys.notify, partial(self.reader.notified, p),
                                   partial(self.reader.read_back, p))
 
     def let_go_of_unneeded(self) -> None:
@@ -139,12 +138,12 @@ class Interest(EnginePart):
             p.needed_by = {name for name in p.needed_by if hub.waiting_on(name)}
             if p.needed_by:
                 p.needed_at = now
-            elif now - p.needed_at > self.linger and not p.reading and not p.when_ready:
+            elif now - p.needed_at > self.linger and not p.reads.running and not p.when_ready:
                 self._unfollow(p)
 
     def _unfollow(self, p: Partition) -> None:
-        self.shards.unsubscribe(p.notify)
-        p.followed = p.ready = False
+        self.shards.unsubscribe(p.keys.notify)
+        p.move(Step.LET_GO)
         p.waiting = []
         p.needed_by = set()
         # read again with the log when followed again (and, not followed, it

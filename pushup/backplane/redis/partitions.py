@@ -8,7 +8,7 @@ partition is one script call that appends to its log and notifies its
 followers. Values and text only: no connection (``publishing.py`` and
 ``reader.py`` run them).
 
-Keys of partition T (see ``Partition``):
+Keys of partition T (see ``PartitionKeys``):
 
 - ``pushup:{T}:log``: a stream; entry id ``<seq>-0``; fields ``t`` (µs),
   ``k`` (``m`` a message, ``o`` a channel operation, ``f`` a note that a
@@ -32,14 +32,14 @@ Keys of partition T (see ``Partition``):
 
 from __future__ import annotations
 
-import secrets
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from pushup.backplane.redis.client import script_sha
-from pushup.backplane.redis.slots import SLOTS, key_slot
+from pushup.backplane.redis.slots import SLOTS, hash_tag, key_slot
 from pushup.config import Config
 
 BALANCED_UP_TO = 256  # up to this many partitions, tags are chosen for even slots
@@ -202,65 +202,41 @@ def partition_tags(count: int) -> list[str]:
     return tags
 
 
-def hash_tag(name: str) -> str:
-    """What of a name is hashed, by Redis Cluster's rule: the part between its
-    first ``{`` and the next ``}`` if that is not empty, else the whole name."""
-    start = name.find("{")
-    if start >= 0:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return name[start + 1:end]
-    return name
-
-
 def partition_of(channel: str, count: int) -> int:
     """The partition a channel lives in: its hash tag's CRC-32, modulo ``count``."""
     return zlib.crc32(hash_tag(channel).encode()) % count
 
 
-class Partition:
-    """One partition's keys, and how far this node follows its log."""
+@dataclass(frozen=True, slots=True)
+class PartitionKeys:
+    """One partition's number, hash tag and Redis keys (see the module's rule):
+    what names it, never how far a node follows it (``following.Partition``)."""
 
-    def __init__(self, index: int, tag: str) -> None:
-        self.index = index
-        self.tag = tag
-        prefix = f"pushup:{{{tag}}}:"
-        self.log = prefix + "log"
-        self.meta = prefix + "meta"
-        self.channels = prefix + "channels"
-        self.foreign = prefix + "foreign"
-        self.key = prefix + "key:"  # + the Idempotency-Key
-        self.notify = prefix + "n"
-        self.epoch = ""  # the log's epoch this node holds ("": none yet)
-        # what the scripts add to Redis's clock, should the log need a new epoch
-        self.salt = secrets.randbelow(1296)
-        self.followed = False  # subscribed to, and read back after every (re)subscription
-        self.ready = False  # read once since it was followed: held whole
-        self.reading = False  # a read back is under way ...
-        self.again = False  # ... and another must follow it
-        self.waiting: list[bytes] = []  # notifications that came during the read
-        self.when_ready: list[Any] = []  # Deferreds of requests waiting for it
-        self.needed_by: set[str] = set()  # channels whose polls made this node follow it
-        self.needed_at = 0.0  # when a request last needed it (the reactor's seconds)
-        # its channels that have messages in other partitions -> those partitions
-        self.abroad: dict[str, set[int]] = {}
+    index: int
+    tag: str
+    log: str = field(init=False)
+    meta: str = field(init=False)
+    channels: str = field(init=False)
+    foreign: str = field(init=False)
+    key: str = field(init=False)  # + the Idempotency-Key
+    notify: str = field(init=False)
 
-    @property
-    def origin(self) -> str:
-        return f"{self.tag}.{self.epoch}"
-
-    @staticmethod
-    def epoch_of(reply: list[Any]) -> str:
-        """A script's epoch (its reply's first value)."""
-        epoch: str = reply[0].decode()
-        return epoch
+    def __post_init__(self) -> None:
+        prefix = f"pushup:{{{self.tag}}}:"
+        for name, suffix in (("log", "log"), ("meta", "meta"), ("channels", "channels"),
+                             ("foreign", "foreign"), ("key", "key:"), ("notify", "n")):
+            object.__setattr__(self, name, prefix + suffix)
 
 
-def keys_of(channel: str, partitions: int | None = None) -> Partition:
+def epoch_of(reply: list[Any]) -> str:
+    """A script's epoch (its reply's first value)."""
+    epoch: str = reply[0].decode()
+    return epoch
+
+
+def keys_of(channel: str, partitions: int | None = None) -> PartitionKeys:
     """The keys of the partition ``channel`` lives in, with ``partitions`` of them
     (default: ``--redis-partitions``'s), to look at a channel's log in Redis."""
     count = Config().redis_partitions if partitions is None else partitions
     index = partition_of(channel, count)
-    return Partition(index, partition_tags(count)[index])
-
-
+    return PartitionKeys(index, partition_tags(count)[index])

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.partitions import Partition, partition_of
+from pushup.backplane.redis.following import Partition
+from pushup.backplane.redis.partitions import partition_of
 from pushup.core.service import Service
 
 

@@ -17,7 +17,9 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 
-from pushup.backplane.redis.client import RedisConnection, RedisNotSent
+from pushup.backplane.redis.client import RedisConnection
+from pushup.backplane.redis.exceptions import RedisNotSent
+from pushup.backplane.redis.pubsub import PubSubConnection
 from pushup.config import RedisURL
 
 ASK_TIMEOUT = 2.0  # seconds for CLUSTER SLOTS/INFO, and for a new primary's connection
@@ -32,9 +34,9 @@ class Primary:
     def __init__(self, address: str, url: RedisURL, reactor: Any, on_push: Pushed) -> None:
         self.address = address
         self.commands = RedisConnection(url, reactor, connect_timeout=ASK_TIMEOUT)
-        self.subscriber = RedisConnection(
-            url, reactor, connect_timeout=ASK_TIMEOUT, quiet=True,
-            on_push=lambda kind, channel, data: on_push(self, kind, channel, data))
+        self.subscriber = PubSubConnection(
+            url, reactor, lambda kind, channel, data: on_push(self, kind, channel, data),
+            connect_timeout=ASK_TIMEOUT, quiet=True)
         self.subscribed: set[bytes] = set()
         self.up_waiters: list[Deferred[None]] = []
 

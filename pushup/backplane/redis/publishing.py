@@ -24,9 +24,17 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from pushup.backplane import OpKind, Unconfirmed
-from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent, first_failure
+from pushup.backplane.links import gather, unanswered
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.partitions import PUBLISH, PUBLISH_SHA, Partition
+from pushup.backplane.redis.exceptions import (
+    ChannelExists,
+    KeyReused,
+    RedisError,
+    RedisGone,
+    RedisNotSent,
+)
+from pushup.backplane.redis.following import Partition
+from pushup.backplane.redis.partitions import PUBLISH, PUBLISH_SHA, epoch_of
 from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader, logged_op
 from pushup.config import Config
@@ -64,9 +72,7 @@ class Publisher(EnginePart):
                 if there is not home and home.index not in there.abroad.get(name, ()):
                     notes.setdefault(there, []).extend(("f", name, str(home.index)))
         if notes:  # before the messages: a follower of those channels learns where
-            noted = defer.gatherResults([self._append(p, entries)
-                                         for p, entries in notes.items()], consumeErrors=True)
-            noted.addErrback(first_failure)
+            noted = gather([self._append(p, entries) for p, entries in notes.items()])
             return noted.addCallback(lambda _: self._publish_parts(drafts, parts, idem))
         return self._publish_parts(drafts, parts, idem)
 
@@ -79,7 +85,7 @@ class Publisher(EnginePart):
         d = self._append(p, ["o", name, op])
 
         def done(reply: list[Any]) -> Channel:
-            epoch, seq = p.epoch_of(reply), int(reply[1])
+            epoch, seq = epoch_of(reply), int(reply[1])
             if p.ready and epoch == p.epoch:  # applied now if next, else notified
                 self.service.follow(p.origin, [logged_op(seq, 0, name, op)], scoped=True)
             elif p.followed:
@@ -98,8 +104,8 @@ class Publisher(EnginePart):
             ((p, mine),) = parts.items()
             return self._publish_to(p, mine, idem)
         calls = [self._publish_to(p, mine, idem) for p, mine in parts.items()]
-        d: defer.Deferred[Any] = defer.gatherResults(calls, consumeErrors=True)
-        d.addCallbacks(self._in_draft_order, first_failure, callbackArgs=(drafts, parts))
+        d: defer.Deferred[Any] = gather(calls)
+        d.addCallback(self._in_draft_order, drafts, parts)
         return d
 
     def _publish_to(self, p: Partition, drafts: Sequence[Draft], idem: Idem | None,
@@ -130,7 +136,7 @@ class Publisher(EnginePart):
             return messages
         need = 1 if self.publish_ack == "peer" else replicas
         try:
-            acked = yield self.shards.execute(p.log, "WAIT", need, self.ack_timeout_ms,
+            acked = yield self.shards.execute(p.keys.log, "WAIT", need, self.ack_timeout_ms,
                                               timeout=self.ack_timeout_ms / 1000 + self.timeout)
         except (RedisGone, RedisError):
             acked = 0
@@ -145,7 +151,7 @@ class Publisher(EnginePart):
         if known is not None and now - known[1] < REPLICAS_TTL:
             return known[0]
         try:
-            role = yield self.shards.execute(p.log, "ROLE", timeout=self.timeout)
+            role = yield self.shards.execute(p.keys.log, "ROLE", timeout=self.timeout)
             count = len(role[2]) if role[0] == b"master" else 0
         except (RedisGone, RedisError):
             count = 0
@@ -169,7 +175,7 @@ class Publisher(EnginePart):
     def _published(self, reply: list[Any], p: Partition, drafts: Sequence[Draft],
                    ) -> list[Message]:
         again = reply[-1] == b"again"  # a retry: the first attempt's entries
-        epoch, stamps = p.epoch_of(reply), reply[1:-1] if again else reply[1:]
+        epoch, stamps = epoch_of(reply), reply[1:-1] if again else reply[1:]
         origin = f"{p.tag}.{epoch}"
         messages = [Message(origin, int(stamps[2 * i]), int(stamps[2 * i + 1]), d.channels,
                             d.data) for i, d in enumerate(drafts)]
@@ -189,10 +195,12 @@ class Publisher(EnginePart):
         """Append entries to a partition's log in one script call (all or
         nothing); with ``idem``, once per key within the window. (A command
         connection that is down fails it at once, ``RedisNotSent``: 503.)"""
-        keys: tuple[str, ...] = (p.log, p.meta, p.channels, p.notify, p.foreign)
+        named = p.keys
+        keys: tuple[str, ...] = (named.log, named.meta, named.channels, named.notify,
+                                 named.foreign)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
-            keys += (p.key + idem.key,)
+            keys += (named.key + idem.key,)
             keyed = (idem.fingerprint, self.key_window_ms)
         d = self.shards.evalsha(PUBLISH_SHA, PUBLISH, keys,
                                 (*self.reader.held(p), *keyed, *entries), timeout=self.timeout)
@@ -205,19 +213,18 @@ def _unavailable(failure: Failure) -> Any:
     command never left this node (nothing can have been stored, retry
     anywhere), 504 when it was sent and no reply came (it may run yet:
     retry with the same Idempotency-Key)."""
-    if isinstance(failure.value, RedisNotSent):
-        raise errors.EngineUnavailable(f"Redis is unreachable ({failure.getErrorMessage()}); "
-                                       "nothing was acknowledged")
-    if isinstance(failure.value, RedisGone):
-        raise errors.OutcomeUnknown(f"Redis did not answer ({failure.getErrorMessage()}); "
-                                    "the publish may or may not be stored: retry it with "
-                                    "the same Idempotency-Key")
-    if isinstance(failure.value, RedisError):
-        message = str(failure.value)
-        if message.startswith("EXISTS "):  # the script refused a create
-            raise errors.ChannelExists(f"channel {message[7:]!r} exists")
-        if message.startswith("REUSED "):
-            raise errors.KeyReused("this Idempotency-Key was used for a publish with another "
-                                   "body; use a new key for a new publish")
-        raise errors.EngineUnavailable(f"Redis refused the publish: {message}")
+    error = failure.value
+    if isinstance(error, RedisGone):
+        why = failure.getErrorMessage()
+        raise unanswered(sent=not isinstance(error, RedisNotSent),
+                         never_sent=f"Redis is unreachable ({why}); nothing was acknowledged",
+                         no_answer=f"Redis did not answer ({why}); the publish may or may not "
+                                   "be stored: retry it with the same Idempotency-Key")
+    if isinstance(error, ChannelExists):  # the script refused a create
+        raise errors.ChannelExists(f"channel {error.channel!r} exists")
+    if isinstance(error, KeyReused):
+        raise errors.KeyReused("this Idempotency-Key was used for a publish with another "
+                               "body; use a new key for a new publish")
+    if isinstance(error, RedisError):
+        raise errors.EngineUnavailable(f"Redis refused the publish: {error.message}")
     return failure

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from twisted.internet import defer
@@ -24,9 +25,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import ChannelOp
-from pushup.backplane.redis.client import RedisError, RedisGone
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, Partition, decode_told
+from pushup.backplane.redis.exceptions import RedisError, RedisGone
+from pushup.backplane.redis.following import Partition, Step
+from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, decode_told, epoch_of
 from pushup.backplane.redis.parts import EnginePart
 from pushup.core.follow import Entry, Hole, LoggedOp, Passed, Skip
 from pushup.core.model import Message
@@ -51,10 +53,15 @@ class LogReader(EnginePart):
         self.stopped = False
         self.lost_epochs = 0  # times a log was found to have lost entries we held
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
+        self._retries: dict[int, Any] = {}  # partition index -> its failed read's retry
 
     def stop(self) -> None:
-        """No read starts or is retried from now on."""
+        """No read starts or is retried from now on (no retry's timer outlives it)."""
         self.stopped = True
+        for call in self._retries.values():
+            if call.active():
+                call.cancel()
+        self._retries.clear()
 
     def held(self, p: Partition) -> tuple[int, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
@@ -66,7 +73,7 @@ class LogReader(EnginePart):
         (else read the log back); during a read back, after it."""
         if not p.followed:
             return
-        if p.reading or not p.ready:
+        if p.reads.running or not p.ready:
             p.waiting.append(payload)
             return
         self._apply(p, payload)
@@ -77,14 +84,11 @@ class LogReader(EnginePart):
         the requests waiting for the partition (``p.when_ready``) go on."""
         if self.stopped or not p.followed:
             return
-        if p.reading:
-            p.again = True
-            return
-        if p.ready:
+        if p.ready and not p.reads.running:
             log.debug("redis {tag}: {why}; reading the log back", tag=p.tag, why=why)
-        p.reading = True
-        d = self._read(p)
-        d.addBoth(self._read_done, p)
+        started = p.reads.ask(partial(self._read, p))  # during a read: once more after it
+        if started is not None:
+            started.addBoth(self._read_done, p)
 
     def _apply(self, p: Partition, payload: bytes) -> None:
         told = decode_told.decode(payload)
@@ -116,9 +120,10 @@ class LogReader(EnginePart):
 
     @defer.inlineCallbacks
     def _read(self, p: Partition) -> Any:
-        reply = yield self.shards.evalsha(CHECK_SHA, CHECK, (p.log, p.meta), self.held(p),
-                                          timeout=self.timeout)
-        epoch = p.epoch_of(reply)
+        keys = p.keys
+        reply = yield self.shards.evalsha(CHECK_SHA, CHECK, (keys.log, keys.meta),
+                                          self.held(p), timeout=self.timeout)
+        epoch = epoch_of(reply)
         if epoch != p.epoch or not p.ready:
             if p.epoch and p.ready and epoch != p.epoch:
                 self._lost_epoch(p, epoch)
@@ -131,7 +136,7 @@ class LogReader(EnginePart):
             yield self._load_channels(p)
         while True:
             after = self.store.horizon_of(p.origin)
-            page = yield self.shards.execute(p.log, "XRANGE", p.log, f"({after}-0", "+",
+            page = yield self.shards.execute(keys.log, "XRANGE", keys.log, f"({after}-0", "+",
                                              "COUNT", PAGE, timeout=self.timeout)
             if page:
                 self._apply_entries(p, page)
@@ -139,7 +144,6 @@ class LogReader(EnginePart):
                 return
 
     def _read_done(self, result: Any, p: Partition) -> None:
-        p.reading = False
         waiting, p.waiting = p.waiting, []
         if isinstance(result, Failure):
             if not self.stopped and p.followed:
@@ -148,21 +152,25 @@ class LogReader(EnginePart):
                              tag=p.tag, why=result.getErrorMessage())
                 else:
                     log.failure("redis {tag}: reading the log failed", result, tag=p.tag)
-                self.clock.callLater(RETRY, self.read_back, p, "a read failed")
+                if p.index not in self._retries:  # (one armed already reads it again)
+                    self._retries[p.index] = self.clock.callLater(RETRY, self._retry, p)
             return
         if not p.followed:  # let go of while it was read
             return
-        p.ready = True
+        p.move(Step.READ)
         for payload in waiting:
             self._apply(p, payload)
-        if p.again:
-            p.again = False
+        if p.reads.take_owed():
             self.read_back(p, "notified during a read")
         else:
             ready, p.when_ready = p.when_ready, []
             for d in ready:
                 d.callback(None)
         self._say_gone()
+
+    def _retry(self, p: Partition) -> None:
+        self._retries.pop(p.index, None)
+        self.read_back(p, "a read failed")
 
     def _lost_epoch(self, p: Partition, epoch: str) -> None:
         """The log we held is gone: everyone behind its end is told of a gap
@@ -179,7 +187,7 @@ class LogReader(EnginePart):
 
     def _say_gone(self) -> None:
         """Once no partition is being read: one line for the logs found gone."""
-        if not self._gone or any(p.reading for p in self.partitions):
+        if not self._gone or any(p.reads.running for p in self.partitions):
             return
         gone, self._gone = self._gone, []
         behind = [f"{origin}:{held}" for origin, held in gone if held]
@@ -193,7 +201,8 @@ class LogReader(EnginePart):
     def _load_channels(self, p: Partition) -> Any:
         """The partition's explicit channels, and where its channels have
         messages abroad."""
-        raw = yield self.shards.execute(p.channels, "HGETALL", p.channels,
+        keys = p.keys
+        raw = yield self.shards.execute(keys.channels, "HGETALL", keys.channels,
                                         timeout=self.timeout)
         now = self.service.now()
         for name, value in zip(raw[::2], raw[1::2], strict=True):
@@ -201,7 +210,7 @@ class LogReader(EnginePart):
             if op["expires_at"] > now:
                 self.service.apply_op(
                     ChannelOp("create", name.decode(), 0, op["ttl"], op["expires_at"]), now)
-        abroad = yield self.shards.execute(p.foreign, "HGETALL", p.foreign,
+        abroad = yield self.shards.execute(keys.foreign, "HGETALL", keys.foreign,
                                            timeout=self.timeout)
         for name, value in zip(abroad[::2], abroad[1::2], strict=True):
             for other in json.loads(value):

@@ -20,7 +20,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pushup.backplane import trouble
-from pushup.backplane.redis.client import MAX_DELAY, RedisNotSent
+from pushup.backplane.links import SaidOnce, SingleFlight
+from pushup.backplane.redis.client import MAX_DELAY
+from pushup.backplane.redis.exceptions import RedisNotSent
 from pushup.backplane.redis.pool import ASK_TIMEOUT, Pool, Primary
 from pushup.backplane.redis.slots import SLOTS, Topology, address_of, key_slot, read_topology
 from pushup.config import RedisURL
@@ -48,13 +50,12 @@ class SlotMap:
         self.known = False  # the map was read at least once
         self.running = False
         self.on_applied: list[Callable[[], object]] = []
-        self._refreshing = False
-        self._refresh_again = False
+        self._reads = SingleFlight()  # map reads: one at a time, once more after
         self._refreshed: list[Deferred[None]] = []  # fire when the read under way is done
         self._first_read: list[Deferred[None]] = []  # read_once()'s
         self._retry: Any = None  # the next periodic re-read's IDelayedCall
         self._reading: Deferred[Any] | None = None  # a read_topology under way
-        self._last_complaint = ""
+        self._said = SaidOnce()  # the trouble last logged
         pool.on_commands_up.append(self.stop_rereading)
         pool.on_commands_lost.append(self.lost)
 
@@ -129,12 +130,13 @@ class SlotMap:
         one more read follows it (the first may predate what prompted the ask)."""
         done: Deferred[None] = Deferred()
         self._refreshed.append(done)
-        if self._refreshing:
-            self._refresh_again = True
-            return done
-        self._refreshing = True
-        self._read().addBoth(self._read_done)
+        self._start_read()
         return done
+
+    def _start_read(self) -> None:
+        started = self._reads.ask(self._read)
+        if started is not None:
+            started.addBoth(self._read_done)
 
     def refresh_later(self) -> None:
         """Re-read the map in a second, unless every connection is up by then."""
@@ -149,12 +151,10 @@ class SlotMap:
 
     def complain(self, why: str) -> None:
         """Log ``why``, unless it is what was logged last."""
-        if why != self._last_complaint:
-            self._last_complaint = why
+        if self._said.new(why):
             log.warn("redis {name}: {why}", name=self._name, why=why)
 
     def _read_done(self, result: Any) -> None:
-        self._refreshing = False
         if not self.running:
             waiters, self._refreshed = self._refreshed, []
             for waiter in waiters:
@@ -165,10 +165,8 @@ class SlotMap:
                 self._refuse(result)
                 return
             self.complain(f"cannot read the topology ({trouble(result)})")
-        if self._refresh_again:
-            self._refresh_again = False
-            self._refreshing = True
-            self._read().addBoth(self._read_done)
+        if self._reads.take_owed():
+            self._start_read()
             return
         if self.known:  # else they wait for the first map
             waiters, self._refreshed = self._refreshed, []
@@ -244,6 +242,6 @@ class SlotMap:
         if before != self.primaries() and self.clustered:  # (one server: the start line says it)
             log.info("redis {name}: a cluster of {primaries}", name=self._name,
                      primaries=", ".join(self.primaries()))
-        self._last_complaint = ""
+        self._said.clear()
         for listener in list(self.on_applied):
             listener()

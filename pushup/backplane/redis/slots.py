@@ -1,4 +1,5 @@
-"""Which Redis node holds what: the slot of a key (``key_slot``) and the slot map a
+"""Which Redis node holds what: the slot of a key (``key_slot``, by its ``hash_tag``,
+the one rule for what of a name Redis Cluster hashes) and the slot map a
 node reports (``Topology``), read by ``read_topology`` with one question to one node on
 a connection of its own. Values and pure functions otherwise: no routing, and no
 connection outlives its question (pool.py keeps the long-lived ones).
@@ -21,15 +22,23 @@ from pushup.config import RedisURL
 SLOTS = 16384
 
 
-def key_slot(key: str | bytes) -> int:
-    """Redis Cluster's slot of ``key``: CRC16/XMODEM of its hash tag (what lies between
-    the first ``{`` and the next ``}``, if not empty), else of the whole key, mod 16384."""
-    data = key.encode() if isinstance(key, str) else key
-    start = data.find(b"{")
+def hash_tag(name: str) -> str:
+    """What of a key or a channel's name Redis Cluster hashes: the part between its
+    first ``{`` and the next ``}`` if that is not empty, else the whole name."""
+    start = name.find("{")
     if start >= 0:
-        end = data.find(b"}", start + 1)
+        end = name.find("}", start + 1)
         if end > start + 1:
-            data = data[start + 1:end]
+            return name[start + 1:end]
+    return name
+
+
+def key_slot(key: str | bytes) -> int:
+    """Redis Cluster's slot of ``key``: CRC16/XMODEM of its ``hash_tag``, mod 16384."""
+    if isinstance(key, str):
+        data = hash_tag(key).encode()  # UTF-8 never puts "{" or "}" inside a character
+    else:  # latin-1 maps each byte to one character and back
+        data = hash_tag(key.decode("latin-1")).encode("latin-1")
     return binascii.crc_hqx(data, 0) % SLOTS  # crc_hqx from 0 is CRC16/XMODEM
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from twisted.python.failure import Failure
 
-from pushup.backplane.redis.client import RedisError
+from pushup.backplane.redis.exceptions import Moved, RedisError
 from pushup.backplane.redis.pool import Pool, Primary
 from pushup.backplane.redis.slotmap import SlotMap
 
@@ -87,10 +87,8 @@ class Subscriptions:
         error = failure.value
         if not isinstance(error, RedisError) or not self._map.running:
             return  # the connection went: _subscriber_up subscribes again
-        word, _, rest = error.message.partition(" ")
-        if word == "MOVED":
-            slot, _, address = rest.partition(" ")
-            self._map.moved(int(slot), address)
+        if isinstance(error, Moved):
+            self._map.moved(error.slot, error.address)
             self._place(channel)
         else:  # e.g. CLUSTERDOWN: try again with the next periodic re-read
             self._map.complain(f"SSUBSCRIBE failed on {primary.address}: {error.message}")

@@ -85,8 +85,8 @@ def test_the_log_numbers_every_publish_and_both_nodes_hold_it_in_that_order(
     for e in (a, b):
         run_until(lambda e=e: len(ids_held(e, "c")) == 4, 10.0, "the tail")
         assert ids_held(e, "c") == first + second + third
-    assert redis_server.cli("XLEN", a.partition("c").log) == 4
-    assert int(redis_server.cli("HGET", a.partition("c").meta, "s")) == 4
+    assert redis_server.cli("XLEN", a.partition("c").keys.log) == 4
+    assert int(redis_server.cli("HGET", a.partition("c").keys.meta, "s")) == 4
 
 
 def test_without_redis_nothing_is_acknowledged(engine, redis_server):
@@ -242,7 +242,7 @@ def test_on_a_cluster_a_publish_is_acknowledged_once_a_replica_holds_it(engine, 
     a.publisher.ack_timeout_ms = 300
     first = wait_for(a.publish([Draft(("acked",), b"1")]), 10.0)
     assert not isinstance(first, Unconfirmed)
-    slot = key_slot(a.partition("acked").log)
+    slot = key_slot(a.partition("acked").keys.log)
     primary = redis_cluster.owner_of(slot)
     [replica] = [port for port in redis_cluster.ports
                  if port != primary and redis_cluster.cli(port, "ROLE")[0] == b"slave"

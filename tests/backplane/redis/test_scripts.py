@@ -6,9 +6,9 @@ import json
 import hiredis
 import pytest
 
-from pushup.backplane.redis.partitions import CHECK, PUBLISH, Partition
+from pushup.backplane.redis.partitions import CHECK, PUBLISH, PartitionKeys
 
-P = Partition(0, "p0")  # one partition's keys: each script runs on one
+P = PartitionKeys(0, "p0")  # one partition's keys: each script runs on one
 LOG, META, CHANNELS, KEY = P.log, P.meta, P.channels, P.key
 
 

@@ -1,0 +1,70 @@
+"""A partition's failed read is retried after ``RETRY`` while the reader runs,
+and never once it stopped: ``stop`` cancels the retry's timer (on task.Clock,
+with a Redis that is never reached)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer, task
+
+from pushup.backplane.redis.exceptions import RedisNotSent
+from pushup.backplane.redis.following import Partition, Step
+from pushup.backplane.redis.reader import RETRY, LogReader
+from pushup.core.model import Origin
+from pushup.core.service import Service
+from pushup.core.store import Retention, Store
+
+S = 1_000_000  # µs
+
+
+class Unreachable:
+    """Shards whose every command fails at once, never sent; counts the reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def evalsha(self, *args: Any, **kwargs: Any) -> defer.Deferred[Any]:
+        self.reads += 1
+        return defer.fail(RedisNotSent("not connected"))
+
+
+def _reader() -> tuple[LogReader, Partition, Unreachable, task.Clock]:
+    clock = task.Clock()
+    store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin("n", 1))
+    shards = Unreachable()
+    p = Partition(0, "p0")
+    reader = LogReader(Service(store, clock, 60.0), shards, [p], clock,  # type: ignore[arg-type]
+                       maxlen=1000, timeout=2.0, on_abroad=lambda *_: None)
+    p.move(Step.FOLLOW)
+    return reader, p, shards, clock
+
+
+def test_a_failed_read_is_tried_again_after_its_delay() -> None:
+    reader, p, shards, clock = _reader()
+    reader.read_back(p)
+    assert shards.reads == 1 and not p.reads.running and not p.ready
+    clock.advance(RETRY)
+    assert shards.reads == 2
+    reader.stop()
+
+
+def test_a_stopped_reader_leaves_no_retry_armed() -> None:
+    reader, p, shards, clock = _reader()
+    reader.read_back(p)
+    assert len(clock.getDelayedCalls()) == 1  # the retry
+    reader.stop()
+    assert clock.getDelayedCalls() == []
+    clock.advance(RETRY)
+    assert shards.reads == 1
+
+
+def test_reads_failing_while_a_retry_is_armed_arm_no_other() -> None:
+    reader, p, shards, clock = _reader()
+    reader.read_back(p)
+    reader.read_back(p, "a notification skipped entries")  # fails too, at once
+    assert shards.reads == 2 and len(clock.getDelayedCalls()) == 1
+    clock.advance(RETRY)
+    assert shards.reads == 3 and len(clock.getDelayedCalls()) == 1  # failed again: re-armed
+    reader.stop()
+    assert clock.getDelayedCalls() == []
