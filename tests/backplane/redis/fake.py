@@ -35,6 +35,7 @@ from unittest import mock
 import msgspec
 from twisted.internet import defer
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from pushup.backplane.redis import engine as engine_module
 from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent
@@ -193,6 +194,15 @@ class FakeShards:
                 return True
         return False
 
+    def outcome(self, d: defer.Deferred[Any]) -> Any:
+        """``d``'s result once everything queued is delivered: its value, or
+        the exception it failed with."""
+        self.settle()
+        assert d.called, "no outcome once the fake Redis settled"
+        box: list[Any] = []
+        d.addBoth(box.append)
+        return box[0].value if isinstance(box[0], Failure) else box[0]
+
     def reorder(self, i: int, j: int) -> None:
         """Swap two queued pushes (which no one connection would)."""
         self.pushes[i], self.pushes[j] = self.pushes[j], self.pushes[i]
@@ -272,6 +282,8 @@ class FakeShards:
         scripted = self._scripted.get(name)
         if failures:
             error, ran = failures.pop(0)
+            if isinstance(error, RedisNotSent):
+                return defer.fail(error)  # never written: it fails at once, as client.py's
             if ran:
                 self._outcome(run)
             outcome: Any = error
