@@ -9,8 +9,9 @@ confirmation of a ``subscribe`` wait in the subscriber connection's queue until
 the test ``push``es them. Any interleaving of the two connections is a choice of
 the test, each connection keeping its own order (the test may break even that,
 ``reorder``). ``EVALSHA`` of a script this fake knows (``partitions.py``'s
-``PUBLISH`` and ``CHECK``) answers what the script would return, with the writes
-it would make; a test injects an error or a reply of its own (``fail_next``,
+``PUBLISH`` and ``CHECK`` in fake_partitions.py, the Durable Streams' in
+fake_streams.py) answers what the script would return, with the writes it
+would make; a test injects an error or a reply of its own (``fail_next``,
 ``reply_next``), drops a connection (``drop_commands``, ``drop_subscriber``:
 what is queued is lost, a subscriber's subscriptions confirmed again once back,
 the re-sync) and loses what Redis held (``lose``).
@@ -32,23 +33,23 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import msgspec
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from pushup.backplane.redis import engine as engine_module
-from pushup.backplane.redis.client import RedisError, RedisGone, RedisNotSent
+from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.backplane.redis.engine import RedisEngine
 from pushup.backplane.redis.partitions import CHECK_SHA, PUBLISH_SHA
 from pushup.config import Config
 from pushup.core.model import Origin
 from pushup.core.service import Service
 from pushup.core.store import Retention, Store
+from tests.backplane.redis import fake_partitions
+from tests.backplane.redis.fake_streams import SCRIPTS as STREAM_SCRIPTS
 
 S = 1_000_000  # µs
 MOST_STEPS = 100_000  # settle()'s bound: a test that loops this long is a bug
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 def _bytes(value: Any) -> bytes:
@@ -58,14 +59,6 @@ def _bytes(value: Any) -> bytes:
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
-
-def base36(n: int) -> str:
-    out = ""
-    while True:
-        n, d = divmod(n, 36)
-        out = _DIGITS[d] + out
-        if n == 0:
-            return out
 
 
 @dataclass
@@ -90,20 +83,33 @@ class Keyspace:
     streams: dict[str, list[tuple[int, list[bytes]]]] = field(default_factory=dict)
     hashes: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     strings: dict[str, bytes] = field(default_factory=dict)
+    lists: dict[str, list[bytes]] = field(default_factory=dict)
+
+
+@dataclass
+class _Redis:
+    """One Redis several clients (nodes) share: its keyspace and clock."""
+
+    data: Keyspace = field(default_factory=Keyspace)
+    appended: list[str] = field(default_factory=list)  # every message's id appended
+    time_us: int = 0  # its clock's last reading
+    clients: list[FakeShards] = field(default_factory=list)
 
 
 class FakeShards:
     """``Shards`` as the engine uses it (see the module's rule). ``log`` lists
-    every command run, by name ("PUBLISH", "CHECK", "XRANGE", ...)."""
+    every command run, by name ("PUBLISH", "CHECK", "XRANGE", ...). ``redis``:
+    another node's client, whose Redis this one shares (each has its own
+    connections; ``settle`` moves them all)."""
 
-    def __init__(self, clock: Clock, *, replicas: int = 0) -> None:
+    def __init__(self, clock: Clock, *, replicas: int = 0,
+                 redis: FakeShards | None = None) -> None:
         self.clock = clock
-        self.data = Keyspace()
+        self.shared = _Redis() if redis is None else redis.shared
+        self.shared.clients.append(self)
         self.replicas = replicas  # what ROLE says the primary has
         self.acks: int | None = None  # what WAIT answers (None: every replica)
         self.log: list[str] = []
-        self._time_us = 0  # Redis's clock's last reading
-        self.appended: list[str] = []  # every message's id a script appended, in order
         self.commands_up = True
         self.subscriber_up = True
         self.replies: deque[tuple[defer.Deferred[Any], Any]] = deque()
@@ -111,6 +117,15 @@ class FakeShards:
         self.subscriptions: dict[bytes, _Subscription] = {}
         self._failures: dict[str, list[tuple[Exception, bool]]] = {}
         self._scripted: dict[str, list[Any]] = {}
+
+    @property
+    def data(self) -> Keyspace:
+        return self.shared.data
+
+    @property
+    def appended(self) -> list[str]:
+        """Every message's id a script appended, in order."""
+        return self.shared.appended
 
     # -- Shards' interface ------------------------------------------------------
 
@@ -135,10 +150,13 @@ class FakeShards:
 
     def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Any], args: Sequence[Any],
                 timeout: float | None = None) -> defer.Deferred[Any]:
-        scripts = {PUBLISH_SHA: ("PUBLISH", self._publish), CHECK_SHA: ("CHECK", self._check)}
+        scripts: dict[str, tuple[str, Any]] = {
+            PUBLISH_SHA: ("PUBLISH", fake_partitions.publish),
+            CHECK_SHA: ("CHECK", fake_partitions.check),
+            **STREAM_SCRIPTS}
         name, run = scripts.get(sha, (f"EVALSHA {sha}", None))
         return self._run(name, lambda: self._unknown(name) if run is None
-                         else run([_text(k) for k in keys], list(args)))
+                         else run(self, [_text(k) for k in keys], list(args)))
 
     def execute(self, key: Any, *args: Any, timeout: float | None = None) -> defer.Deferred[Any]:
         name = _text(args[0]).upper()
@@ -208,9 +226,10 @@ class FakeShards:
         self.pushes[i], self.pushes[j] = self.pushes[j], self.pushes[i]
 
     def settle(self) -> int:
-        """Deliver everything queued, and what that sends, replies first; the steps."""
+        """Deliver everything queued to every client of this Redis, and what that
+        sends, replies first; the steps."""
         for steps in range(MOST_STEPS):
-            if not (self.answer() or self.push()):
+            if not any(c.answer() or c.push() for c in self.shared.clients):
                 return steps
         raise AssertionError("the fake Redis never settled")
 
@@ -246,17 +265,19 @@ class FakeShards:
         holds nothing of the log), its notification is queued."""
         prefix = f"pushup:{{{tag}}}:"
         keys = [prefix + k for k in ("log", "meta", "channels", "n", "foreign")]
-        self._publish(keys, [7, maxlen, "", 0, "", 0, "m", json.dumps(list(channels)), data])
+        fake_partitions.publish(self, keys, [7, maxlen, "", 0, "", 0,
+                                             "m", json.dumps(list(channels)), data])
 
     def lose(self, tag: str, keep: int = 0) -> None:
         """Redis lost what it held of partition ``tag``: all of it (restarted
         empty), or with ``keep``, every entry past the first ``keep`` (a replica
         that lagged, promoted). Either drops both connections, as a restart or a
-        failover does (``reconnect``): no reply crosses a loss."""
+        failover does, for every client (``reconnect``): no reply crosses a loss."""
         prefix = f"pushup:{{{tag}}}:"
-        self.drop_commands()
-        self.drop_subscriber()
-        self._time_us += 1000
+        for client in self.shared.clients:
+            client.drop_commands()
+            client.drop_subscriber()
+        self.shared.time_us += 1000
         if keep == 0:
             for held in (self.data.streams, self.data.hashes, self.data.strings):
                 for key in [k for k in held if k.startswith(prefix)]:
@@ -308,103 +329,19 @@ class FakeShards:
 
     def _now_us(self) -> int:
         """Redis's TIME: the clock's, never back (a restart takes a millisecond at least)."""
-        self._time_us = max(self._time_us + 1, int(round(self.clock.seconds() * S)))
-        return self._time_us
+        shared = self.shared
+        shared.time_us = max(shared.time_us + 1, int(round(self.clock.seconds() * S)))
+        return shared.time_us
 
-    # -- the scripts (partitions.py), as they write and answer -------------------
-
-    def _checked(self, keys: list[str], argv: list[Any]) -> tuple[str, int]:
-        """``_CHECKED``: the log's epoch and last seq, a new epoch if Redis lost it."""
-        log, meta_key = keys[0], keys[1]
-        salt, held_epoch, horizon = int(argv[0]), _text(argv[2]), int(argv[3])
-        meta = self.data.hashes.get(meta_key, {})
-        epoch = _text(meta[b"e"]) if b"e" in meta else None
-        seq = int(meta.get(b"s", b"0"))
-        if epoch is None or (epoch == held_epoch and seq < horizon):
-            n = (self._now_us() // 1000) * 1296 + salt
-            try:
-                held = int(held_epoch, 36)
-            except ValueError:
-                held = None
-            if held is not None and n <= held:
-                n = held + 1
-            epoch, seq = base36(n), 0
-            self.data.streams.pop(log, None)
-            meta = self.data.hashes.setdefault(meta_key, {})
-            meta.update({b"e": epoch.encode(), b"s": b"0"})
-            meta.setdefault(b"t", b"0")
-        return epoch, seq
-
-    def _check(self, keys: list[str], argv: list[Any]) -> list[Any]:
-        epoch, seq = self._checked(keys, argv)
-        return [epoch.encode(), seq]
-
-    def _publish(self, keys: list[str], argv: list[Any]) -> list[Any]:
-        epoch, seq = self._checked(keys, argv)
-        log, meta_key, channels, notify, foreign = keys[:5]
-        maxlen, fingerprint, window = int(argv[1]), _text(argv[4]), int(argv[5])
-        triples = [(_text(argv[i]), _text(argv[i + 1]), _bytes(argv[i + 2]))
-                   for i in range(6, len(argv), 3)]
-        if fingerprint:
-            prior = self.data.strings.get(keys[5])
-            if prior is not None:
-                first = json.loads(prior)
-                if first["e"] == epoch:
-                    if first["f"] != fingerprint:
-                        raise RedisError("REUSED the key was used for another body")
-                    s, t = int(first["s"]), int(first["t"])
-                    again: list[Any] = [epoch.encode()]
-                    for j in range(int(first["n"])):
-                        again += [s + j, b"%d" % (t + j)]
-                    return [*again, b"again"]
-        held_channels = self.data.hashes.get(channels, {})
-        for kind, c, d in triples:
-            if kind == "o" and json.loads(d)["op"] == "create" and c.encode() in held_channels:
-                raise RedisError(f"EXISTS {c}")
-        now = self._now_us()
-        meta = self.data.hashes[meta_key]
-        last = int(meta[b"t"])
-        out: list[Any] = [epoch.encode()]
-        told: list[Any] = [epoch]
-        for kind, c, d in triples:
-            if kind == "f":
-                notes = self.data.hashes.setdefault(foreign, {})
-                known = json.loads(notes.get(c.encode(), b"[]"))
-                if _text(d) in known:
-                    continue
-                notes[c.encode()] = json.dumps([*known, _text(d)]).encode()
-            seq += 1
-            now = max(now, last + 1)
-            last = now
-            stream = self.data.streams.setdefault(log, [])
-            stream.append((seq, [b"t", b"%d" % now, b"k", kind.encode(), b"c", c.encode(),
-                                 b"d", d]))
-            del stream[:max(0, len(stream) - maxlen)]  # MAXLEN (exact: '~' trims no less)
-            if kind == "o":
-                held = self.data.hashes.setdefault(channels, {})
-                if json.loads(d)["op"] == "delete":
-                    held.pop(c.encode(), None)
-                else:
-                    held[c.encode()] = d
-            out += [seq, b"%d" % now]
-            if kind == "m":
-                self.appended.append(f"{log.split('{')[1].split('}')[0]}.{epoch}-{seq}")
-            told += [seq, str(now), kind, c, _text(d)]
-        if len(told) == 1:
-            return out
-        meta.update({b"s": b"%d" % seq, b"t": b"%d" % last})
-        if fingerprint:
-            self.data.strings[keys[5]] = json.dumps(
-                {"e": epoch, "f": fingerprint, "s": str(out[1]), "t": _text(out[2]),
-                 "n": str((len(out) - 1) // 2)}).encode()
-            self.clock.callLater(window / 1000, self.data.strings.pop, keys[5], None)
-        self._spublish(notify, msgspec.msgpack.encode(told))
-        return out
-
-    def _spublish(self, channel: str, payload: bytes) -> None:
-        sub = self.subscriptions.get(channel.encode())
-        if sub is not None and sub.live:
-            self.pushes.append(_Push(channel.encode(), "message", payload, sub))
+    def _spublish(self, channel: str, payload: bytes) -> int:
+        """Queue ``payload`` for every client subscribed to ``channel``."""
+        told = 0
+        for client in self.shared.clients:
+            sub = client.subscriptions.get(channel.encode())
+            if sub is not None and sub.live:
+                client.pushes.append(_Push(channel.encode(), "message", payload, sub))
+                told += 1
+        return told
 
     # -- commands ---------------------------------------------------------------
 
@@ -457,3 +394,17 @@ def engine_on(fake: FakeShards, *, name: str = "a", partitions: int = 4,
     fake.settle()
     assert started.called, "the engine did not start on the fake Redis"
     return engine
+
+
+def node_on(fake: FakeShards, name: str = "a", **settings: Any) -> Any:
+    """A started in-memory node (tests/conftest.py's ``Harness``) whose Redis is
+    ``fake``, on the fake's clock: its requests are answered once the fake settles."""
+    from tests.conftest import Harness
+
+    config = Config(node_id=name, engine="redis://fake:6379", **settings)
+    with _shards_are(fake):
+        harness = Harness(config, clock=fake.clock)
+    started = harness.node.start()
+    fake.settle()
+    assert started.called, "the node did not start on the fake Redis"
+    return harness
