@@ -40,7 +40,12 @@ from twisted.python.failure import Failure
 from pushup.backplane.redis import engine as engine_module
 from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.backplane.redis.engine import RedisEngine
-from pushup.backplane.redis.partitions import CHECK_SHA, PUBLISH_SHA
+from pushup.backplane.redis.partitions import (
+    CHECK_SHA,
+    PUBLISH_SHA,
+    partition_of,
+    partition_tags,
+)
 from pushup.config import Config
 from pushup.core.model import Origin
 from pushup.core.service import Service
@@ -288,6 +293,11 @@ class FakeShards:
         meta = self.data.hashes[prefix + "meta"]
         meta[b"s"] = b"%d" % log[-1][0]
 
+    def origin(self, tag: str) -> str:
+        """Partition ``tag``'s origin as Redis holds it now: ``<tag>.<epoch>``."""
+        epoch = self.data.hashes.get(f"pushup:{{{tag}}}:meta", {}).get(b"e", b"")
+        return f"{tag}.{epoch.decode()}"
+
     def entries(self, tag: str) -> list[tuple[int, dict[str, str]]]:
         """Partition ``tag``'s log as Redis holds it: (seq, fields)."""
         return [(seq, {_text(k): _text(v) for k, v in zip(f[::2], f[1::2], strict=True)})
@@ -368,6 +378,11 @@ class FakeShards:
 
     def _ping(self) -> bytes:
         return b"PONG"
+
+
+def tag_of(channel: str, partitions: int) -> str:
+    """The hash tag of the partition ``channel`` lives in, of ``partitions``."""
+    return partition_tags(partitions)[partition_of(channel, partitions)]
 
 
 def service_on(clock: Clock, name: str = "a") -> Service:

@@ -19,7 +19,7 @@ from pushup.backplane.redis.client import RedisGone, RedisNotSent
 from pushup.core import errors
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft
-from tests.backplane.redis.fake import FakeShards, engine_on
+from tests.backplane.redis.fake import FakeShards, engine_on, tag_of
 from tests.conftest import START
 
 
@@ -31,13 +31,13 @@ def fake() -> Iterator[FakeShards]:
 
 
 def elsewhere(engine: Any, channel: str) -> str:
-    """A channel in another partition than ``channel``'s."""
-    return next(f"x{i}" for i in range(100)
-                if engine.partition(f"x{i}") is not engine.partition(channel))
+    """A channel in another of the 8 partitions than ``channel``'s."""
+    return next(f"x{i}" for i in range(100) if tag_of(f"x{i}", 8) != tag_of(channel, 8))
 
 
 def kinds(fake: FakeShards, engine: Any, channel: str) -> list[str]:
-    return [f["k"] for _, f in fake.entries(engine.partition(channel).tag)]
+    """The kinds of the entries in the log of ``channel``'s partition (of 8)."""
+    return [f["k"] for _, f in fake.entries(tag_of(channel, 8))]
 
 
 def published(fake: FakeShards, d: Any) -> Any:

@@ -17,7 +17,7 @@ from twisted.internet.task import Clock
 from pushup.backplane.redis.client import RedisGone
 from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Query
-from tests.backplane.redis.fake import FakeShards, engine_on
+from tests.backplane.redis.fake import FakeShards, engine_on, tag_of
 from tests.conftest import START
 
 MAXLEN = 6  # entries the log keeps: a node away for longer finds it trimmed
@@ -58,7 +58,7 @@ class ReaderMachine(RuleBasedStateMachine):
         clock.advance(START)
         self.fake = FakeShards(clock)
         self.engine = engine_on(self.fake, partitions=1, redis_maxlen=MAXLEN)
-        self.tag = self.engine.partition("c").tag
+        self.tag = tag_of("c", 1)
         ready = self.engine.prepare(["c"])
         self.fake.settle()
         assert ready is None or ready.called
@@ -139,7 +139,7 @@ class ReaderMachine(RuleBasedStateMachine):
         for _ in range(20):  # a read failed while Redis was down is tried again
             self.fake.settle()
             self.fake.clock.advance(0.5)
-        origin: str = self.engine.partition("c").origin
+        origin = self.fake.origin(self.tag)  # the node reads the log Redis holds now
         in_log = [f"{origin}-{seq}" for seq, f in self.fake.entries(self.tag) if f["k"] == "m"]
         mine = [i for i in held(self.engine, "c") if i.startswith(origin + "-")]
         assert mine[len(mine) - len(in_log):] == in_log, (mine, in_log)
@@ -178,7 +178,7 @@ def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
     clock.advance(START)
     fake = FakeShards(clock)
     engine = engine_on(fake, partitions=1)
-    tag = engine.partition("c").tag
+    tag = tag_of("c", 1)
     engine.prepare(["c"])
     fake.settle()
     client = Client(engine, "c")
@@ -186,7 +186,7 @@ def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
         fake.publish_elsewhere(tag, ["c"], data)
     fake.settle()
     client.poll()
-    old = engine.partition("c").origin
+    old = fake.origin(tag)
     assert client.seen == [f"{old}-1", f"{old}-2"]
     fake.drop_subscriber()
     fake.reconnect()
@@ -197,7 +197,7 @@ def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
     fake.publish_elsewhere(tag, ["c"], b"3")  # a new epoch's first message
     fake.settle()
     client.poll()
-    new = engine.partition("c").origin
+    new = fake.origin(tag)
     assert new != old and client.seen[2:] == [f"{new}-1"]
     assert client.gaps == 1
     assert engine.lost_epochs == 1
@@ -208,7 +208,7 @@ def test_a_log_trimmed_past_what_the_node_held_is_a_gap():
     clock.advance(START)
     fake = FakeShards(clock)
     engine = engine_on(fake, partitions=1, redis_maxlen=2)
-    tag = engine.partition("c").tag
+    tag = tag_of("c", 1)
     engine.prepare(["c"])
     fake.settle()
     client = Client(engine, "c")
@@ -218,7 +218,7 @@ def test_a_log_trimmed_past_what_the_node_held_is_a_gap():
     fake.reconnect()  # ... until it re-subscribes and reads the log back
     fake.settle()
     client.poll()
-    origin = engine.partition("c").origin
+    origin = fake.origin(tag)
     assert client.seen == [f"{origin}-3", f"{origin}-4"] and client.gaps == 1
 
 
@@ -227,7 +227,7 @@ def test_a_read_that_failed_is_tried_again_and_the_waiting_request_goes_on():
     clock.advance(START)
     fake = FakeShards(clock)
     engine = engine_on(fake, partitions=1)
-    fake.publish_elsewhere(engine.partition("c").tag, ["c"], b"1")
+    fake.publish_elsewhere(tag_of("c", 1), ["c"], b"1")
     fake.fail_next("XRANGE", RedisGone("connection lost"))
     ready = engine.prepare(["c"])
     fake.settle()
@@ -235,3 +235,22 @@ def test_a_read_that_failed_is_tried_again_and_the_waiting_request_goes_on():
     clock.advance(0.5)  # reader.RETRY
     fake.settle()
     assert ready.called and len(held(engine, "c")) == 1
+
+
+def test_a_notification_that_skips_entries_reads_the_log_back_at_once():
+    clock = Clock()
+    clock.advance(START)
+    fake = FakeShards(clock)
+    engine = engine_on(fake, partitions=1)
+    tag = tag_of("c", 1)
+    engine.prepare(["c"])
+    fake.settle()
+    for data in (b"1", b"2"):
+        fake.publish_elsewhere(tag, ["c"], data)
+    fake.reorder(0, 1)  # the second's notification first: a hole
+    fake.push()
+    origin = fake.origin(tag)
+    assert held(engine, "c") == []  # not applied past the hole ...
+    fake.settle()  # ... but read back, with no re-subscription
+    assert held(engine, "c") == [f"{origin}-1", f"{origin}-2"]
+    assert fake.log.count("XRANGE") == 2  # the first read, and this one

@@ -6,6 +6,8 @@ read every second while a primary is unreachable and not once all are up.
 
 from __future__ import annotations
 
+from twisted.internet.defer import Deferred
+
 from pushup.backplane.redis.pool import Pool
 from pushup.backplane.redis.slotmap import ShardsRefused, SlotMap
 from pushup.backplane.redis.slots import key_slot
@@ -13,13 +15,15 @@ from pushup.config import parse_seeds
 from tests.backplane.redis.fake_nodes import Cluster
 
 
-def map_on(cluster: Cluster, seeds: str = "redis://127.0.0.1:7001") -> SlotMap:
-    """A started map (``first_read``: its ``read_once`` asked before it started)."""
+def map_on(cluster: Cluster, seeds: str = "redis://127.0.0.1:7001",
+           first_read: list[Deferred[None]] | None = None) -> SlotMap:
+    """A started map (``first_read`` gets its ``read_once``, asked before it started)."""
     urls = parse_seeds(seeds)
     pool = Pool(urls[0], cluster.reactor)
     pool.running = True
     slot_map = SlotMap(urls, cluster.reactor, pool, name="test")
-    slot_map.first_read = slot_map.read_once()  # type: ignore[attr-defined]
+    if first_read is not None:
+        first_read.append(slot_map.read_once())
     slot_map.start()
     cluster.pump()
     return slot_map
@@ -85,8 +89,9 @@ def test_while_a_primary_is_unreachable_the_map_is_read_every_second_and_then_no
 
 def test_a_cluster_with_a_database_other_than_0_is_refused():
     cluster = Cluster([7001])
-    slot_map = map_on(cluster, "redis://127.0.0.1:7001/2")
+    read: list[Deferred[None]] = []
+    slot_map = map_on(cluster, "redis://127.0.0.1:7001/2", read)
     refused: list[object] = []
-    slot_map.first_read.addErrback(lambda f: refused.append(f.value))
+    read[0].addErrback(lambda f: refused.append(f.value))
     assert len(refused) == 1 and isinstance(refused[0], ShardsRefused)
     assert not slot_map.running
