@@ -355,11 +355,12 @@ class FakeShards:
 
     # -- commands ---------------------------------------------------------------
 
-    def _xrange(self, key: str, start: str, end: str, _count: str, count: int) -> list[Any]:
-        after = int(start.lstrip("(").split("-")[0])
-        page = [(b"%d-0" % seq, list(fields))
-                for seq, fields in self.data.streams.get(key, []) if seq > after]
-        return page[:int(count)]
+    def _xrange(self, key: str, start: str, end: str, *count: Any) -> list[Any]:
+        """``XRANGE key start end [COUNT n]`` of ``<seq>-0`` ids ("(" exclusive)."""
+        low = 0 if start == "-" else int(start.lstrip("(").split("-")[0]) + start.startswith("(")
+        page = [[b"%d-0" % seq, list(fields)]
+                for seq, fields in self.data.streams.get(key, []) if seq >= low]
+        return page[:int(count[1])] if count else page
 
     def _hgetall(self, key: str) -> list[bytes]:
         return [x for k, v in self.data.hashes.get(key, {}).items() for x in (k, v)]
@@ -393,6 +394,8 @@ def service_on(clock: Clock, name: str = "a") -> Service:
 
 @contextmanager
 def _shards_are(fake: FakeShards) -> Iterator[None]:
+    """While an engine is made, its ``Shards`` is ``fake``: the engine builds its
+    client from its seeds, and this is the one place that knows it."""
     with mock.patch.object(engine_module, "Shards", lambda seeds, reactor: fake):
         yield
 
