@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
+import selectors
 import socket
 import subprocess
 import time
@@ -22,6 +24,9 @@ from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# The first line `pushup serve` prints on stdout once it listens (the port it bound).
+LISTENING = re.compile(r"^listening on http://([^:/\s]+|\[[^\]]+\]):(\d+)$")
 
 # What a condition on a process that is starting or stopping may raise meanwhile:
 # it is not listening yet, or it closed the connection mid-answer.
@@ -78,6 +83,24 @@ def wait_healthy(url: str, deadline: float, proc: subprocess.Popen[bytes] | None
             pass
         time.sleep(0.05)  # polling, bounded by the deadline
     raise TimeoutError(f"{url} did not become healthy in time")
+
+
+def first_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line of ``proc``'s stdout (a pipe), or what came of it within
+    ``timeout`` seconds ("" if it exited first). Read byte by byte: nothing
+    after the line is taken, so the rest stays for whoever reads it next."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    line = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as ready:
+        ready.register(fd, selectors.EVENT_READ)
+        while not line.endswith(b"\n") and ready.select(deadline - time.monotonic()):
+            byte = os.read(fd, 1)
+            if not byte:  # it exited
+                break
+            line += byte
+    return line.decode(errors="replace").strip()
 
 
 def children(pid: int) -> list[int]:

@@ -11,30 +11,32 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 import pushup
 from deploy.processes import (
+    LISTENING,
     NETWORK_ERRORS,
     alive,
     children,
     clean_env,
+    first_line,
     free_port,
     wait_healthy,
     wait_until,
 )
 
-__all__ = ["NETWORK_ERRORS", "ROOT", "ServedNode", "alive", "children", "clean_env", "compiled",
-           "free_port", "needs_compiled", "serve", "wait_healthy", "wait_until"]
+__all__ = ["LISTENING", "NETWORK_ERRORS", "ROOT", "ServedNode", "alive", "children", "clean_env",
+           "compiled", "first_line", "free_port", "needs_compiled", "serve", "wait_healthy",
+           "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 30.0  # seconds for a node to print its listening line (a busy machine)
@@ -53,43 +55,45 @@ class ServedNode:
     stderr in a log file of its own (``lines()``), started once it prints its
     listening line; ``stop`` and ``kill`` act on its PID only.
 
-    ``port`` None picks a free one and passes ``--port``; flags with ``--config``
-    get no ``--port`` (the file names it: pass the same ``port``). ``env`` is added
-    to an environment without any ``PUSHUP_*`` setting. ``session``: the node gets
-    a process group of its own (a signal to the group reaches its workers).
+    ``port`` None picks a free one and passes ``--port``, 0 passes ``--port 0``
+    always (the port is read from the listening line); otherwise flags with
+    ``--config`` get no ``--port`` (the file names it: pass the same ``port``).
+    ``env`` is added to an environment without any ``PUSHUP_*`` setting.
+    ``session``: the node gets a process group of its own (a signal to the group
+    reaches its workers).
+    ``program``: what runs ``serve`` (default ``python -m pushup``; e.g. the
+    installed ``pushup`` script). ``healthy``: started once /health answers 200
+    too (a node with peers or a data dir may load first).
     """
 
     def __init__(self, *flags: str, port: int | None = None, env: dict[str, str] | None = None,
-                 session: bool = False) -> None:
+                 session: bool = False, program: Sequence[str] | None = None,
+                 healthy: bool = False, start_timeout: float = START_TIMEOUT) -> None:
         self.port = free_port() if port is None else port
-        self.url = f"http://127.0.0.1:{self.port}"
-        port_flags = [] if "--config" in flags else ["--port", str(self.port)]
-        self.argv = [sys.executable, "-m", "pushup", "serve", *port_flags, *flags]
+        passed = port == 0 or "--config" not in flags
+        port_flags = ["--port", str(self.port)] if passed else []
+        self.argv = [*(program or (sys.executable, "-m", "pushup")), "serve", *port_flags,
+                     *flags]
         self.log = Path(tempfile.mkstemp(prefix="pushup-node-", suffix=".log")[1])
         with open(self.log, "wb") as stderr:
             self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=stderr,
                                          stdin=subprocess.DEVNULL, env=clean_env(env),
                                          cwd=ROOT, start_new_session=session)
-        self.listening = self._first_line(START_TIMEOUT)
-        if not self.listening.startswith("listening on http://"):
+        self.listening = first_line(self.proc, start_timeout)
+        bound = LISTENING.match(self.listening)
+        if bound is None:
             self.kill()
             raise AssertionError(f"{self.argv} did not start: first line {self.listening!r}, "
                                  f"exit {self.proc.returncode}; log: {self.lines()[-20:]}")
-
-    def _first_line(self, timeout: float) -> str:
-        """The first line of stdout, or what came of it within ``timeout``."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        line = b""
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as ready:
-            ready.register(fd, selectors.EVENT_READ)
-            while not line.endswith(b"\n") and ready.select(deadline - time.monotonic()):
-                byte = os.read(fd, 1)  # byte by byte: nothing after the line is taken
-                if not byte:  # it exited
-                    break
-                line += byte
-        return line.decode(errors="replace").strip()
+        self.host, self.port = bound.group(1), int(bound.group(2))
+        self.url = f"http://127.0.0.1:{self.port}"
+        if healthy:
+            try:
+                wait_healthy(self.url, time.monotonic() + start_timeout, self.proc)
+            except (TimeoutError, RuntimeError) as e:
+                self.kill()
+                raise AssertionError(f"{self.argv} never became healthy ({e}); "
+                                     f"log: {self.lines()[-20:]}") from None
 
     @property
     def pid(self) -> int:

@@ -23,7 +23,6 @@ import http.client
 import json
 import os
 import resource
-import select
 import signal
 import subprocess
 import threading
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from deploy.processes import first_line
 from pushup.backplane.mesh.dial import UNIX_SCHEME
 from pushup.ops.workers import UnixHTTPConnection
 
@@ -128,23 +128,13 @@ class Server:
         self.spawn(subprocess.PIPE)
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        line = b""
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                self.stop()
-                raise ServerError(
-                    f"server did not print its listening line within {timeout:.0f} s "
-                    f"(exit code {self.proc.returncode}); log tail:\n{self.log_tail()}"
-                )
-            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-            if ready:
-                chunk = os.read(fd, 1)
-                if not chunk:
-                    continue
-                line += chunk
-        text = line.decode().strip()
+        text = first_line(self.proc, timeout)  # deploy/processes.py's, as every starter's
+        if not text:
+            self.stop()
+            raise ServerError(
+                f"server did not print its listening line within {timeout:.0f} s "
+                f"(exit code {self.proc.returncode}); log tail:\n{self.log_tail()}"
+            )
         prefix = "listening on http://"
         if not text.startswith(prefix):
             self.stop()

@@ -66,7 +66,7 @@ from typing import Any
 
 import psutil
 
-from deploy.processes import wait_healthy
+from deploy.processes import first_line, wait_healthy
 from loadtest.cgroups import CpuBudgets
 from loadtest.netcount import NetCountUnavailable, PortCounter, Traffic, available
 
@@ -212,7 +212,7 @@ class Server:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
                                      start_new_session=True)
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
+        line = first_line(self.proc, 30.0)  # deploy/processes.py's, as every starter's
         if not line.startswith("listening on"):
             self.stop()
             raise RuntimeError(f"{self.mode} server did not start: {line!r}")

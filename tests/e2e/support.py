@@ -1,8 +1,9 @@
 """The end-to-end tests' helpers: real `pushup serve` processes on 127.0.0.1, driven
 with the standard library's HTTP client and raw sockets; the fixtures are conftest's.
 
-`spawn(*flags, env=None)` starts a node with `--port 0`, reads the port from the
-first stdout line (`listening on http://HOST:PORT`) and waits for /health;
+`spawn(*flags, env=None)` starts a node with `--port 0` through the one toolkit
+(tests/toolkit.py's `ServedNode`: the port read from the first stdout line,
+`listening on http://HOST:PORT`, then /health waited for, stderr in a log file);
 `Nodes` stops the nodes it started with SIGTERM (a node that does not exit 0
 within 15 s is killed and the test fails); `serving(*flags)` is one such node for
 a module-scoped fixture.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.toolkit import clean_env, free_port, wait_until
+from tests.toolkit import LISTENING, ServedNode, clean_env, free_port, wait_until
 
 __all__ = ["JSON_CT", "LISTEN_RE", "PUSHUP", "ROOT", "Node", "Nodes", "Pending", "Response",
            "assert_error", "assert_json_ok", "clean_env", "free_port", "parse_raw_response",
@@ -33,7 +34,7 @@ __all__ = ["JSON_CT", "LISTEN_RE", "PUSHUP", "ROOT", "Node", "Nodes", "Pending",
 
 ROOT = Path(__file__).resolve().parents[2]
 PUSHUP = str(ROOT / ".venv" / "bin" / "pushup")
-LISTEN_RE = re.compile(r"^listening on http://([^:/\s]+|\[[^\]]+\]):(\d+)$")
+LISTEN_RE = LISTENING
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
 JSON_CT = "application/json; charset=utf-8"
@@ -85,15 +86,33 @@ def assert_json_ok(resp: Response, status: int = 200) -> dict:
 
 
 class Node:
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, flags: tuple):
+    """A running `pushup serve` driven over HTTP: ``served`` the toolkit's
+    ``ServedNode`` that started it (None: started by the test itself, ``proc``)."""
+
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, flags: tuple,
+                 served: ServedNode | None = None):
         self.proc = proc
         self.host = "127.0.0.1"
         self.listen_host = host
         self.port = port
         self.flags = flags
-        self.stderr_lines: list[str] = []
-        self.stdout_lines: list[str] = []
+        self.served = served
         self.token: str | None = None
+        self._stdout_rest: list[str] | None = None
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        """What the node logged so far, line by line."""
+        return self.served.lines() if self.served is not None else []
+
+    @property
+    def stdout_lines(self) -> list[str]:
+        """Its listening line, then (once it exited) whatever else it printed."""
+        if self.served is None:
+            return []
+        if self._stdout_rest is None and self.proc.poll() is not None and self.proc.stdout:
+            self._stdout_rest = self.proc.stdout.read().decode(errors="replace").splitlines()
+        return [self.served.listening, *(self._stdout_rest or [])]
 
     @property
     def url(self) -> str:
@@ -351,62 +370,18 @@ class Pending:
         return self._res
 
 
-def _pump(stream, sink: list, first: threading.Event | None = None):
-    try:
-        for raw in iter(stream.readline, b""):
-            sink.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-            if first is not None and not first.is_set():
-                first.set()
-    except ValueError:
-        pass
-    finally:
-        if first is not None:
-            first.set()
-
-
 def spawn(*flags, env: dict | None = None, port: str = "0") -> Node:
-    """Start `pushup serve --port 0 *flags`; return once it prints its listening line."""
-    args = [PUSHUP, "serve", "--port", port, *flags]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=clean_env(env), cwd=str(ROOT))
-    out_lines: list[str] = []
-    err_lines: list[str] = []
-    first = threading.Event()
-    threading.Thread(target=_pump, args=(proc.stdout, out_lines, first), daemon=True).start()
-    threading.Thread(target=_pump, args=(proc.stderr, err_lines), daemon=True).start()
-    if not first.wait(START_TIMEOUT) or not out_lines:
-        proc.kill()
-        proc.wait(5)
-        raise AssertionError(f"node did not start: rc={proc.returncode} args={args} "
-                             f"stdout={out_lines} stderr={err_lines[-20:]}")
-    m = LISTEN_RE.match(out_lines[0])
-    if not m:
-        proc.kill()
-        proc.wait(5)
-        raise AssertionError(f"first stdout line is not 'listening on http://HOST:PORT': "
-                             f"{out_lines[0]!r}; stderr={err_lines[-20:]}")
-    node = Node(proc, m.group(1), int(m.group(2)), flags)
-    node.stderr_lines = err_lines
-    node.stdout_lines = out_lines
-    # A node with peers may answer 503 while it catches up; ready means /health is 200.
-    deadline = time.monotonic() + START_TIMEOUT
-    status = None
-    while time.monotonic() < deadline:
-        try:
-            status = node.get("/health", timeout=5).status
-        except OSError as e:
-            status = repr(e)
-        if status == 200:
-            return node
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait(5)
-    raise AssertionError(f"node never became healthy (last /health: {status}); "
-                         f"stderr={err_lines[-20:]}")
+    """Start `pushup serve --port PORT *flags` (0: any); return once it prints its
+    listening line and /health answers 200 (a node with peers may catch up first)."""
+    served = ServedNode(*flags, port=int(port), env=env, program=[PUSHUP], healthy=True,
+                        start_timeout=START_TIMEOUT)
+    return Node(served.proc, served.host, served.port, flags, served)
 
 
 def stop(node: Node, sig=signal.SIGTERM) -> int:
     """SIGTERM, wait; kill and fail if it hangs. Returns the exit code."""
+    if node.served is not None:
+        return node.served.stop(sig, STOP_TIMEOUT)
     if node.proc.poll() is not None:
         return node.proc.returncode
     node.proc.send_signal(sig)
@@ -415,8 +390,7 @@ def stop(node: Node, sig=signal.SIGTERM) -> int:
     except subprocess.TimeoutExpired:
         node.proc.kill()
         node.proc.wait(5)
-        raise AssertionError(f"node did not exit within {STOP_TIMEOUT}s of {sig!r}; "
-                             f"stderr tail={node.stderr_lines[-20:]}") from None
+        raise AssertionError(f"node did not exit within {STOP_TIMEOUT}s of {sig!r}") from None
 
 
 class Nodes:
@@ -440,6 +414,8 @@ class Nodes:
                     errors.append(f"node {n.flags} exited {rc}; stderr tail={n.stderr_lines[-10:]}")
             except AssertionError as e:
                 errors.append(str(e))
+            if n.served is not None:
+                n.served.log.unlink(missing_ok=True)
         if errors:
             pytest.fail("; ".join(errors))
 

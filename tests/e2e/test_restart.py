@@ -7,7 +7,17 @@ import subprocess
 
 import pytest
 
-from tests.e2e.support import PUSHUP, clean_env, free_port, run_cli, spawn, stop, uniq
+from tests.e2e.support import (
+    PUSHUP,
+    START_TIMEOUT,
+    clean_env,
+    free_port,
+    run_cli,
+    spawn,
+    stop,
+    uniq,
+)
+from tests.toolkit import first_line
 
 
 @pytest.fixture
@@ -121,11 +131,13 @@ def fill(n, batches: int) -> None:
 
 def start_or_refuse(data: str) -> tuple[int | None, bytes, bytes]:
     """Start a node on ``data``: (None, first stdout line, b"") if it serves
-    (then it is stopped), else (exit code, stdout, stderr)."""
+    (then it is stopped), else (exit code, stdout, stderr). Not the toolkit's
+    ``ServedNode``: a refusal is what these tests wait for."""
     proc = subprocess.Popen([PUSHUP, "serve", "--port", "0", "--data-dir", data],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, env=clean_env())
-    line = proc.stdout.readline()  # the listening line, or b"" once it exited
+    # the listening line, or b"" once it exited (the toolkit's read, with a deadline)
+    line = first_line(proc, START_TIMEOUT).encode()
     if line.startswith(b"listening on"):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=15)

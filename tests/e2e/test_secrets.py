@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import subprocess
-import threading
 from pathlib import Path
 
-from tests.e2e.support import LISTEN_RE, PUSHUP, ROOT, Node, clean_env, run_cli, spawn, uniq
-from tests.toolkit import children
+from tests.e2e.support import PUSHUP, Node, run_cli, spawn, uniq
+from tests.toolkit import ServedNode, children
 
 
 def cmdlines() -> dict[int, bytes]:
@@ -29,18 +27,11 @@ def test_workers_get_the_secrets_without_any_command_line_showing_them(tmp_path)
     token = "pt-" + secrets.token_hex(16)
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
-    proc = subprocess.Popen(
-        [PUSHUP, "serve", "--workers", "2", "--port", "0",
-         "--publish-token-file", str(token_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env=clean_env({"PUSHUP_CLUSTER_SECRET": cluster_secret}), cwd=str(ROOT))
-    err: list[bytes] = []
-    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    served = ServedNode("--workers", "2", "--publish-token-file", str(token_file), port=0,
+                        program=[PUSHUP], env={"PUSHUP_CLUSTER_SECRET": cluster_secret})
+    proc = served.proc
     try:
-        line = proc.stdout.readline().decode().strip()
-        m = LISTEN_RE.match(line)
-        assert m, (line, err[-10:])
-        node = Node(proc, m.group(1), int(m.group(2)), ())
+        node = Node(proc, served.host, served.port, (), served)
         workers = children(proc.pid)
         assert len(workers) == 2, workers
         for pid, cmdline in cmdlines().items():
@@ -56,8 +47,8 @@ def test_workers_get_the_secrets_without_any_command_line_showing_them(tmp_path)
             assert node.publish_raw([ch], 1).status == 401
             assert node.publish_raw([ch], 1, token=token).status == 201
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0, err[-10:]
+        assert served.stop(signal.SIGTERM, 15) == 0, served.lines()[-10:]
+        served.log.unlink(missing_ok=True)
 
 
 def test_secret_files_work_for_one_node(tmp_path):

@@ -12,16 +12,18 @@ import sys
 import time
 from pathlib import Path
 
-from tests.toolkit import free_port
+from tests.toolkit import clean_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 
 
 def launch(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PUSHUP_")}
+    """A launcher as a terminal starts it, in its own process group. Not the
+    toolkit's ``ServedNode``: these tests stop it before it may print its
+    listening line, and the cluster launcher is not ``pushup serve``."""
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(log, "wb"),
-                            env={**clean, **env}, cwd=ROOT, start_new_session=True)
+                            env=clean_env(env), cwd=ROOT, start_new_session=True)
 
 
 def ctrl_c(proc: subprocess.Popen) -> int:
