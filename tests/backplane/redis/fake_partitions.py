@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from pushup.backplane.redis.client import RedisError
+from pushup.backplane.redis.exceptions import reply_error
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -76,7 +76,7 @@ def publish(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
             first = json.loads(prior)
             if first["e"] == epoch:
                 if first["f"] != fingerprint:
-                    raise RedisError("REUSED the key was used for another body")
+                    raise reply_error("REUSED the key was used for another body")
                 s, t = int(first["s"]), int(first["t"])
                 again: list[Any] = [epoch.encode()]
                 for j in range(int(first["n"])):
@@ -85,7 +85,7 @@ def publish(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
     held_channels = fake.data.hashes.get(channels, {})
     for kind, c, d in triples:
         if kind == "o" and json.loads(d)["op"] == "create" and c.encode() in held_channels:
-            raise RedisError(f"EXISTS {c}")
+            raise reply_error(f"EXISTS {c}")
     now = fake._now_us()
     meta = fake.data.hashes[meta_key]
     last = int(meta[b"t"])
