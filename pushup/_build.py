@@ -61,6 +61,7 @@ COMPILED = (
     "pushup.core.store",
     "pushup.core.views",
     "pushup.http.exchange",
+    "pushup.http.flow",
     "pushup.http.framing",
     "pushup.http.front",
     "pushup.http.handlers",
