@@ -1,16 +1,19 @@
 """HTTP/1.1 on the connection: the only code that reads HTTP bytes, and the
-only code that writes to a socket (but for ``front``'s canned 503).
+only code that writes HTTP to a socket (but for ``front``'s canned 503; after
+a 101, the protocol the connection is handed to writes its own).
 
 One ``HTTPProtocol`` per connection parses with httptools (llhttp, strict:
 no leniency flag is ever set) into ``Request`` values, hands them in order
 to the handlers and writes their answers: the bytes of a response come from
 ``exchange.Writer`` (status line, headers, a shared fan-out response), those
-of an event stream from ``sse``, framed by ``framing``. It owns every limit
-that lives on a connection: head and body sizes, head, idle and send
-timeouts, pipelining depth, unread output. It keeps connection state only:
-the request being read is an ``incoming.Incoming``, one read and not yet
-answered a ``framing.Queued``; where the connection is, two phases moved by
-``phase``'s tables; after a 101, the protocol it relays to (``upgrade``).
+of an event stream from its feed (``sse``, ``stream_sse``), framed by
+``framing``. It enforces the limits that live on a connection: head and body
+sizes, head, idle and send timeouts; how far reading runs ahead of the
+answers, whether the client takes what is written, and the one timer are
+``flow``'s. It keeps connection state only: the request being read is an
+``incoming.Incoming``, one read and not yet answered a ``framing.Queued``;
+where the connection is, two phases moved by ``phase``'s tables; after a
+101, the protocol it relays to (``upgrade``).
 """
 
 from __future__ import annotations
