@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from pushup.backplane import ChannelOp
+from pushup.core.channels import ChannelOp
 from pushup.core.errors import BadJSON, BadRequest
 from pushup.core.follow import Entry, Skip
 from pushup.core.idempotency import Remembered, check_key

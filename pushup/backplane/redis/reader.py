@@ -23,11 +23,11 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.redis.client import RedisError, RedisGone
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, Partition, decode_told
 from pushup.backplane.redis.parts import EnginePart
+from pushup.core.channels import ChannelOp
 from pushup.core.follow import Entry, Hole, LoggedOp, Passed, Skip
 from pushup.core.model import Message
 from pushup.core.service import Service

@@ -1,4 +1,3 @@
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.wire import (
     Batch,
     export_snapshot,
@@ -8,6 +7,7 @@ from pushup.backplane.mesh.wire import (
     unpack_batch,
     verify,
 )
+from pushup.core.channels import ChannelOp
 from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.store import Retention, Store
