@@ -239,11 +239,6 @@ def decode_snapshot(body: bytes) -> StoreImage:
         keys=tuple(_key(row[0], row[1:]) for row in raw.get("keys", ())))
 
 
-def import_snapshot(store: Store, body: bytes, now: int) -> int:
-    """Load a peer's snapshot into an empty store; returns messages loaded."""
-    return store.load(decode_snapshot(body), now)
-
-
 # On the wire a keyed publish's record is [key, fingerprint, [[seq, ts], ...]]
 # (its origin is the batch's, or the first item of a snapshot's row).
 def _wire_key(record: Remembered) -> list[Any]:
