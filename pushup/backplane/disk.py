@@ -75,7 +75,7 @@ class DataDir:
         self.path = path
         try:
             os.makedirs(path, exist_ok=True)
-            self._lock: IO[str] | None = open(os.path.join(path, "lock"), "a")  # noqa: SIM115
+            self._lock: IO[str] | None = open(os.path.join(path, "lock"), "a")
         except OSError as e:
             raise DataDirError(f"--data-dir {path}: {e.strerror or e}") from None
         try:

@@ -333,7 +333,7 @@ class Pending:
         def run():
             try:
                 self._res = fn()
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 self._exc = e
             finally:
                 self._done.set()

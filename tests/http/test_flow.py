@@ -13,10 +13,10 @@ class Transport:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def pauseProducing(self) -> None:  # noqa: N802 (Twisted's names)
+    def pauseProducing(self) -> None:  # Twisted's names
         self.calls.append("pause")
 
-    def resumeProducing(self) -> None:  # noqa: N802
+    def resumeProducing(self) -> None:
         self.calls.append("resume")
 
 
