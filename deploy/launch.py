@@ -44,9 +44,9 @@ from pathlib import Path
 import hiredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.processes import free_port, wait_healthy  # noqa: E402  (run as a script too)
-from deploy.redis_cluster import FAILOVER_TIMEOUT, RedisCluster  # noqa: E402
-from deploy.redis_server import RedisServer, RedisServerError  # noqa: E402
+from deploy.processes import free_port, wait_healthy  # run as a script too
+from deploy.redis_cluster import FAILOVER_TIMEOUT, RedisCluster
+from deploy.redis_server import RedisServer, RedisServerError
 
 HERE = Path(__file__).resolve().parent
 LOGS = HERE.parent / ".cluster"  # `make cluster`'s logs (git-ignored), replaced by each run

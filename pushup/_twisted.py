@@ -45,7 +45,7 @@ _NO_FILEDESC = ConnectionFdescWentAway("File descriptor lost")
 class LeanEPollReactor(EPollReactor):
     """Twisted's epoll reactor without a log context around each plain event."""
 
-    def doPoll(self, timeout: float | None) -> None:  # noqa: N802 (Twisted's)
+    def doPoll(self, timeout: float | None) -> None:  # Twisted's
         try:
             events = self._poller.poll(-1 if timeout is None else timeout,
                                        len(self._selectables))

@@ -9,7 +9,6 @@ bytes out. Time only moves with ``clock.advance``.
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from deploy.redis_cluster import RedisCluster
 from deploy.redis_server import RedisServer
 from pushup.config import Config
 from pushup.ops.node import Node
+from tests.contract import assert_error
 from tests.sse_client import dechunk
 from tests.toolkit import serve  # noqa: F401  (a fixture for every test)
 
@@ -39,7 +39,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 START = 1_763_800_000.0  # a realistic Unix time for the clock to start at
-JSON_CT = "application/json; charset=utf-8"
 
 
 @dataclass
@@ -328,24 +327,6 @@ def make_node() -> Iterator[Callable[..., Harness]]:
 @pytest.fixture
 def node(make_node: Callable[..., Harness]) -> Harness:
     return make_node()
-
-
-def assert_error(response: Response, status: int, code: str | None) -> dict[str, str]:
-    """The contract's one error shape: {"error": {"code", "message"}}, JSON.
-
-    ``code`` None accepts any snake_case code.
-    """
-    assert response.status == status, response
-    assert response.header("content-type") == JSON_CT, response.headers
-    body = response.json
-    assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"code", "message"}, body
-    if code is None:
-        assert re.fullmatch(r"[a-z][a-z0-9_]*", body["error"]["code"]), body
-    else:
-        assert body["error"]["code"] == code, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"].strip()
-    return body["error"]  # type: ignore[no-any-return]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ class Unsure(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's interface)
+    def do_POST(self) -> None:  # http.server's interface
         self.rfile.read(int(self.headers["Content-Length"]))
         self.keys.append(self.headers.get("Idempotency-Key"))
         body = b'{"error":{"code":"outcome_unknown","message":"maybe"}}'

@@ -1,4 +1,4 @@
-"""pushup/config.py: one validated Config from defaults ← TOML file ← PUSHUP_* env ← flags."""
+"""pushup/config/: one validated Config from defaults ← TOML file ← PUSHUP_* env ← flags."""
 
 from __future__ import annotations
 

@@ -56,13 +56,13 @@ class Recorder(Protocol):
         self.lost: Failure | None = None
         self.fail_on = fail_on
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 (Twisted's)
+    def dataReceived(self, data: bytes) -> None:  # Twisted's
         self.data += data
         if self.fail_on is not None and self.fail_on in self.data:
             raise ValueError("the protocol failed")
         self.transport.write(data.upper())  # type: ignore[union-attr]
 
-    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]  # noqa: N802
+    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
         self.lost = reason
 
 
@@ -113,7 +113,7 @@ class Served:
 
 def _factory(build: Callable[[object], Recorder]) -> Factory:
     class F(Factory):
-        def buildProtocol(self, addr: object) -> Recorder:  # noqa: N802
+        def buildProtocol(self, addr: object) -> Recorder:
             return build(addr)
 
     return F()

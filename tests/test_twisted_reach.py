@@ -9,10 +9,10 @@ from pushup._twisted import write_now
 
 
 class _Reactor:
-    def addWriter(self, fd: object) -> None:  # noqa: N802 (Twisted's interface)
+    def addWriter(self, fd: object) -> None:  # Twisted's interface
         pass
 
-    def removeWriter(self, fd: object) -> None:  # noqa: N802
+    def removeWriter(self, fd: object) -> None:
         pass
 
 

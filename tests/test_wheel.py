@@ -24,7 +24,8 @@ import subprocess
 import sys
 import sysconfig
 import urllib.request
-from pathlib import Path
+import zipfile
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -35,6 +36,7 @@ from tests.toolkit import free_port
 ROOT = Path(pushup.__file__).resolve().parent.parent
 # The files a wheel is built from (pyproject.toml names README.md as the readme).
 BUILT_FROM = ("pushup", "setup.py", "pyproject.toml", "README.md", "LICENSE")
+SCRIPTS = "pushup/backplane/redis/lua"  # the Redis engine's Lua scripts, package data
 # A line of the node's own text log: "<time> [<namespace>#<level>] <message>".
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \[[\w.]+#\w+\] ")
 
@@ -73,9 +75,17 @@ def _venv_with(wheel: Path, at: Path) -> Path:
     return at
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel of this checkout for the tests of this module (its build is most
+    of their time)."""
+    return _wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.mark.timeout(900)
-def test_a_wheel_install_runs_the_compiled_core_without_a_warning(tmp_path: Path) -> None:
-    venv = _venv_with(_wheel(tmp_path), tmp_path / "venv")
+def test_a_wheel_install_runs_the_compiled_core_without_a_warning(tmp_path: Path,
+                                                                  wheel: Path) -> None:
+    venv = _venv_with(wheel, tmp_path / "venv")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PUSHUP_PURE", "PYTHONPATH")}
     node = subprocess.Popen([str(venv / "bin" / "pushup"), "serve", "--port", str(port)],
@@ -97,3 +107,28 @@ def test_a_wheel_install_runs_the_compiled_core_without_a_warning(tmp_path: Path
     (start,) = [line for line in stderr if " listening on " in line]
     assert start.endswith(f"; core compiled (mypyc, {len(COMPILED)} modules)")
     assert [line for line in stderr if not LOG_LINE.match(line)] == []
+
+
+@pytest.mark.timeout(900)
+def test_the_wheel_holds_every_lua_script_and_its_install_reads_them(tmp_path: Path,
+                                                                     wheel: Path) -> None:
+    """Each script under pushup/backplane/redis/lua/ is package data of the wheel, and
+    the installed package reads every one (pushup.backplane.redis.scripts)."""
+    scripts = sorted(p.name for p in (ROOT / SCRIPTS).glob("*.lua"))
+    assert scripts  # the checkout has them
+    with zipfile.ZipFile(wheel) as archive:
+        held = sorted(PurePosixPath(name).name for name in archive.namelist()
+                      if PurePosixPath(name).parent == PurePosixPath(SCRIPTS)
+                      and name.endswith(".lua"))
+    assert held == scripts
+    venv = _venv_with(wheel, tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PUSHUP_PURE", "PYTHONPATH")}
+    read = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from pushup.backplane.redis import partitions, stream_keys, scripts\n"
+         "import pushup; print(pushup.__file__)\n"
+         "print(*[n + '.lua' for n in scripts.script_names() if scripts.read_script(n)])"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True)
+    where, names = read.stdout.splitlines()
+    assert not Path(where).is_relative_to(ROOT)  # the installed package, not the checkout
+    assert names.split() == scripts

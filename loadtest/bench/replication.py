@@ -50,7 +50,7 @@ class HeapClock(Clock):
         self._heap: list[tuple[float, int, DelayedCall]] = []
         self._order = itertools.count()
 
-    def callLater(self, delay: float, f: Any, *a: Any, **kw: Any) -> DelayedCall:  # noqa: N802
+    def callLater(self, delay: float, f: Any, *a: Any, **kw: Any) -> DelayedCall:
         call = DelayedCall(self.seconds() + delay, f, a, kw, lambda c: None, lambda c: None,
                            seconds=self.seconds)
         heapq.heappush(self._heap, (call.time, next(self._order), call))
@@ -64,7 +64,7 @@ class HeapClock(Clock):
                 call.called = 1
                 call.func(*call.args, **call.kw)
 
-    def getDelayedCalls(self) -> list[DelayedCall]:  # noqa: N802
+    def getDelayedCalls(self) -> list[DelayedCall]:
         return [c for _, _, c in self._heap if not (c.cancelled or c.called)]
 
 

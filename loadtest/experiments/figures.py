@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 COLORS = {"select": "tab:red", "poll": "tab:orange", "epoll": "tab:blue"}
 SIZE_COLORS = {100: "tab:green", 2048: "tab:purple", 10240: "tab:brown"}

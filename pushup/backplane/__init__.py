@@ -36,8 +36,6 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IProtocol
 
 from pushup.core.channels import Channel
-from pushup.core.channels import ChannelOp as ChannelOp  # the seam re-exports the core's
-from pushup.core.channels import OpKind as OpKind
 from pushup.core.idempotency import Idem
 from pushup.core.model import Draft, Message
 from pushup.core.service import Service
@@ -192,11 +190,6 @@ def client_endpoint(reactor: Any, host: str, port: int, timeout: float) -> Any:
         return HostnameEndpoint(reactor, host, port, timeout=timeout)
     kind = TCP4ClientEndpoint if version == 4 else TCP6ClientEndpoint
     return kind(reactor, host, port, timeout=timeout)
-
-
-def op_of(kind: OpKind, channel: Channel, at_seq: int) -> ChannelOp:
-    """The operation that tells the cluster how ``channel`` is here."""
-    return ChannelOp.of(kind, channel, at_seq)
 
 
 class Alone:

@@ -1,11 +1,14 @@
 """``--data-dir``: a single node's cache kept on disk, in SQLite (WAL mode).
 
-This is the only module that touches the data directory. ``DataDir`` holds
-the lock, reads a store back at start and writes down what the store's
-``Changes`` name, all of one reactor turn in one transaction. ``Durable`` is
-the single-node backplane on top of it: a publish or channel operation is
-acknowledged (its 201 sent) only after the transaction holding it committed.
-The store, the service and the hub never know a data directory exists.
+This module holds the data directory and its channels' file: ``DataDir``
+takes the directory's lock, reads a store back at start from
+``pushup.sqlite3`` and writes down what the store's ``Changes`` name, all of
+one reactor turn in one transaction. ``Durable`` is the single-node
+backplane on top of it: a publish or channel operation is acknowledged (its
+201 sent) only after the transaction holding it committed. The Durable
+Streams' own file beside it, in the directory ``DataDir`` holds locked, is
+:mod:`pushup.backplane.disk_streams`'. The store, the service and the hub
+never know a data directory exists.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class DataDir:
         self.path = path
         try:
             os.makedirs(path, exist_ok=True)
-            self._lock: IO[str] | None = open(os.path.join(path, "lock"), "a")  # noqa: SIM115
+            self._lock: IO[str] | None = open(os.path.join(path, "lock"), "a")
         except OSError as e:
             raise DataDirError(f"--data-dir {path}: {e.strerror or e}") from None
         try:

@@ -23,7 +23,7 @@ class DelayedCall(Protocol):
 
     def cancel(self) -> None: ...
 
-    def getTime(self) -> float: ...  # noqa: N802 (Twisted's)
+    def getTime(self) -> float: ...  # Twisted's
 
 
 class Clock(Protocol):
@@ -31,7 +31,7 @@ class Clock(Protocol):
 
     def seconds(self) -> float: ...
 
-    def callLater(self, delay: float, f: Callable[..., object], /,  # noqa: N802 (Twisted's)
+    def callLater(self, delay: float, f: Callable[..., object], /,  # Twisted's
                   *args: object) -> DelayedCall: ...
 
 

@@ -10,7 +10,8 @@ there are few origins (one per node and restart) and many messages, so a
 message stored costs no global sorted index.
 
 Which origins a returned cursor names, and which history went with a
-restart, is :mod:`pushup.core.origins`; which channels exist and how long
+restart, is :mod:`pushup.core.origins`; which of them a reader of some
+channels sees, :mod:`pushup.core.views`; which channels exist and how long
 they live, :mod:`pushup.core.channels`. The store owns all of this state:
 other modules call its methods and never write its fields.
 
@@ -20,11 +21,10 @@ that depends on time takes ``now`` (integer microseconds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from heapq import merge as merge_sorted
 from operator import attrgetter
-from typing import Final
 
 from pushup.core.changes import NO_CHANGES, Changes
 from pushup.core.channels import Channel as Channel  # re-exported: the store's channels
@@ -32,9 +32,11 @@ from pushup.core.channels import ChannelOp, Channels
 from pushup.core.cursor import Cursor
 from pushup.core.idempotency import DEFAULT_WINDOW, Idem, Keys, Remembered, record_of
 from pushup.core.image import ChannelImage, StoreImage, channel_of
-from pushup.core.model import Draft, Message, Now, Origin, Query, parse_origin
-from pushup.core.origins import Origins, Position
-from pushup.core.runs import Run, merge, oldest_head
+from pushup.core.model import Draft, Message, Origin, Query
+from pushup.core.model import Result as Result  # re-exported: the store's answers
+from pushup.core.origins import Origins
+from pushup.core.runs import Run, oldest_head
+from pushup.core.views import Sources, Views
 
 _by_time = attrgetter("sort_key")
 
@@ -48,36 +50,6 @@ class Retention:
     max_per_channel: int
     max_bytes: int
     key_window: int = round(DEFAULT_WINDOW * 1e6)  # how long an Idempotency-Key is kept
-
-
-class Result:
-    """An answer to a Query: messages in order, the next cursor, a gap flag.
-
-    A value (its fields are Final), but not a frozen dataclass: one is made
-    per poll answered or held, and a dataclass's generated ``__init__`` runs
-    interpreted even in the compiled store (5 % of a delivery and its
-    re-poll, issue 29's profile)."""
-
-    __slots__ = ("cursor", "gap", "messages")
-
-    def __init__(self, messages: tuple[Message, ...], cursor: Cursor, gap: bool) -> None:
-        self.messages: Final = messages
-        self.cursor: Final = cursor
-        self.gap: Final = gap
-
-    def _fields(self) -> tuple[tuple[Message, ...], Cursor, bool]:
-        return self.messages, self.cursor, self.gap
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Result):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
-    def __repr__(self) -> str:
-        return f"Result{self._fields()!r}"
 
 
 class Store:
@@ -112,15 +84,14 @@ class Store:
         self._origins = Origins(lambda o: bool(self._by_origin.get(o)))
         self._origins.raise_horizon(origin.name, 0)
         self._horizon = self._origins.horizon
-        # channel -> the node ids of the scoped origins its messages come from
-        # (the Redis engine's partitions: its own, and where it has messages)
-        self._sources: Callable[[str], Iterable[str]] | None = None
+        # What a reader of some channels sees of them (the scoped origins').
+        self._views = Views(self._origins, self._channels)
 
-    def sources_by(self, sources: Callable[[str], Iterable[str]]) -> None:
+    def sources_by(self, sources: Sources) -> None:
         """How to tell which scoped origins a channel's messages come from (by
         their node id: a Redis partition's tag), so that history lost of one
         is a gap for its readers only."""
-        self._sources = sources
+        self._views.sources_by(sources)
 
     def journal_to(self, changes: Changes) -> None:
         """Note every change from now on in ``changes`` (``NO_CHANGES``: none)."""
@@ -211,141 +182,19 @@ class Store:
         since = q.since
         if isinstance(since, Cursor) and self.at_end(since, q.channels):
             return Result((), since, False)
-        return self._scan(q)
+        return self._views.read(q)
 
     def at_end(self, since: Cursor, channels: Iterable[str] = ()) -> bool:
         """Whether ``since`` is exactly this store's end for ``channels``, with
         nothing retired or lost behind it: then a query from it has no message
         and no gap, and its cursor is ``since`` itself (a re-poll that will be
-        held; issue 18)."""
-        horizon = self._horizon
-        origins = self._origins
-        if origins.retired or len(since.positions) > len(horizon):
-            return False
-        if origins.scoped:
-            return self._at_scoped_end(since, channels)
-        for origin, seq in since.positions:
-            if horizon.get(origin) != seq:
-                return False
-        if len(since.positions) != len(horizon):  # an origin at 0 is absent from a cursor
-            if sum(1 for seq in horizon.values() if seq > 0) != len(since.positions):
-                return False
-        if origins.lost:
-            held = since.as_dict()
-            return not origins.behind_lost(since, lambda o: held.get(o, 0))
-        return True
-
-    def _concerns(self, channels: Iterable[str],
-                  relevant: set[str] | None = None) -> Callable[[str], bool] | None:
-        """Which lost origins concern a reader of ``channels``: every unscoped
-        one; a scoped one that held their messages or that they come from."""
-        scoped = self._origins.scoped
-        if not scoped:
-            return None
-        names = tuple(channels)
-        held = self._relevant(names) if relevant is None else relevant
-        sources: set[str] = set()
-        if self._sources is not None:
-            for name in names:
-                sources.update(self._sources(name))
-
-        def concerns(origin: str) -> bool:
-            if origin not in scoped or origin in held:
-                return True
-            parsed = parse_origin(origin)
-            return parsed is not None and parsed[0] in sources
-
-        return concerns
-
-    def _at_scoped_end(self, since: Cursor, channels: Iterable[str]) -> bool:
-        """:meth:`at_end` where some origins are scoped: ``since`` must name
-        every origin in view (unscoped, or holding messages of ``channels``)
-        at its horizon; a scoped origin out of view may be named anywhere."""
-        horizon = self._horizon
-        origins = self._origins
-        scoped = origins.scoped
-        relevant = self._relevant(channels)
-        named = 0
-        for origin, seq in since.positions:
-            if origin in scoped and origin not in relevant:
-                continue
-            if horizon.get(origin) != seq:
-                return False
-            named += 1
-        live = origins.live_unscoped + sum(
-            1 for o in relevant if o in scoped and horizon.get(o, 0) > 0)
-        if named != live:
-            return False
-        if origins.lost:
-            held = since.as_dict()
-            return not origins.behind_lost(since, lambda o: held.get(o, 0),
-                                           self._concerns(channels, relevant))
-        return True
-
-    def _relevant(self, channels: Iterable[str]) -> set[str]:
-        """The origins holding (or that held) messages of ``channels``."""
-        relevant: set[str] = set()
-        for name in channels:
-            channel = self._channels.find(name)
-            if channel is not None:
-                relevant.update(channel.runs)
-                relevant.update(channel.evicted)
-        return relevant
-
-    def _in_view(self, channels: Iterable[str]) -> list[tuple[str, int]]:
-        """The horizon a cursor for ``channels`` names: every origin, less the
-        scoped ones that hold nothing of these channels."""
-        scoped = self._origins.scoped
-        if not scoped:
-            return list(self._horizon.items())
-        relevant = self._relevant(channels)
-        return [(o, h) for o, h in self._horizon.items() if o not in scoped or o in relevant]
-
-    def _scan(self, q: Query) -> Result:
-        """:meth:`query` the long way: merge the channels' runs from ``q.since``."""
-        since = q.since
-        if isinstance(since, Now):
-            raise TypeError("resolve since=now with Store.end() first")
-        at: Position | None = None
-        concerns = self._concerns(q.channels) if self._origins.lost else None
-        if isinstance(since, Cursor):
-            at = self._origins.reader(since)
-            gap = self._origins.behind_lost(since, at, concerns) or any(
-                self._origins.forgotten(o) for o, _ in since.positions)
-        else:
-            gap = self._origins.behind_lost(since, at, concerns)
-        streams: list[Iterator[Message]] = []
-        for name in q.channels:
-            channel = self._channels.find(name)
-            if channel is None:
-                continue
-            gap = gap or channel.has_gap(since, at)
-            for origin, run in channel.runs.items():
-                if at is not None:
-                    start = run.bisect_key_right(at(origin))
-                else:
-                    assert isinstance(since, int)
-                    start = run.first_after(since)
-                if start < len(run):
-                    streams.append(run.islice(start))
-        out, left = merge(streams, q.limit, q.until, q.max_bytes)
-
-        # Origins with a message still to come stop just before it.
-        pending: dict[str, int] = {}
-        for m in left:
-            if m.seq <= pending.get(m.origin, m.seq):
-                pending[m.origin] = m.seq
-        updates = [(o, pending[o] - 1 if o in pending else h)
-                   for o, h in self._in_view(q.channels)]
-        base = since if isinstance(since, Cursor) else Cursor(())
-        return Result(tuple(out), self._origins.tidy(base.advanced(updates)), gap)
+        held; issue 18). Which origins are in view is :mod:`pushup.core.views`."""
+        return self._views.at_end(since, channels)
 
     def end(self, channels: Iterable[str] | None = None) -> Cursor:
         """A cursor past everything this node holds or has skipped, every origin
         (for ``channels``: less the scoped origins that hold nothing of them)."""
-        if channels is None or not self._origins.scoped:
-            return self._origins.tidy(Cursor.of(self._horizon))
-        return self._origins.tidy(Cursor.of(dict(self._in_view(channels))))
+        return self._views.end(channels)
 
     def messages_of(self, origin: str, after: int, most: int) -> list[Message]:
         """Up to ``most`` cached messages of ``origin`` with seq > ``after``."""

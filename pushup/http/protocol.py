@@ -1,16 +1,19 @@
 """HTTP/1.1 on the connection: the only code that reads HTTP bytes, and the
-only code that writes to a socket (but for ``front``'s canned 503).
+only code that writes HTTP to a socket (but for ``front``'s canned 503; after
+a 101, the protocol the connection is handed to writes its own).
 
 One ``HTTPProtocol`` per connection parses with httptools (llhttp, strict:
 no leniency flag is ever set) into ``Request`` values, hands them in order
 to the handlers and writes their answers: the bytes of a response come from
 ``exchange.Writer`` (status line, headers, a shared fan-out response), those
-of an event stream from ``sse``, framed by ``framing``. It owns every limit
-that lives on a connection: head and body sizes, head, idle and send
-timeouts, pipelining depth, unread output. It keeps connection state only:
-the request being read is an ``incoming.Incoming``, one read and not yet
-answered a ``framing.Queued``; where the connection is, two phases moved by
-``phase``'s tables; after a 101, the protocol it relays to (``upgrade``).
+of an event stream from its feed (``sse``, ``stream_sse``), framed by
+``framing``. It enforces the limits that live on a connection: head and body
+sizes, head, idle and send timeouts; how far reading runs ahead of the
+answers, whether the client takes what is written, and the one timer are
+``flow``'s. It keeps connection state only: the request being read is an
+``incoming.Incoming``, one read and not yet answered a ``framing.Queued``;
+where the connection is, two phases moved by ``phase``'s tables; after a
+101, the protocol it relays to (``upgrade``).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from twisted.python.failure import Failure
 
 from pushup._twisted import write_now
 from pushup.core import errors
-from pushup.core.clock import DelayedCall
 from pushup.core.errors import PushUpError
 from pushup.core.service import Delivery
 from pushup.http import framing, phase
 from pushup.http.exchange import Held, Pending, Request, Response, error_response
+from pushup.http.flow import PIPELINE_BYTES as PIPELINE_BYTES  # re-exported: the read-ahead
+from pushup.http.flow import Flow
 from pushup.http.framing import CLOSE, CLOSE_DELIMITED, REFUSAL, Queued, StreamFraming
 from pushup.http.incoming import HEADERS_TOO_LARGE, Incoming, Refuse
 from pushup.http.phase import Answer, Answering, Read, answering_one, finished
@@ -38,7 +42,6 @@ from pushup.http.seams import Connection, Host
 from pushup.http.upgrade import Upgraded, hand_over, switching_protocols
 
 log = Logger()
-PIPELINE_BYTES = 64 * 1024  # requests read ahead of the one being answered
 DISCARD_CAP = 16 * 1024 * 1024  # past this much of an oversized body, hang up
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A closed connection's parser: the live one holds our bound methods, a cycle only
@@ -93,15 +96,13 @@ class HTTPProtocol(Protocol):
         # requests parsed, not yet answered; a Response is a refusal in order
         self._queue: deque[Queued | Response] = deque()
         self._queued_bytes = 0
-        self._input_paused = False  # read-ahead past PIPELINE_BYTES: resumed once answered
         self._waiting: Callable[[], None] | None = None  # a held request's cancel
-        self._blocked_since: float | None = None  # output not taken by the client
-        self._timer: DelayedCall | None = None
+        # read-ahead, output the client has not taken, the timer (pushup.http.flow)
+        self._flow = Flow(self._clock, self._on_timer)
         self._stamp = 0.0  # last read or answer
         self._terms = REFUSAL  # those of the request being answered
         self._cors: bytes | None = None  # the current request's CORS lines (Writer.cors_for)
         self._stream: StreamFraming = CLOSE_DELIMITED  # an event stream's (once open)
-        self._on_writable: Callable[[], None] | None = None  # a stream waits for the client
         self._upgraded_to: Upgraded | None = None  # what reads the connection after a 101
 
     # -- Twisted calls these -------------------------------------------------
@@ -111,7 +112,7 @@ class HTTPProtocol(Protocol):
         self.conn = cast(Connection, self.transport)
         self.conn.registerProducer(self, True)
         self._stamp = self._clock.seconds()
-        self._arm(self._stamp + self.front.keepalive_timeout)
+        self._flow.arm(self._stamp + self.front.keepalive_timeout)
 
     def dataReceived(self, data: bytes) -> None:
         self._counters.bytes_in += len(data)
@@ -147,11 +148,9 @@ class HTTPProtocol(Protocol):
             if self._incoming.head_too_large(self._max_event_id):
                 self._refuse(HEADERS_TOO_LARGE)
             else:
-                self._arm(self._incoming.head_began + self.front.header_timeout)
+                self._flow.arm(self._incoming.head_began + self.front.header_timeout)
         self._dispatch()
-        if self._queued_bytes > PIPELINE_BYTES and not self._input_paused:
-            self._input_paused = True
-            self.conn.pauseProducing()  # read on once the queue is answered
+        self._flow.read_ahead(self._queued_bytes, self.conn)
 
     def _upgraded(self, rest: bytes) -> bool:
         """Hand the connection to the protocol the app gives for the request
@@ -168,7 +167,7 @@ class HTTPProtocol(Protocol):
         self._write(switching_protocols(last.request))
         # this protocol answers nothing more
         self._answering = phase.answer_after(self._answering, Answer.UPGRADE)
-        self._stop_timer()
+        self._flow.stop()
         self.conn.unregisterProducer()
         # The connection stays ours, and counted among the front's (the limit
         # holds, a drain closes it): we hand what we read on to the protocol.
@@ -176,17 +175,12 @@ class HTTPProtocol(Protocol):
         self._upgraded_to = hand_over(protocol, self.transport, rest)
         return True
 
-    def _stop_timer(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-
     def connectionLost(self, reason: object = None) -> None:
         self._answering = phase.answer_after(self._answering, Answer.LOST)
         self.front.lost(self)
         if self._upgraded_to is not None:
             self._upgraded_to.connectionLost(reason)
-        self._stop_timer()
+        self._flow.lost()
         if self._waiting is not None:
             cancel, self._waiting = self._waiting, None
             cancel()
@@ -196,16 +190,10 @@ class HTTPProtocol(Protocol):
     # IPushProducer: the transport tells us when the client stops reading.
 
     def pauseProducing(self) -> None:
-        if self._blocked_since is None:
-            self._blocked_since = self._clock.seconds()
-            self._arm(self._blocked_since + self.front.send_timeout)
+        self._flow.output_blocked(self.front.send_timeout)
 
     def resumeProducing(self) -> None:
-        # A closing connection's output moved: what is left has send_timeout again.
-        self._blocked_since = self._clock.seconds() if finished(self._answering) else None
-        if self._on_writable is not None:  # an event stream's next page
-            callback, self._on_writable = self._on_writable, None
-            self._clock.callLater(0, self._writable, callback)
+        self._flow.output_taken(finished(self._answering), self._writable)
         self._dispatch()
 
     def stopProducing(self) -> None:
@@ -294,7 +282,8 @@ class HTTPProtocol(Protocol):
     def _dispatch(self) -> None:
         """Answer queued requests in order, until one is held."""
         queue = self._queue
-        while queue and self._answering == READY and self._blocked_since is None:
+        flow = self._flow
+        while queue and self._answering == READY and flow.blocked_since is None:
             entry = queue.popleft()
             if isinstance(entry, Response):
                 self._terms = REFUSAL
@@ -323,9 +312,7 @@ class HTTPProtocol(Protocol):
             if self._incoming.expects_continue:
                 self._incoming.expects_continue = False
                 self._write(_CONTINUE)
-            if self._input_paused:
-                self._input_paused = False
-                self.conn.resumeProducing()
+            flow.read_on(self.conn)
 
     def _send(self, response: Response) -> None:
         header = framing.connection(self._terms, response.close, self.front.draining)
@@ -353,31 +340,18 @@ class HTTPProtocol(Protocol):
             return
         self._stamp = now = self._clock.seconds()
         self._send(outcome)
-        if self._timer is None:
-            self._arm(now + self.front.keepalive_timeout)
+        self._flow.arm_unless_armed(now + self.front.keepalive_timeout)
         self._dispatch()
 
     def respond(self, delivery: Delivery, hold: bool = False) -> bool:
         """Answer the held subscribe with ``delivery`` (see ``service.Subscriber``)."""
         if self._answering != HELD:
             return False
-        self._waiting = None
-        self._answering = phase.answer_after(self._answering, Answer.ANSWER)
-        front = self.front
-        self._stamp = now = self._clock.seconds()
-        self._writer.tick(now)
-        if self._terms.shareable() and not front.draining and self._cors is None:
+        if self._unhold(close=False):
             self._write(self._writer.shared(delivery))
         else:
             self._send(Response(200, self._writer.shared_body(delivery)))
-        if self._timer is None:
-            self._arm(now + front.keepalive_timeout)
-        if hold:
-            self._answering = phase.answer_after(self._answering, Answer.PAUSE)
-            front.held.append(self)
-        elif self._queue:
-            # not from inside the service's fan-out loop: on the next turn
-            self._clock.callLater(0, self._dispatch)
+        self._read_on_after_held(hold)
         return True
 
     def answer_held(self, response: Response) -> bool:
@@ -386,21 +360,33 @@ class HTTPProtocol(Protocol):
         The polls woken together get the same bytes, rendered once."""
         if self._answering != HELD:
             return False
-        self._waiting = None
-        self._answering = phase.answer_after(self._answering, Answer.ANSWER)
-        front = self.front
-        self._stamp = now = self._clock.seconds()
-        if (self._terms.shareable() and not front.draining and self._cors is None
-                and not response.close):
-            self._writer.tick(now)
+        if self._unhold(response.close):
             self._write(self._writer.shared_answer(response))
         else:
             self._send(response)
-        if self._timer is None:
-            self._arm(now + front.keepalive_timeout)
-        if self._queue:  # not from inside the wake-up's loop: on the next turn
-            self._clock.callLater(0, self._dispatch)
+        self._read_on_after_held(False)
         return True
+
+    def _unhold(self, close: bool) -> bool:
+        """The held request is being answered: whether with the bytes shared
+        by every connection answered alike (a plain keep-alive answer)."""
+        self._waiting = None
+        self._answering = phase.answer_after(self._answering, Answer.ANSWER)
+        self._stamp = now = self._clock.seconds()
+        self._writer.tick(now)
+        return (self._terms.shareable() and not self.front.draining and self._cors is None
+                and not close)
+
+    def _read_on_after_held(self, hold: bool) -> None:
+        """After a held answer: keep-alive from now, and the requests queued
+        behind it answered on the next turn (not from inside the fan-out's or
+        the wake-up's loop), or, with ``hold``, once the fan-out releases us."""
+        self._flow.arm_unless_armed(self._stamp + self.front.keepalive_timeout)
+        if hold:
+            self._answering = phase.answer_after(self._answering, Answer.PAUSE)
+            self.front.held.append(self)
+        elif self._queue:
+            self._clock.callLater(0, self._dispatch)
 
     # An event stream (pushup.http.sse) writes through these; it ends with the connection.
 
@@ -430,10 +416,7 @@ class HTTPProtocol(Protocol):
     def when_writable(self, callback: Callable[[], None]) -> None:
         """``callback`` on a later turn, once the transport has taken what was
         written (see ``resumeProducing``); never if the connection goes first."""
-        if self._blocked_since is None:
-            self._clock.callLater(0, self._writable, callback)
-        else:
-            self._on_writable = callback
+        self._flow.when_writable(callback, self._writable)
 
     def _writable(self, callback: Callable[[], None]) -> None:
         if not finished(self._answering):
@@ -470,29 +453,18 @@ class HTTPProtocol(Protocol):
         self._answering = phase.answer_after(self._answering, Answer.CLOSE)
         self.conn.loseConnection()
         if self._upgraded_to is None:  # an upgraded protocol keeps its own time
-            if self._blocked_since is None:
-                self._blocked_since = self._clock.seconds()
-            self._arm(self._blocked_since + self.front.send_timeout)
+            self._flow.closing(self.front.send_timeout)
 
     # -- time ------------------------------------------------------------------
 
-    def _arm(self, at: float) -> None:
-        """Make sure the timer fires no later than ``at``."""
-        timer = self._timer
-        if timer is not None and timer.active():
-            if timer.getTime() <= at:
-                return
-            timer.cancel()
-        clock = self._clock
-        self._timer = clock.callLater(max(0.0, at - clock.seconds()), self._on_timer)
-
     def _on_timer(self) -> None:
-        self._timer = None
+        """A deadline armed in ``self._flow`` is due (or one before it was)."""
         front = self.front
         now = self._clock.seconds()
         reading = self._reading
-        if self._blocked_since is not None:  # or closing: output not taken since
-            due = self._blocked_since + front.send_timeout
+        blocked_since = self._flow.blocked_since
+        if blocked_since is not None:  # or closing: output not taken since
+            due = blocked_since + front.send_timeout
             if now >= due:
                 log.info("closing a connection whose client reads nothing")
                 self.conn.abortConnection()
@@ -520,7 +492,7 @@ class HTTPProtocol(Protocol):
             if now >= due:
                 self.close()
                 return
-        self._arm(due)
+        self._flow.arm(due)
 
     @property
     def answering(self) -> Answering:

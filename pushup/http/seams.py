@@ -61,16 +61,16 @@ class Connection(TypingProtocol):
 
     def write(self, data: bytes) -> None: ...
 
-    def loseConnection(self) -> None: ...  # noqa: N802 (Twisted's names)
+    def loseConnection(self) -> None: ...  # Twisted's names
 
-    def loseWriteConnection(self) -> None: ...  # noqa: N802
+    def loseWriteConnection(self) -> None: ...
 
-    def abortConnection(self) -> None: ...  # noqa: N802
+    def abortConnection(self) -> None: ...
 
-    def registerProducer(self, producer: object, streaming: bool) -> None: ...  # noqa: N802
+    def registerProducer(self, producer: object, streaming: bool) -> None: ...
 
-    def unregisterProducer(self) -> None: ...  # noqa: N802
+    def unregisterProducer(self) -> None: ...
 
-    def pauseProducing(self) -> None: ...  # noqa: N802
+    def pauseProducing(self) -> None: ...
 
-    def resumeProducing(self) -> None: ...  # noqa: N802
+    def resumeProducing(self) -> None: ...

@@ -23,11 +23,11 @@ class Upgraded(TypingProtocol):
     """What the front uses of the protocol a connection is upgraded to (a
     Twisted ``IProtocol``; typed here so the compiled build needs no zope)."""
 
-    def makeConnection(self, transport: Any) -> None: ...  # noqa: N802 (Twisted's names)
+    def makeConnection(self, transport: Any) -> None: ...  # Twisted's names
 
-    def dataReceived(self, data: bytes) -> None: ...  # noqa: N802
+    def dataReceived(self, data: bytes) -> None: ...
 
-    def connectionLost(self, reason: Any) -> None: ...  # noqa: N802
+    def connectionLost(self, reason: Any) -> None: ...
 
 
 def switching_protocols(request: Request) -> bytes:

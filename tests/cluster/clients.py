@@ -209,7 +209,7 @@ class Poller(threading.Thread):
                 if self.poll_once(self._next_url(), self.poll_timeout) is None:
                     time.sleep(0.05)
             self.drain()
-        except BaseException as e:  # noqa: BLE001 - reported through violations
+        except BaseException as e:  # reported through violations
             self.violations.append(f"client thread crashed: {e!r}")
 
     def drain(self, rounds: int = 1) -> None:
@@ -293,7 +293,7 @@ class Publisher(threading.Thread):
                 sent += n
                 if self.pace:
                     time.sleep(self.pace)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             self.errors.append(f"publisher crashed: {e!r}")
 
 

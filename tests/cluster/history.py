@@ -123,7 +123,7 @@ class Publisher(threading.Thread):
                     time.sleep(0.05)  # as a client backs off before its next publish
                 elif self.pace:
                     time.sleep(self.pace)
-        except BaseException as e:  # noqa: BLE001 - reported, the test fails on it
+        except BaseException as e:  # reported, the test fails on it
             self.errors.append(f"{self.name} crashed: {e!r}")
 
 
@@ -201,7 +201,7 @@ class Subscriber(threading.Thread):
             while not self.stop_event.is_set():
                 if self.step(self.poll_timeout) is None:
                     time.sleep(0.05)  # the next node, after a short back-off
-        except BaseException as e:  # noqa: BLE001 - reported, the test fails on it
+        except BaseException as e:  # reported, the test fails on it
             self.errors.append(f"{self.name} crashed: {e!r}")
 
     def finish(self) -> None:

@@ -75,7 +75,7 @@ def test_a_subscriber_behind_haproxy_gets_every_message_once_while_a_node_is_kil
                     received.append(item)
                 if len({m.data for m in received}) >= total:
                     everything.set()
-        except BaseException as e:  # noqa: BLE001 - reported by the test
+        except BaseException as e:  # reported by the test
             problems.append(e)
             everything.set()
 

@@ -11,7 +11,7 @@ from tests.cluster.clients import jrequest, publish, request, uniq
 
 
 class WebApp(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         body = b"<h1>the web application</h1>"
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

@@ -123,7 +123,7 @@ class RetryingPublisher(history.Publisher):
                     body.get("id") if status == 201 else None))
                 if status != 201:
                     return
-        except BaseException as e:  # noqa: BLE001 - reported, the test fails on it
+        except BaseException as e:  # reported, the test fails on it
             self.errors.append(f"{self.name} crashed: {e!r}")
 
 

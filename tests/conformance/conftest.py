@@ -21,19 +21,19 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.harness import ClientProcess, Relay, ServedNode, client_argv
+from tests.conformance.harness import ClientProcess, Relay, RestartableNode, client_argv
 
 
 @pytest.fixture
-def node() -> Iterator[ServedNode]:
-    served = ServedNode()
+def node() -> Iterator[RestartableNode]:
+    served = RestartableNode()
     served.start()
     yield served
     served.stop()
 
 
 @pytest.fixture
-def relay(node: ServedNode) -> Iterator[Relay]:
+def relay(node: RestartableNode) -> Iterator[Relay]:
     front = Relay(node.port)
     yield front
     front.close()

@@ -22,8 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.toolkit import ServedNode as Process
-from tests.toolkit import free_port, wait_healthy, wait_until
+from tests.toolkit import ServedNode, free_port, wait_healthy, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = Path(__file__).resolve().parent / "clients"
@@ -34,7 +33,7 @@ GUARD = 30.0  # hang guard for anything a test awaits (never a timing assertion)
 
 # -- a node ----------------------------------------------------------------------
 
-class ServedNode:
+class RestartableNode:
     """`pushup serve` on one port and one data directory, restartable (each start
     is a toolkit ``ServedNode``: stopped by PID, SIGTERM, exit 0 expected)."""
 
@@ -42,15 +41,15 @@ class ServedNode:
         self.port = free_port()
         self.data_dir = tempfile.mkdtemp(prefix="pushup-conformance-")
         self.flags = flags
-        self.process: Process | None = None
+        self.process: ServedNode | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = Process("--host", "127.0.0.1", "--data-dir", self.data_dir,
-                               *self.flags, port=self.port)
+        self.process = ServedNode("--host", "127.0.0.1", "--data-dir", self.data_dir,
+                                  *self.flags, port=self.port)
         wait_healthy(self.url, time.monotonic() + GUARD, self.process.proc)
 
     def stop(self) -> None:

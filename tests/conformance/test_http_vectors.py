@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conformance.harness import ServedNode
+from tests.conformance.harness import RestartableNode
 
 HIDDEN = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 BODY = b'{"channels":["v"],"data":1}'
@@ -127,14 +127,14 @@ HOST = [
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[ServedNode]:
-    node = ServedNode("--max-body-bytes", str(MAX_BODY))
+def served() -> Iterator[RestartableNode]:
+    node = RestartableNode("--max-body-bytes", str(MAX_BODY))
     node.start()
     yield node
     node.stop()
 
 
-def exchange(node: ServedNode, data: bytes, guard: float = 10.0) -> tuple[bytes, bool]:
+def exchange(node: RestartableNode, data: bytes, guard: float = 10.0) -> tuple[bytes, bool]:
     """Send ``data``; read until the node closes. Returns (bytes, closed). Hang guards:
     ``guard`` s for an answer, then 3 s for the close a final answer should bring."""
     with socket.create_connection(("127.0.0.1", node.port), timeout=guard) as sock:
@@ -174,7 +174,7 @@ def statuses(raw: bytes) -> list[int]:
 
 @pytest.mark.parametrize(("name", "source", "request_bytes"), SMUGGLING,
                          ids=[v[0] for v in SMUGGLING])
-def test_smuggling_vector_is_refused_and_closed(served: ServedNode, name: str, source: str,
+def test_smuggling_vector_is_refused_and_closed(served: RestartableNode, name: str, source: str,
                                                 request_bytes: bytes) -> None:
     raw, closed = exchange(served, request_bytes)
     assert statuses(raw) == [400], (source, raw[:400])
@@ -183,27 +183,27 @@ def test_smuggling_vector_is_refused_and_closed(served: ServedNode, name: str, s
 
 
 @pytest.mark.parametrize(("name", "request_bytes"), HOST, ids=[v[0] for v in HOST])
-def test_host_vector_is_refused_and_closed(served: ServedNode, name: str,
+def test_host_vector_is_refused_and_closed(served: RestartableNode, name: str,
                                            request_bytes: bytes) -> None:
     raw, closed = exchange(served, request_bytes)
     assert statuses(raw) == [400], raw[:400]
     assert closed, "the connection stayed open after the 400"
 
 
-def test_http10_without_host_is_served(served: ServedNode) -> None:
+def test_http10_without_host_is_served(served: RestartableNode) -> None:
     """RFC 9112 §3.2 asks Host of HTTP/1.1 only."""
     raw, _ = exchange(served, b"GET /health HTTP/1.0\r\n\r\n")
     assert statuses(raw) == [200], raw[:400]
 
 
-def test_absolute_form_with_any_host_is_served(served: ServedNode) -> None:
+def test_absolute_form_with_any_host_is_served(served: RestartableNode) -> None:
     """RFC 9112 §3.2.2: with an absolute-form target the Host field is ignored."""
     raw, _ = exchange(served, b"GET http://example/health HTTP/1.1\r\nHost: other\r\n"
                               b"Connection: close\r\n\r\n")
     assert statuses(raw) == [200], raw[:400]
 
 
-def test_no_100_continue_to_an_http10_client(served: ServedNode) -> None:
+def test_no_100_continue_to_an_http10_client(served: RestartableNode) -> None:
     """RFC 9110 §10.1.1 (ignore the expectation in HTTP/1.0) and §15.2 (a server
     MUST NOT send a 1xx response to an HTTP/1.0 client); Http11Probe's vector."""
     raw, _ = exchange(served, post(b"Host: x", b"Expect: 100-continue",
@@ -212,7 +212,7 @@ def test_no_100_continue_to_an_http10_client(served: ServedNode) -> None:
     assert statuses(raw) == [201], raw[:400]
 
 
-def test_100_continue_to_an_http11_client_then_the_answer(served: ServedNode) -> None:
+def test_100_continue_to_an_http11_client_then_the_answer(served: RestartableNode) -> None:
     """RFC 9110 §10.1.1: the client waits for 100 before it sends the body."""
     head = post(b"Host: x", b"Expect: 100-continue", b"Content-Length: %d" % len(BODY),
                 b"Connection: close")
@@ -227,7 +227,7 @@ def test_100_continue_to_an_http11_client_then_the_answer(served: ServedNode) ->
     assert statuses(raw) == [201], raw[:400]
 
 
-def test_content_length_over_the_limit_is_413_before_the_body(served: ServedNode) -> None:
+def test_content_length_over_the_limit_is_413_before_the_body(served: RestartableNode) -> None:
     """RFC 9110 §15.5.14: a body already declared too large is refused at once,
     without waiting for bytes that will never be read (Http11Probe). The node
     then reads what the client still sends and drops it, closing when the
@@ -254,7 +254,7 @@ def test_content_length_over_the_limit_is_413_before_the_body(served: ServedNode
     b"GET /subscribe?channels=v&timeout=0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     b"GET /health HTTP/1.1\r\n\r\n",
 ], ids=["200", "404", "subscribe", "400"])
-def test_every_response_says_nosniff(served: ServedNode, request_bytes: bytes) -> None:
+def test_every_response_says_nosniff(served: RestartableNode, request_bytes: bytes) -> None:
     """Http11Probe's header check: X-Content-Type-Options: nosniff on every response."""
     raw, _ = exchange(served, request_bytes)
     head = raw.partition(b"\r\n\r\n")[0].lower()

@@ -27,20 +27,20 @@ from tests.conformance.harness import (
     RESTARTS,
     STREAM_CLIENTS,
     Relay,
-    ServedNode,
+    RestartableNode,
 )
 from tests.toolkit import wait_until
 
 END = "end"
 
 
-def publish_batch(node: ServedNode, channel: str, start: int, count: int) -> list[int]:
+def publish_batch(node: RestartableNode, channel: str, start: int, count: int) -> list[int]:
     for n in range(start, start + count):
         node.publish(channel, n)
     return list(range(start, start + count))
 
 
-def wait_until_positioned(node: ServedNode, relay: Relay, channel: str, client: str) -> None:
+def wait_until_positioned(node: RestartableNode, relay: Relay, channel: str, client: str) -> None:
     """The client's subscription is held and, for a stream, its position was named
     (an event block reached the client): only then may it be cut."""
     node.wait_subscribers(channel, 1)
@@ -55,7 +55,7 @@ def wait_until_positioned(node: ServedNode, relay: Relay, channel: str, client: 
 
 @pytest.mark.parametrize("client", STREAM_CLIENTS + POLL_CLIENTS)
 def test_client_gets_every_message_once_across_node_restarts(
-        node: ServedNode, relay: Relay, run_client: Any, client: str) -> None:
+        node: RestartableNode, relay: Relay, run_client: Any, client: str) -> None:
     channel = f"restart-{uuid.uuid4().hex[:8]}"
     reader = run_client(client, relay.url, channel)
     node.wait_subscribers(channel, 1)  # since=now is resolved: publishing may begin
@@ -76,7 +76,7 @@ def test_client_gets_every_message_once_across_node_restarts(
 
 @pytest.mark.parametrize("client", STREAM_CLIENTS + POLL_CLIENTS)
 def test_client_reconnecting_before_its_first_event_misses_nothing(
-        node: ServedNode, relay: Relay, run_client: Any, client: str) -> None:
+        node: RestartableNode, relay: Relay, run_client: Any, client: str) -> None:
     channel = f"early-{uuid.uuid4().hex[:8]}"
     reader = run_client(client, relay.url, channel)
     wait_until_positioned(node, relay, channel, client)

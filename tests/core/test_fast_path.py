@@ -98,7 +98,7 @@ class FastPathMachine(RuleBasedStateMachine):
             since = Cursor.of(positions)
         query = Query(tuple(sorted(channels)), since, None, limit)
         answer = self.store.query(query)
-        assert answer == self.store._scan(query)
+        assert answer == self.store._views.read(query)
         if self.store.at_end(since):
             self.fast += 1
             assert answer.messages == () and not answer.gap and answer.cursor == since
@@ -199,5 +199,5 @@ def test_a_held_repoll_reads_no_channel() -> None:
     store.publish([Draft(("a",), b"1")], T0 + 1)
     end = store.end()
     assert store.query(Query(("a",), end, None, 10)).cursor is end
-    assert store._scan(Query(("a",), end, None, 10)).cursor is not end
-    assert store._scan(Query(("a",), end, None, 10)).cursor == end
+    assert store._views.read(Query(("a",), end, None, 10)).cursor is not end
+    assert store._views.read(Query(("a",), end, None, 10)).cursor == end

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.contract import JSON_CT, assert_error
 from tests.toolkit import LISTENING, ServedNode, clean_env, free_port, wait_until
 
 __all__ = ["JSON_CT", "LISTEN_RE", "PUSHUP", "ROOT", "Node", "Nodes", "Pending", "Response",
@@ -37,7 +38,6 @@ PUSHUP = str(ROOT / ".venv" / "bin" / "pushup")
 LISTEN_RE = LISTENING
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
-JSON_CT = "application/json; charset=utf-8"
 
 
 def uniq(prefix: str = "c") -> str:
@@ -60,22 +60,6 @@ class Response:
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.body[:300]!r}>"
-
-
-def assert_error(resp: Response, status: int, code: str | None = None) -> dict:
-    """An error response with the contract's single JSON body shape."""
-    assert resp.status == status, resp
-    ct = (resp.header("Content-Type") or "").lower().replace(" ", "")
-    assert ct == JSON_CT.replace(" ", ""), (ct, resp)
-    body = resp.json
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert isinstance(err, dict) and set(err) == {"code", "message"}, body
-    assert isinstance(err["code"], str) and re.fullmatch(r"[a-z][a-z0-9_]*", err["code"]), body
-    assert isinstance(err["message"], str) and err["message"].strip(), body
-    if code is not None:
-        assert err["code"] == code, (code, body)
-    return err
 
 
 def assert_json_ok(resp: Response, status: int = 200) -> dict:
@@ -352,7 +336,7 @@ class Pending:
         def run():
             try:
                 self._res = fn()
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 self._exc = e
             finally:
                 self._done.set()

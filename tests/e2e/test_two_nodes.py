@@ -199,7 +199,7 @@ def test_no_loss_no_duplicates_while_publishing_on_both_nodes(cluster):
                 seen += [m["data"] for m in body["messages"]]
                 cur = body["cursor"]
             results[k] = seen
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     clients = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(4)]

@@ -15,8 +15,8 @@ from twisted.internet.task import Clock
 from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.wire import (
     backlog,
+    decode_snapshot,
     export_snapshot,
-    import_snapshot,
     pack_batch,
     unpack_batch,
 )
@@ -153,6 +153,6 @@ def test_a_peer_that_received_a_keyed_publish_answers_its_retry_without_storing(
 def test_a_node_that_joins_later_knows_the_keys_from_its_snapshot():
     old, new = mesh_node("a"), mesh_node("b")
     first = old.service.publish([Draft(("c",), b"1")], Idem("k", "f"))
-    import_snapshot(new.store, export_snapshot(old.store), new.service.now())
+    new.store.load(decode_snapshot(export_snapshot(old.store)), new.service.now())
     again = new.service.publish([Draft(("c",), b"1")], Idem("k", "f"))
     assert isinstance(again, Replayed) and again[0].id == first[0].id

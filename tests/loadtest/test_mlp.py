@@ -86,7 +86,7 @@ def test_held_poll_is_answered_by_a_publish(base: str) -> None:
     def poll() -> None:
         try:
             got["body"] = sub(base, "held", cursor, timeout=60)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             got["error"] = e
 
     t = threading.Thread(target=poll, daemon=True)
@@ -111,7 +111,7 @@ def test_held_poll_times_out_with_a_working_cursor(base: str) -> None:
             started = time.monotonic()
             got["body"] = sub(base, "quiet", timeout=1)
             got["held"] = time.monotonic() - started
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             got["error"] = e
 
     t = threading.Thread(target=poll, daemon=True)

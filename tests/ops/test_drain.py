@@ -26,10 +26,10 @@ class Port:
         self.port = port
         self.stopped_at: float | None = None
 
-    def getHost(self) -> IPv4Address:  # noqa: N802 (Twisted's interface)
+    def getHost(self) -> IPv4Address:  # Twisted's interface
         return IPv4Address("TCP", "127.0.0.1", self.port)
 
-    def stopListening(self) -> None:  # noqa: N802
+    def stopListening(self) -> None:
         self.stopped_at = self.clock.seconds()
 
 
@@ -38,7 +38,7 @@ class Reactor(MemoryReactorClock):
         super().__init__()
         self.ports: list[Port] = []
 
-    def listenTCP(self, port: int, factory: Any, backlog: int = 50,  # noqa: N802
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50,
                   interface: str = "") -> Port:
         self.ports.append(Port(self, port or 40000))
         return self.ports[-1]

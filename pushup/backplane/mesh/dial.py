@@ -202,12 +202,12 @@ class Dial(Frames):
 
     # -- Twisted's side ----------------------------------------------------------
 
-    def connectionMade(self) -> None:  # noqa: N802 (Twisted's names)
+    def connectionMade(self) -> None:  # Twisted's names
         assert self.transport is not None
         self._move(DiallingEvent.CONNECTED)
         self.transport.write(request_head(urlsplit(self.link.url).netloc or "peer"))
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+    def dataReceived(self, data: bytes) -> None:
         if self.phase is not _ASKING:
             super().dataReceived(data)  # type: ignore[no-untyped-call]
             return
@@ -230,7 +230,7 @@ class Dial(Frames):
         if rest:
             super().dataReceived(rest)  # type: ignore[no-untyped-call]
 
-    def stringReceived(self, frame: bytes) -> None:  # noqa: N802
+    def stringReceived(self, frame: bytes) -> None:
         if self.open:
             self.link.stream_frame(self, frame)
             return
@@ -255,12 +255,12 @@ class Dial(Frames):
         self.sendString(b"p" + proof(self.secret, b"client", nonce_s, self.nonce_c))
         self._move(DiallingEvent.PROVEN)
 
-    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+    def connectionLost(self, reason: Any = None) -> None:
         self.cancel_flush()
         self._move(DiallingEvent.LOST)
         self.link.stream_lost(self, reason)
 
-    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
+    def lengthLimitExceeded(self, length: int) -> None:
         self._unprocessed = b""  # what Twisted kept of it: not held until the close
         self.stringReceived(b"xa frame of %d bytes, longer than any answer" % length)
 
@@ -281,7 +281,7 @@ class _Endpoints:
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor
 
-    def endpointForURI(self, uri: Any) -> Any:  # noqa: N802 (Twisted's interface)
+    def endpointForURI(self, uri: Any) -> Any:  # Twisted's interface
         return endpoint_for_url(self.reactor, uri.toBytes().decode())
 
 

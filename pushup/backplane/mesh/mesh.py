@@ -36,7 +36,7 @@ from twisted.internet import defer, task
 from twisted.internet.error import ConnectError
 from twisted.logger import Logger
 
-from pushup.backplane import ChannelOp, OpKind, Unconfirmed, op_of
+from pushup.backplane import Unconfirmed
 from pushup.backplane.mesh.acks import Acks
 from pushup.backplane.mesh.peers import PeerLink
 from pushup.backplane.mesh.wire import (
@@ -51,7 +51,7 @@ from pushup.backplane.mesh.wire import (
 )
 from pushup.config import Config
 from pushup.core import errors
-from pushup.core.channels import Channel
+from pushup.core.channels import Channel, ChannelOp, OpKind
 from pushup.core.follow import Applied, Followed
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message
@@ -195,7 +195,7 @@ class Mesh:
         return defer.succeed(None)
 
     def _tell(self, kind: OpKind, channel: Channel) -> None:
-        op = op_of(kind, channel, self.store.own_seq)
+        op = ChannelOp.of(kind, channel, self.store.own_seq)
         for link in self.links:
             link.add_op(op)
 

@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.wire import backlog, pack_batch
+from pushup.core.channels import ChannelOp
 from pushup.core.store import Store
 
 WINDOW = 8  # batches sent and not yet answered, at most...

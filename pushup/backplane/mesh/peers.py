@@ -30,13 +30,14 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 
-from pushup.backplane import ChannelOp, trouble
+from pushup.backplane import trouble
 from pushup.backplane.links import backoff
 from pushup.backplane.mesh.dial import UNIX_SCHEME, Dial, PeerRefused, dialer
 from pushup.backplane.mesh.outbound import Outbound, PeerError
 from pushup.backplane.mesh.phases import DiallingPhase
 from pushup.backplane.mesh.status import BACKOFF_MAX, LinkState, PeerStatus
 from pushup.backplane.mesh.wire import sign
+from pushup.core.channels import ChannelOp
 from pushup.core.store import Store
 
 HEARTBEAT = 2.0  # an idle link checks on its peer this often (seconds)

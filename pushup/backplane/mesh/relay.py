@@ -84,17 +84,17 @@ class _Body:
         self.data = data
         self.length = len(data)
 
-    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:  # noqa: N802
+    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:
         consumer.write(self.data)
         return defer.succeed(None)
 
-    def pauseProducing(self) -> None:  # noqa: N802 (Twisted's names)
+    def pauseProducing(self) -> None:  # Twisted's names
         pass
 
-    def resumeProducing(self) -> None:  # noqa: N802
+    def resumeProducing(self) -> None:
         pass
 
-    def stopProducing(self) -> None:  # noqa: N802
+    def stopProducing(self) -> None:
         pass
 
 
@@ -107,7 +107,7 @@ class _EventRelay(TwistedProtocol):
         self.relays = relays
         self.ended = False
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+    def dataReceived(self, data: bytes) -> None:
         if self.ended:
             return
         if not self.client.send_events(data):
@@ -121,7 +121,7 @@ class _EventRelay(TwistedProtocol):
         if not self.ended and self.transport is not None:
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
-    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+    def connectionLost(self, reason: Any = None) -> None:
         self.relays.discard(self)
         if not self.ended:  # the serving node ended it: the client resumes
             self.ended = True

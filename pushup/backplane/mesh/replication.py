@@ -89,7 +89,7 @@ class Frames(Int32StringReceiver):
 
     MAX_LENGTH = PEER_BODY_LIMIT
 
-    def sendString(self, string: bytes) -> None:  # noqa: N802 (Twisted's name)
+    def sendString(self, string: bytes) -> None:  # Twisted's name
         self.send_frame(string)
 
     def send_frame(self, string: bytes) -> bool:
@@ -141,7 +141,7 @@ class PeerStream(Frames):
         # Answers to the batches of one read, sent together once it is done.
         self._answers: list[bytes] | None = None
 
-    def connectionMade(self) -> None:  # noqa: N802 (Twisted's name)
+    def connectionMade(self) -> None:  # Twisted's name
         assert self.transport is not None
         self.from_node = not isinstance(self.transport.getHost(), UNIXAddress)
         self._heard = self.node.clock.seconds()
@@ -164,13 +164,13 @@ class PeerStream(Frames):
         else:
             self._timer = self.node.clock.callLater(IDLE_TIMEOUT - quiet, self._check)
 
-    def connectionLost(self, reason: object = None) -> None:  # noqa: N802 (Twisted's name)
+    def connectionLost(self, reason: object = None) -> None:  # Twisted's name
         self._move(ReceivingEvent.LOST)
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 (Twisted's name)
+    def dataReceived(self, data: bytes) -> None:  # Twisted's name
         """Frames in, then their answers out in one write: a dialer that sent
         several batches while we were busy reads one answer per read of ours,
         not one per batch."""
@@ -193,7 +193,7 @@ class PeerStream(Frames):
         if answers and self.transport is not None:
             write_now(self.transport, b"".join(answers))
 
-    def stringReceived(self, frame: bytes) -> None:  # noqa: N802 (Twisted's name)
+    def stringReceived(self, frame: bytes) -> None:  # Twisted's name
         kind, payload = frame[:1], frame[1:]
         self._heard = self.node.clock.seconds()
         if self.phase is _OPEN and kind == b"b":
@@ -245,7 +245,7 @@ class PeerStream(Frames):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def lengthLimitExceeded(self, length: int) -> None:  # noqa: N802
+    def lengthLimitExceeded(self, length: int) -> None:
         self._unprocessed = b""  # what Twisted kept of it: not held until the close
         if self.phase is not _CLOSED:  # (refused already: what follows is not read)
             self._refuse(f"a frame of {length} bytes is too long while {self.phase.value}")

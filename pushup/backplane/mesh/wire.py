@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from pushup.backplane import ChannelOp
+from pushup.core.channels import ChannelOp
 from pushup.core.errors import BadJSON, BadRequest
 from pushup.core.follow import Entry, Skip
 from pushup.core.idempotency import Remembered, check_key
@@ -237,11 +237,6 @@ def decode_snapshot(body: bytes) -> StoreImage:
         lost=tuple((origin, seq, ts) for origin, (seq, ts) in raw["lost"].items()),
         channels=channels, messages=tuple(messages),
         keys=tuple(_key(row[0], row[1:]) for row in raw.get("keys", ())))
-
-
-def import_snapshot(store: Store, body: bytes, now: int) -> int:
-    """Load a peer's snapshot into an empty store; returns messages loaded."""
-    return store.load(decode_snapshot(body), now)
 
 
 # On the wire a keyed publish's record is [key, fingerprint, [[seq, ts], ...]]

@@ -23,7 +23,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from pushup.backplane import OpKind, Unconfirmed
+from pushup.backplane import Unconfirmed
 from pushup.backplane.links import gather, unanswered
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.exceptions import (
@@ -39,7 +39,7 @@ from pushup.backplane.redis.parts import EnginePart
 from pushup.backplane.redis.reader import LogReader, logged_op
 from pushup.config import Config
 from pushup.core import errors
-from pushup.core.channels import Channel
+from pushup.core.channels import Channel, OpKind
 from pushup.core.idempotency import Idem, Replayed
 from pushup.core.model import Draft, Message, dumps
 from pushup.core.service import Service

@@ -24,12 +24,12 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.exceptions import RedisError, RedisGone
 from pushup.backplane.redis.following import Partition, Step
 from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, decode_told, epoch_of
 from pushup.backplane.redis.parts import EnginePart
+from pushup.core.channels import ChannelOp
 from pushup.core.follow import Entry, Hole, LoggedOp, Passed, Skip
 from pushup.core.model import Message
 from pushup.core.service import Service

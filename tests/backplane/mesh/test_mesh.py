@@ -7,11 +7,11 @@ import pytest
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import REPAIR_EVERY, Mesh
 from pushup.backplane.mesh.outbound import CORK
 from pushup.backplane.mesh.wire import Batch, encode_repair, unpack_batch
 from pushup.config import Config
+from pushup.core.channels import ChannelOp
 from pushup.core.cursor import Cursor
 from pushup.core.follow import Applied, Hole
 from pushup.core.hub import Waiter

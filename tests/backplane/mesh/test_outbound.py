@@ -5,8 +5,8 @@ Driven as a value: a store, batches taken, answers given; no link, no socket.
 
 import pytest
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.outbound import Outbound, PeerError
+from pushup.core.channels import ChannelOp
 from pushup.core.model import Draft, Origin
 from pushup.core.store import Retention, Store
 

@@ -12,7 +12,6 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.mesh import Mesh
 from pushup.backplane.mesh.outbound import WINDOW
 from pushup.backplane.mesh.peers import RELAY_WINDOW, PeerLink
@@ -25,6 +24,7 @@ from pushup.backplane.mesh.replication import (
 )
 from pushup.backplane.mesh.wire import backlog, pack_batch
 from pushup.config import Config
+from pushup.core.channels import ChannelOp
 from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Origin, Query
 from pushup.core.service import Service

@@ -1,13 +1,13 @@
-from pushup.backplane import ChannelOp
 from pushup.backplane.mesh.wire import (
     Batch,
+    decode_snapshot,
     export_snapshot,
-    import_snapshot,
     pack_batch,
     sign,
     unpack_batch,
     verify,
 )
+from pushup.core.channels import ChannelOp
 from pushup.core.cursor import Cursor
 from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.store import Retention, Store
@@ -92,7 +92,7 @@ def test_a_snapshot_makes_a_new_node_answer_like_the_old_one():
     old.apply(Message("p.y", 1, T0 + 10, ("c", "e"), b"9"), T0 + 10)
     old.create("empty", 60 * S, T0)
     new = store("b")
-    assert import_snapshot(new, export_snapshot(old), T0 + 20) == old.message_count
+    assert new.load(decode_snapshot(export_snapshot(old)), T0 + 20) == old.message_count
     for since in (0, Cursor(()), Cursor.of({"a." + old.origin_name.split(".")[1]: 2})):
         q = Query(("c", "e"), since, None, 100)
         a, b = old.query(q), new.query(q)

@@ -1,0 +1,3 @@
+-- After log_checked.lua: the partition's epoch and last sequence number.
+-- Returns {epoch, seq}.
+return {epoch, seq}
