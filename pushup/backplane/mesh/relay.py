@@ -30,6 +30,7 @@ from zope.interface import implementer
 from pushup.backplane import Fields, Relayed, RelayedStream
 from pushup.backplane.links import unanswered
 from pushup.backplane.mesh.owners import HOP, hop_mark
+from pushup.backplane.stream_engine import StreamRequest
 from pushup.core import errors
 
 # Not sent on: what belongs to the client's connection to us.
@@ -43,25 +44,6 @@ _NOT_GIVEN = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"co
                         b"vary"))
 EVENTS = b"text/event-stream"
 WRITES = (b"PUT", b"POST", b"DELETE")
-
-
-class Outgoing(Protocol):
-    """The request handed on (the front's ``Request`` is one)."""
-
-    @property
-    def method(self) -> bytes: ...
-
-    @property
-    def path(self) -> bytes: ...
-
-    @property
-    def query(self) -> bytes: ...
-
-    @property
-    def headers(self) -> dict[bytes, bytes]: ...
-
-    @property
-    def body(self) -> bytes: ...
 
 
 class EventClient(Protocol):
@@ -180,7 +162,7 @@ class Relay:
         sent.addErrback(_unanswered, node, method)
         return sent
 
-    def hand_on(self, node: str, kind: str, request: Outgoing, client: EventClient,
+    def hand_on(self, node: str, kind: str, request: StreamRequest, client: EventClient,
                 wait_s: float) -> defer.Deferred[Relayed | RelayedStream]:
         """``request`` to ``node``; its answer, or its event stream relayed."""
         sent = self.send(node, kind, request.method, request.path, request.query,

@@ -34,7 +34,8 @@ from pushup.backplane.mesh.owners import (
     member,
     owner_of,
 )
-from pushup.backplane.mesh.relay import EventClient, Outgoing, Relay
+from pushup.backplane.mesh.relay import EventClient, Relay
+from pushup.backplane.stream_engine import StreamRequest
 from pushup.core import errors
 
 STREAM_PREFIX = b"/v1/stream/"
@@ -94,7 +95,7 @@ class StreamRoutes:
         """Every event stream relayed from another node ends."""
         self.relay.drain()
 
-    def internal(self, request: Outgoing) -> bool:
+    def internal(self, request: StreamRequest) -> bool:
         """Whether ``request`` is a node asking the owner of a path where its
         stream lives (``WHERE``): the one hop that is no client's request
         handed on; every other is authorized again where it is served, with
@@ -102,7 +103,7 @@ class StreamRoutes:
         return self.hop(request) == WHERE
 
     def serve(self, paths: Sequence[str], run: Callable[[], object],
-              request: Outgoing | None = None, client: object = None) -> object:
+              request: StreamRequest | None = None, client: object = None) -> object:
         """``run()`` here, or the serving node's answer (``route``) for the
         request to ``paths[-1]``."""
         assert request is not None
@@ -112,7 +113,7 @@ class StreamRoutes:
     def owner(self, path: str) -> str:
         return owner_of(path, self.members)
 
-    def hop(self, request: Outgoing) -> str | None:
+    def hop(self, request: StreamRequest) -> str | None:
         """The kind of hop ``request`` is (signed by a member), or None: a
         client's own. A mark not signed with the cluster secret is 401."""
         mark = request.headers.get(HOP)
@@ -121,7 +122,7 @@ class StreamRoutes:
         return hop_kind(self.secret, mark, request.method, request.path,
                         self.relay.clock.seconds())
 
-    def route(self, request: Outgoing, path: str, client: EventClient,
+    def route(self, request: StreamRequest, path: str, client: EventClient,
               here: Callable[[], object], kind: str | None) -> object:
         """``here()`` (this node serves it), or the answer of the node that
         does (a ``Relayed`` or ``RelayedStream``, or a Deferred of one or of
@@ -150,7 +151,7 @@ class StreamRoutes:
         """The node that serves ``path``, as its owner (this node) knows."""
         return self.placements.get(path) or self.me
 
-    def _as_owner(self, request: Outgoing, path: str, client: EventClient,
+    def _as_owner(self, request: StreamRequest, path: str, client: EventClient,
                   here: Callable[[], object]) -> object:
         if request.method == b"PUT" and b"stream-forked-from" in request.headers \
                 and not self.holds(path):
@@ -160,14 +161,14 @@ class StreamRoutes:
             return here()
         return self._hand_on(placed, SERVE_HERE, request, client)
 
-    def _hand_on(self, node: str, kind: str, request: Outgoing,
+    def _hand_on(self, node: str, kind: str, request: StreamRequest,
                  client: EventClient) -> defer.Deferred[Routed]:
         query = request.query
         wait_s = self.longest_poll_s if b"live=long-poll" in query else HEAD_WAIT_S
         return self.relay.hand_on(node, kind, request, client, wait_s)
 
     @defer.inlineCallbacks
-    def _place_fork(self, request: Outgoing, path: str, client: EventClient,
+    def _place_fork(self, request: StreamRequest, path: str, client: EventClient,
                     here: Callable[[], object]) -> Generator[defer.Deferred[Any], Any, object]:
         """A fork made at a path this node owns: on its source's node."""
         waiting: list[defer.Deferred[None]] = []
@@ -213,6 +214,6 @@ class StreamRoutes:
         return asked
 
 
-def _token_of(request: Outgoing) -> dict[bytes, bytes]:
+def _token_of(request: StreamRequest) -> dict[bytes, bytes]:
     given = request.headers.get(b"authorization")
     return {} if given is None else {b"authorization": given}
