@@ -72,26 +72,19 @@ def test_every_phase_has_its_row_and_every_move_lands_on_a_phase():
         assert all(isinstance(to, DiallingPhase) for to in dialling_row.values())
 
 
-def test_the_receiving_end_makes_every_listed_move_and_no_other():
-    for phase in ReceivingPhase:
-        for event in ReceivingEvent:
-            if (phase, event) in RECEIVING:
-                assert receiving_after(phase, event) is RECEIVING[phase, event]
+@pytest.mark.parametrize("end, phases, events, listed, after", [
+    ("receiving", ReceivingPhase, ReceivingEvent, RECEIVING, receiving_after),
+    ("dialling", DiallingPhase, DiallingEvent, DIALLING, dialling_after),
+])
+def test_each_end_makes_every_listed_move_and_no_other(end, phases, events, listed, after):
+    for phase in phases:
+        for event in events:
+            if (phase, event) in listed:
+                assert after(phase, event) is listed[phase, event]
             else:
                 with pytest.raises(ValueError,
-                                   match=f"receiving: no move from {phase.name} on {event.name}"):
-                    receiving_after(phase, event)
-
-
-def test_the_dialling_end_makes_every_listed_move_and_no_other():
-    for phase in DiallingPhase:
-        for event in DiallingEvent:
-            if (phase, event) in DIALLING:
-                assert dialling_after(phase, event) is DIALLING[phase, event]
-            else:
-                with pytest.raises(ValueError,
-                                   match=f"dialling: no move from {phase.name} on {event.name}"):
-                    dialling_after(phase, event)
+                                   match=f"{end}: no move from {phase.name} on {event.name}"):
+                    after(phase, event)
 
 
 def test_the_handshake_goes_one_way_and_a_lost_connection_stays_lost():

@@ -173,14 +173,20 @@ ReaderMachine.TestCase.settings = settings(max_examples=150, stateful_step_count
 test_the_reader_keeps_each_log_whole_in_order_and_says_each_gap = ReaderMachine.TestCase
 
 
-def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
+def following_c(**settings: Any) -> tuple[FakeShards, Any, str]:
+    """A node of one partition following channel ``c`` on a fake Redis:
+    the fake, the engine and the partition's tag."""
     clock = Clock()
     clock.advance(START)
     fake = FakeShards(clock)
-    engine = engine_on(fake, partitions=1)
-    tag = tag_of("c", 1)
+    engine = engine_on(fake, partitions=1, **settings)
     engine.prepare(["c"])
     fake.settle()
+    return fake, engine, tag_of("c", 1)
+
+
+def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
+    fake, engine, tag = following_c()
     client = Client(engine, "c")
     for data in (b"1", b"2"):
         fake.publish_elsewhere(tag, ["c"], data)
@@ -204,13 +210,7 @@ def test_an_epoch_change_mid_read_is_one_gap_and_the_new_log_read_whole():
 
 
 def test_a_log_trimmed_past_what_the_node_held_is_a_gap():
-    clock = Clock()
-    clock.advance(START)
-    fake = FakeShards(clock)
-    engine = engine_on(fake, partitions=1, redis_maxlen=2)
-    tag = tag_of("c", 1)
-    engine.prepare(["c"])
-    fake.settle()
+    fake, engine, tag = following_c(redis_maxlen=2)
     client = Client(engine, "c")
     fake.drop_subscriber()  # away: nothing reaches this node ...
     for data in (b"1", b"2", b"3", b"4"):
@@ -238,13 +238,7 @@ def test_a_read_that_failed_is_tried_again_and_the_waiting_request_goes_on():
 
 
 def test_a_notification_that_skips_entries_reads_the_log_back_at_once():
-    clock = Clock()
-    clock.advance(START)
-    fake = FakeShards(clock)
-    engine = engine_on(fake, partitions=1)
-    tag = tag_of("c", 1)
-    engine.prepare(["c"])
-    fake.settle()
+    fake, engine, tag = following_c()
     for data in (b"1", b"2"):
         fake.publish_elsewhere(tag, ["c"], data)
     fake.reorder(0, 1)  # the second's notification first: a hole

@@ -7,6 +7,8 @@ test_cluster.py.)"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pushup.backplane.redis.pool import Pool
 from pushup.backplane.redis.slotmap import SlotMap
 from pushup.backplane.redis.subscriptions import Subscriptions
@@ -50,6 +52,19 @@ def where(cluster: Cluster, channel: bytes) -> list[int]:
                   if any(channel in link.subscribed for link in node.links))
 
 
+def owned_by(cluster: Cluster, port: int) -> bytes:
+    """A channel whose slot that node owns."""
+    return next(c for c in (b"n%d" % i for i in range(100)) if cluster.owner_of(c).port == port)
+
+
+def heard_after(cluster: Cluster, node: Any, channel: bytes, data: bytes,
+                listener: Listener) -> list[bytes]:
+    """What the listener has heard once ``node`` published ``data`` on ``channel``."""
+    node.spublish(channel, data)
+    cluster.pump()
+    return list(listener.heard)
+
+
 def test_a_channel_is_subscribed_on_its_owner_and_hears_its_messages_in_order():
     cluster = Cluster([7001, 7002, 7003])
     subscriptions, _ = subscriptions_on(cluster)
@@ -76,30 +91,24 @@ def test_after_a_reconnection_it_is_subscribed_again_and_told_so():
     cluster.run(2.0)
     assert where(cluster, channel) == [owner.port]
     assert listener.synced == 2 and listener.heard == []  # told: read what was missed
-    owner.spublish(channel, b"after")
-    cluster.pump()
-    assert listener.heard == [b"after"]
+    assert heard_after(cluster, owner, channel, b"after", listener) == [b"after"]
 
 
 def test_a_slot_moved_unasked_is_followed_to_its_new_owner():
     cluster = Cluster([7001, 7002])
     subscriptions, _ = subscriptions_on(cluster)
-    channel = next(c for c in (b"n%d" % i for i in range(100))
-                   if cluster.owner_of(c).port == 7001)
+    channel = owned_by(cluster, 7001)
     listener = subscribe(cluster, subscriptions, channel)
     cluster.move(channel, 7002)  # 7001 says sunsubscribe, unasked
     cluster.pump()
     assert where(cluster, channel) == [7002] and listener.synced == 2
-    cluster.nodes[7002].spublish(channel, b"there")
-    cluster.pump()
-    assert listener.heard == [b"there"]
+    assert heard_after(cluster, cluster.nodes[7002], channel, b"there", listener) == [b"there"]
 
 
 def test_a_moved_reply_to_ssubscribe_is_followed():
     cluster = Cluster([7001, 7002])
     subscriptions, _ = subscriptions_on(cluster)
-    channel = next(c for c in (b"n%d" % i for i in range(100))
-                   if cluster.owner_of(c).port == 7001)
+    channel = owned_by(cluster, 7001)
     cluster.move(channel, 7002)  # the map this node read is stale
     listener = subscribe(cluster, subscriptions, channel)  # 7001 answers MOVED
     assert cluster.nodes[7001].count("SSUBSCRIBE") == 1
