@@ -350,12 +350,17 @@ def _relayed(outcome: object) -> Response | Held | Pending:
                         outcome.fields)
     if isinstance(outcome, RelayedStream):
         return Held(outcome.cancel)
-    assert isinstance(outcome, Response | Held | Pending), outcome
+    assert isinstance(outcome, _ANSWERS), outcome
     return outcome
+
+
+_ANSWERS = (Response, Held, Pending)  # built once: a union built per call cost ~3 µs a read
 
 
 def _outcome(outcome: object) -> Response | Held | Pending:
     """A request's outcome through its engine, now or later (``StreamEngine.serve``)."""
+    if isinstance(outcome, Response):  # decided here, now: most requests
+        return outcome
     if not isinstance(outcome, defer.Deferred):
         return _relayed(outcome)
 
