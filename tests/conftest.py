@@ -8,6 +8,7 @@ bytes out. Time only moves with ``clock.advance``.
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 from collections.abc import Callable, Iterator
@@ -356,3 +357,17 @@ def redis_cluster() -> Iterator[RedisCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """The garbage collector off for the test, so what stays alive is what
+    something still refers to, not what no collection has freed yet."""
+    gc.collect()  # what earlier tests left, so the counts start from the living
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -37,18 +37,6 @@ def node() -> Iterator[Node]:
     wait_for(node.stop(), timeout=15)
 
 
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()  # what earlier tests left, so the count starts from the living
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def connections_alive() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, HTTPProtocol))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
@@ -44,18 +43,6 @@ class Client:
         held, self.held = self.held, None
         assert held is not None
         held.cancel()
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()  # what earlier tests left, so the counts start from the living
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def alive(kind: type) -> int:
