@@ -178,6 +178,10 @@ class Service:
                 if entry.at_seq > horizon:
                     hole = True
                     break
+                if entry.at_seq < horizon:
+                    # applied already (a message after it is held): a link's
+                    # resend from further back must not roll the channel back
+                    continue
                 self.apply_op(entry, now)
             elif isinstance(entry, Skip):
                 store.skip_to(origin, entry.seq, entry.ts)
