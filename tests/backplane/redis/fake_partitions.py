@@ -18,8 +18,7 @@ from typing import Any
 import msgspec
 
 from pushup.backplane.redis.exceptions import reply_error
-
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+from pushup.core.model import base36
 
 
 def _bytes(value: Any) -> bytes:
@@ -28,15 +27,6 @@ def _bytes(value: Any) -> bytes:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-def base36(n: int) -> str:
-    out = ""
-    while True:
-        n, d = divmod(n, 36)
-        out = _DIGITS[d] + out
-        if n == 0:
-            return out
-
 
 def checked(fake: Any, keys: list[str], argv: list[Any]) -> tuple[str, int]:
     """``_CHECKED``: the log's epoch and last seq, a new epoch if Redis lost it."""
