@@ -49,10 +49,20 @@ class Passed:
     ts: int
 
 
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """The origin's entries up to ``seq`` carry nothing for this node: none of
+    the channels it follows there (the Redis engine follows a partition's log
+    channel by channel, and hears only of its own channels' entries). The
+    horizon moves up to ``seq`` with no gap: nothing was lost."""
+
+    seq: int
+
+
 # A ``ChannelOp`` in a run is the mesh's shape: it takes no sequence number
 # and applies once the origin is held up to its ``at_seq``. A ``Remembered``
 # is a keyed publish's record: kept once its last message is held.
-Entry = Message | ChannelOp | LoggedOp | Passed | Skip | Remembered
+Entry = Message | ChannelOp | LoggedOp | Passed | Quiet | Skip | Remembered
 
 
 @dataclass(frozen=True, slots=True)

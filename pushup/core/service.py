@@ -19,7 +19,18 @@ from pushup.core.channels import ChannelOp
 from pushup.core.clock import Alarm, Clock, DelayedCall, micros
 from pushup.core.counters import Counters
 from pushup.core.errors import ShuttingDown
-from pushup.core.follow import Applied, Entry, Followed, Hole, LoggedOp, Passed, Place, Skip, place
+from pushup.core.follow import (
+    Applied,
+    Entry,
+    Followed,
+    Hole,
+    LoggedOp,
+    Passed,
+    Place,
+    Quiet,
+    Skip,
+    place,
+)
 from pushup.core.hub import Hub, Waiter
 from pushup.core.idempotency import Idem, replay
 from pushup.core.model import Draft, Message, Now, Query
@@ -145,7 +156,8 @@ class Service:
         are read from the origin's whole log: what lies between was trimmed
         from it, a gap readers are told of). A ``ChannelOp`` applies once the
         origin is held up to its ``at_seq`` (else a hole too); a ``Skip``
-        moves the horizon past history gone everywhere; a ``Remembered`` is
+        moves the horizon past history gone everywhere, a ``Quiet`` past
+        entries of channels this node does not follow; a ``Remembered`` is
         kept once its last message is held. Held subscribers are answered
         on the reactor's next turn, as after a publish. A ``scoped`` origin
         is named by a cursor only for the channels holding its messages
@@ -183,6 +195,8 @@ class Service:
                     # resend from further back must not roll the channel back
                     continue
                 self.apply_op(entry, now)
+            elif isinstance(entry, Quiet):
+                store.pass_to(origin, entry.seq)
             elif isinstance(entry, Skip):
                 store.skip_to(origin, entry.seq, entry.ts)
             elif entry.last_seq <= horizon:  # a keyed publish we hold all of
@@ -198,6 +212,22 @@ class Service:
         its messages leave the store, untold (nothing was lost: following it
         again reads them again). No client waits on them (the caller's rule)."""
         self.store.let_go(origin, channels)
+
+    def backfill(self, origin: str, messages: Iterable[Message], channels: Iterable[str],
+                 ) -> int:
+        """Messages of ``origin`` at or behind its horizon, read for ``channels``
+        only (a channel this node starts following in a partition it follows
+        already, ``Store.backfill``): no subscriber is answered, as none of this
+        node's could have waited on those channels yet. Returns how many a
+        channel lacked."""
+        return self.store.backfill(origin, messages, tuple(channels), self.now())
+
+    def unfollow_channels(self, channels: Iterable[str]) -> None:
+        """This node stops following ``channels`` (it keeps following the
+        origins they live in for its other channels): they and their messages
+        leave the store, untold (``Store.drop_channels``). No client waits on
+        them (the caller's rule)."""
+        self.store.drop_channels(channels)
 
     def check_open(self) -> None:
         """``ShuttingDown`` (503) once the node drains: no new publish."""

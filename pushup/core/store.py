@@ -246,6 +246,73 @@ class Store:
         """Entry ``seq`` of ``origin`` carries no message (ValueError if not the next)."""
         self._origins.pass_over(origin, seq)
 
+    def pass_to(self, origin: str, seq: int) -> None:
+        """``origin``'s entries up to ``seq`` carry nothing for the channels this
+        node follows there: the horizon moves up to it, no gap (``Quiet``)."""
+        self._origins.raise_horizon(origin, seq)
+
+    def backfill(self, origin: str, messages: Iterable[Message], channels: tuple[str, ...],
+                 now: int) -> int:
+        """Messages of ``origin`` at or behind its horizon, read for
+        ``channels`` only (a channel newly followed in a partition this node
+        follows already): each joins those of its channels in ``channels``
+        that do not hold it yet, in sequence order; one held already by
+        another channel is the same message (one copy, one more holder). One
+        past the message ttl is let go as ``apply`` lets it go. Returns how
+        many a channel did not hold (0: nothing was missing)."""
+        wanted = set(channels)
+        added = 0
+        mine = self._by_origin.get(origin)
+        for m in messages:
+            names = tuple(n for n in m.channels if n in wanted)
+            if not names or m.seq > self._horizon.get(origin, 0):
+                continue
+            held = None
+            if mine is not None and m.id in self._holders:
+                i = mine.bisect_key_left(m.seq)
+                held = mine[i] if i < len(mine) and mine[i].seq == m.seq else None
+            if held is None:
+                self._insert(m, now, into=names)
+                added += len(names)
+                mine = self._by_origin.get(origin)
+                if m.ts <= now - self.retention.message_ttl:
+                    self._evict(m)
+                continue
+            for name in names:
+                channel = self._channels.ensure(name, now)
+                if channel.holds(held):
+                    continue
+                channel.runs.setdefault(origin, Run()).add(held)
+                channel.count += 1
+                added += 1
+                self._holders[held.id] += 1
+                self._changes.message(held, (name,))
+        return added
+
+    def mark_gap(self, name: str, origin: str, seq: int, ts: int, now: int) -> None:
+        """Channel ``name``'s history in ``origin`` up to ``seq`` (stamped
+        ``ts``) may lack messages this node never read (trimmed, or its
+        notifications lost): its readers behind ``seq`` are told of a gap."""
+        channel = self._channels.ensure(name, now)
+        if seq > channel.evicted.get(origin, 0):
+            channel.evicted[origin] = seq
+            channel.evicted_ts = max(channel.evicted_ts, ts)
+            self._changes.channel(name)
+
+    def drop_channels(self, channels: Iterable[str]) -> None:
+        """Stop holding ``channels`` while the store keeps following the
+        origins they live in: each channel goes with its messages (one that
+        another channel holds stays, with one holder less); no eviction is
+        recorded (nothing was lost)."""
+        for name in channels:
+            channel = self._channels.find(name)
+            if channel is None:
+                continue
+            self._channels.remove(name)
+            for run in channel.runs.values():
+                for m in list(run):
+                    self._release(m)
+
     def let_go(self, origin: str, channels: Iterable[str]) -> None:
         """Stop holding ``origin`` and ``channels`` (``Service.unfollow``): the
         channels go with their messages, every other message of ``origin``

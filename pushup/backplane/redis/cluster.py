@@ -66,6 +66,7 @@ class Shards:
         if not self._map.running:
             self._pool.running = True
             self._map.start()
+            self._subscriptions.start_probing(self._reactor)
 
     def topology_read(self) -> Deferred[None]:
         """Fires once the topology has been read (now, if it was); fails with
@@ -74,6 +75,7 @@ class Shards:
 
     def stop(self) -> Deferred[None]:
         """Close every connection; fires once all are closed."""
+        self._subscriptions.stop_probing()
         self._map.stop()
         return self._pool.stop()
 
@@ -179,11 +181,16 @@ class Shards:
     # -- sharded pub/sub ------------------------------------------------------------------
 
     def subscribe(self, channel: str | bytes, on_message: Callable[[bytes], None],
-                  on_synced: Callable[[], None]) -> None:
+                  on_synced: Callable[[], None],
+                  on_lost: Callable[[], None] | None = None) -> None:
         """``Subscriptions.subscribe``: SSUBSCRIBE ``channel`` on its owner, again after
         every reconnection and move, until ``unsubscribe``; ``on_synced()`` each time
-        Redis confirms it, ``on_message(payload)`` per message, in order."""
-        self._subscriptions.subscribe(channel, on_message, on_synced)
+        Redis confirms it, ``on_lost()`` each time it goes, ``on_message(payload)``
+        per message, in order."""
+        if on_lost is None:
+            self._subscriptions.subscribe(channel, on_message, on_synced)
+        else:
+            self._subscriptions.subscribe(channel, on_message, on_synced, on_lost)
 
     def unsubscribe(self, channel: str | bytes) -> None:
         self._subscriptions.unsubscribe(channel)

@@ -1,13 +1,13 @@
 """The Redis backplane: channels in K partitions, each a log in Redis and its
-own origin; a node follows only the partitions its clients need.
+own origin; a node follows only the channels its clients need.
 
 The rule: a partition's log in Redis is that partition's one order, and a
-node holds a partition whole or not at all. ``RedisEngine`` is the
-``Backplane`` and puts together what does the work: ``publishing.py``
-appends (one script call per partition a publish touches), ``interest.py``
-decides which partitions this node follows and for how long, and
-``reader.py`` keeps each followed partition's copy in the log's order, gaps
-included; ``cluster.py`` carries every command to the primary that owns its
+node holds each channel it follows whole, in that order, and no other
+channel. ``RedisEngine`` is the ``Backplane`` and puts together what does the
+work: ``publishing.py`` appends (one script call per partition a publish
+touches), ``interest.py`` decides which channels this node follows and for
+how long, and ``reader.py`` keeps each followed channel's copy in the log's
+order, gaps included; ``cluster.py`` carries every command to the primary that owns its
 key. Cursors keep their format: a partition's origin is ``<tag>.<epoch>``,
 scoped (a cursor names it only for the channels holding its messages).
 """
@@ -56,7 +56,7 @@ class RedisEngine(EnginePart):
         self.stopped = False
         self.reader = LogReader(
             service, self.shards, self.partitions, reactor, maxlen=config.redis_maxlen,
-            timeout=self.timeout,
+            timeout=self.timeout, most=config.max_messages_per_channel,
             # a note read may name a partition to follow: the followed set decides
             on_abroad=lambda p, name, other: self.interest.abroad(p, name, other))
         self.interest = Interest(service, self.shards, self.partitions, reactor, self.reader,
@@ -109,7 +109,7 @@ class RedisEngine(EnginePart):
         yield self._check_partitions()
         self.ready = True
         self.interest.start()
-        log.info("redis: {n} partitions; serving (a partition is read when a request "
+        log.info("redis: {n} partitions; serving (a channel is read when a request "
                  "first needs it)", n=len(self.partitions))
 
     @defer.inlineCallbacks
@@ -186,5 +186,7 @@ class RedisEngine(EnginePart):
             "url": ",".join(str(seed) for seed in self.seeds), "up": self.shards.connected,
             "cluster": self.shards.clustered, "primaries": self.shards.primaries(),
             "partitions": len(self.partitions), "followed": len(followed),
+            "channels_followed": self.interest.channels_followed,
             "horizon": sum(self.store.horizon_of(p.origin) for p in followed),
-            "lost_epochs": self.lost_epochs}}
+            "lost_epochs": self.lost_epochs, "missed": self.reader.missed,
+            "notified": self.reader.notified_count}}

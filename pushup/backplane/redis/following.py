@@ -1,15 +1,19 @@
-"""A partition as this node follows it: its keys, its follow phase moved by one
-table, and what the node holds while it follows.
+"""A partition as this node follows it: its keys, the channels of it this node
+follows, each with its follow phase moved by one table, and what the node holds.
 
-The rule: a partition's follow phase is one of ``Follow``'s and changes only
-by ``Partition.move`` along ``MOVES`` (h11's ``_state.py``, like
-``pushup.http.phase``): not followed; followed (subscribed to its
-notifications, not yet read whole since); ready (read once since it was
-followed: held whole, kept in the log's order). A move the table does not
-list is a bug and raises ``ValueError``. Whether a read back is under way,
-and another owed after it, is the partition's ``SingleFlight``
-(``pushup.backplane.links``), the same machine the slot map's re-reads run
-on. Values only: ``interest.py`` follows and lets go, ``reader.py`` reads.
+The rule: a node follows a partition channel by channel. A channel's phase is
+one of ``Follow``'s and changes only by ``FollowedChannel.move`` along
+``MOVES`` (h11's ``_state.py``, like ``pushup.http.phase``): asked (its
+notifications subscribed to, not yet confirmed by Redis); subscribed
+(confirmed, not yet read since); ready (read since its subscription was
+confirmed: held whole up to the partition's horizon, served); adrift (was
+ready, its subscription lost with a connection or a slot move: still served
+as it was, but the horizon must not move past what it may have missed);
+rejoined (adrift, subscribed again: a read is owed). A move the table does not
+list is a bug and raises ``ValueError``. Whether a read back is under way, and
+another owed after it, is the partition's ``SingleFlight``
+(``pushup.backplane.links``). Values only: ``interest.py`` follows and lets
+go, ``reader.py`` reads.
 """
 
 from __future__ import annotations
@@ -23,28 +27,36 @@ from pushup.backplane.redis.partitions import PartitionKeys
 
 
 class Follow(IntEnum):
-    UNFOLLOWED = 0  # not subscribed: this node holds nothing of it it can trust
-    FOLLOWED = 1  # subscribed, and read back after every (re)subscription; not yet read whole
-    READY = 2  # read once since it was followed: held whole
+    ASKED = 0  # SSUBSCRIBE sent, not confirmed: nothing of it trusted, not served
+    SUBSCRIBED = 1  # confirmed, not read since: what was published before is not held
+    READY = 2  # read since its subscription was confirmed: held whole, served
+    ADRIFT = 3  # was ready, its subscription lost: served as it was, the horizon held
+    REJOINED = 4  # adrift, confirmed again: served as it was, a read owed
 
 
 class Step(IntEnum):
-    """What happens to a partition's following."""
+    """What happens to a followed channel."""
 
-    FOLLOW = 0  # a request needs it: subscribed to its notifications
-    READ = 1  # a read back of its log is done: what the node holds is the log
-    LET_GO = 2  # no request needed it for the linger: unsubscribed
+    CONFIRMED = 0  # Redis confirmed its subscription
+    LOST = 1  # its subscription went (the connection, a slot move)
+    READ = 2  # a read of its stream since the confirmation is in
 
 
 _F = Follow
 
-# {phase: {what happens: the next phase}}. Missing: cannot happen.
+# {phase: {what happens: the next phase}}. Missing: cannot happen. (Following a
+# channel makes it ASKED; letting it go forgets it, whatever its phase.)
 MOVES: Final[dict[Follow, dict[Step, Follow]]] = {
-    _F.UNFOLLOWED: {Step.FOLLOW: _F.FOLLOWED},
-    _F.FOLLOWED: {Step.READ: _F.READY, Step.LET_GO: _F.UNFOLLOWED},
-    # a read after a resubscription, a hole or a new epoch: still held whole
-    _F.READY: {Step.READ: _F.READY, Step.LET_GO: _F.UNFOLLOWED},
+    _F.ASKED: {Step.CONFIRMED: _F.SUBSCRIBED, Step.LOST: _F.ASKED},
+    _F.SUBSCRIBED: {Step.CONFIRMED: _F.SUBSCRIBED, Step.LOST: _F.ASKED, Step.READ: _F.READY},
+    # a read while ready: after a missed entry, or another channel's first read
+    _F.READY: {Step.CONFIRMED: _F.REJOINED, Step.LOST: _F.ADRIFT, Step.READ: _F.READY},
+    _F.ADRIFT: {Step.CONFIRMED: _F.REJOINED, Step.LOST: _F.ADRIFT},
+    _F.REJOINED: {Step.CONFIRMED: _F.REJOINED, Step.LOST: _F.ADRIFT, Step.READ: _F.READY},
 }
+SERVED: Final = frozenset({_F.READY, _F.ADRIFT, _F.REJOINED})  # answered from memory
+READABLE: Final = frozenset({_F.SUBSCRIBED, _F.READY, _F.REJOINED})  # confirmed: a read counts
+UNSURE: Final = frozenset({_F.ADRIFT, _F.REJOINED})  # served, but may have missed entries
 
 
 def follow_after(phase: Follow, step: Step) -> Follow:
@@ -52,25 +64,59 @@ def follow_after(phase: Follow, step: Step) -> Follow:
     try:
         return MOVES[phase][step]
     except KeyError:
-        raise ValueError(f"a partition cannot {step.name} when {phase.name}") from None
+        raise ValueError(f"a followed channel cannot {step.name} when {phase.name}") from None
+
+
+class FollowedChannel:
+    """One channel of a partition this node follows: its phase (``move`` only),
+    the last entry of it this node holds (``last``: a notification whose
+    previous entry is later shows one missed) and when a request last needed it."""
+
+    __slots__ = ("_phase", "holds_back", "last", "missed", "needed_at")
+
+    def __init__(self, now: float) -> None:
+        self._phase = Follow.ASKED
+        # how far this node holds it whole: its last entry applied, or the
+        # log's end at its last read (a notification whose previous entry is
+        # later shows one missed)
+        self.last = 0
+        self.missed = False  # a notification showed an entry of it never seen
+        self.needed_at = now  # the reactor's seconds
+        # Followed here because its channel, served already, was found to have
+        # messages in this partition too: until its first read the partition's
+        # horizon waits (its readers may hold cursors of this partition).
+        self.holds_back = False
+
+    @property
+    def phase(self) -> Follow:
+        return self._phase
+
+    def move(self, step: Step) -> None:
+        """Take ``step`` (``MOVES``); ``ValueError`` if it cannot happen now."""
+        self._phase = follow_after(self._phase, step)
+
+    @property
+    def served(self) -> bool:
+        """Answered from memory (``SERVED``)."""
+        return self._phase in SERVED
 
 
 class Partition:
-    """One partition: its keys (``keys``), its follow phase (``phase``, moved by
-    ``move`` only), its reads (``reads``) and what this node holds of it."""
+    """One partition: its keys (``keys``), the channels of it this node
+    follows (``channels``), its reads (``reads``) and what this node holds of it."""
 
     def __init__(self, index: int, tag: str) -> None:
         self.index, self.tag = index, tag  # its name (logs, origin, notes abroad)
         self.keys = PartitionKeys(index, tag)
-        self._phase = Follow.UNFOLLOWED
+        self.channels: dict[str, FollowedChannel] = {}
         self.reads = SingleFlight()  # its read backs: one at a time, once more after
-        self.epoch = ""  # the log's epoch this node holds ("": none yet)
+        self.epoch = ""  # the log's epoch this node read ("": none yet)
         # what the scripts add to Redis's clock, should the log need a new epoch
         self.salt = secrets.randbelow(1296)
-        self.waiting: list[bytes] = []  # notifications that came during the read
-        self.when_ready: list[Any] = []  # Deferreds of requests waiting for it
-        self.needed_by: set[str] = set()  # channels whose polls made this node follow it
-        self.needed_at = 0.0  # when a request last needed it (the reactor's seconds)
+        # notifications held back (during a read, or while a channel is unsure):
+        # (channel, payload), in the order they came
+        self.waiting: list[tuple[str, bytes]] = []
+        self.when_ready: list[tuple[Any, tuple[str, ...]]] = []  # (Deferred, channels)
         # its channels that have messages in other partitions -> those partitions
         self.abroad: dict[str, set[int]] = {}
 
@@ -80,20 +126,27 @@ class Partition:
         return f"{self.tag}.{self.epoch}"
 
     @property
-    def phase(self) -> Follow:
-        """Where its following is (``MOVES``)."""
-        return self._phase
-
-    def move(self, step: Step) -> None:
-        """Take ``step`` (``MOVES``); ``ValueError`` if it cannot happen now."""
-        self._phase = follow_after(self._phase, step)
-
-    @property
     def followed(self) -> bool:
-        """Subscribed to (``FOLLOWED`` or ``READY``)."""
-        return self._phase is not Follow.UNFOLLOWED
+        """Some channel of it is followed."""
+        return bool(self.channels)
 
     @property
     def ready(self) -> bool:
-        """Read whole since it was followed (``READY``)."""
-        return self._phase is Follow.READY
+        """Some channel of it is held whole (the partition has been read)."""
+        return any(c.phase is Follow.READY for c in self.channels.values())
+
+    def serves(self, name: str) -> bool:
+        """Channel ``name`` is answered from memory (``SERVED``)."""
+        followed = self.channels.get(name)
+        return followed is not None and followed.served
+
+    @property
+    def steady(self) -> bool:
+        """No channel of it may have missed entries (none ``UNSURE``, none
+        holding it back before its first read): its horizon may move."""
+        return not any(c.phase in UNSURE or c.holds_back and c.phase is not Follow.READY
+                       for c in self.channels.values())
+
+    def readable(self) -> list[str]:
+        """Its channels whose subscription is confirmed (``READABLE``)."""
+        return [name for name, c in self.channels.items() if c.phase in READABLE]

@@ -4,9 +4,11 @@ partition, and the Lua scripts that append to its log.
 The rule: a channel lives in one of K partitions (its name hashed, or the
 part of it in ``{…}``, as Redis Cluster hashes keys), every key of partition
 T carries the hash tag ``{T}`` (one Cluster slot), and every write to a
-partition is one script call that appends to its log and notifies its
-followers. Values and text only: no connection (``publishing.py`` and
-``reader.py`` run them).
+partition is one script call that appends to its log, to the own stream of
+each channel the entry concerns, and notifies each of those channels on its
+own sharded channel: a node hears of the channels it follows, and no other
+(delivery by interest, per channel). Values and text only: no connection
+(``publishing.py`` and ``reader.py`` run them).
 
 Keys of partition T (see ``PartitionKeys``):
 
@@ -26,8 +28,14 @@ Keys of partition T (see ``PartitionKeys``):
 - ``pushup:{T}:key:<Idempotency-Key>``: a keyed publish's part in T, JSON
   ``{"e", "f", "s", "t", "n"}`` (epoch, the whole body's fingerprint, first
   sequence number and timestamp, count), expiring after the window;
-- ``pushup:{T}:n``: the sharded channel the script notifies on, MessagePack
-  ``[epoch, seq, t, k, c, d, seq, t, k, c, d, …]``.
+- ``pushup:{T}:c:<epoch>:<channel>``: a stream of the log's entries that
+  concern one channel (a message naming it, an operation or a foreign note
+  on it), the same ids and fields plus ``p``, the channel's previous entry
+  (0: none), so that a node reads one channel's history without the
+  partition's, and sees a missed entry; trimmed like the log, and gone once
+  idle for twice the message ttl;
+- ``pushup:{T}:n:<channel>``: the sharded channel the script notifies that
+  channel's followers on, MessagePack ``[epoch, seq, t, k, c, d, p, …]``.
 """
 
 from __future__ import annotations
@@ -52,8 +60,10 @@ BALANCED_UP_TO = 256  # up to this many partitions, tags are chosen for even slo
 _CHECKED = read_script("log_checked")
 CHECK = _CHECKED + read_script("log_check")
 PUBLISH = _CHECKED + read_script("log_publish")
+READ_CHANNELS = _CHECKED + read_script("log_channels")
 PUBLISH_SHA = script_sha(PUBLISH)
 CHECK_SHA = script_sha(CHECK)
+READ_CHANNELS_SHA = script_sha(READ_CHANNELS)
 
 decode_told = msgspec.msgpack.Decoder(list[Any])
 
@@ -94,13 +104,21 @@ class PartitionKeys:
     channels: str = field(init=False)
     foreign: str = field(init=False)
     key: str = field(init=False)  # + the Idempotency-Key
-    notify: str = field(init=False)
+    notify: str = field(init=False)  # + a channel's name: where it is notified
 
     def __post_init__(self) -> None:
         prefix = f"pushup:{{{self.tag}}}:"
         for name, suffix in (("log", "log"), ("meta", "meta"), ("channels", "channels"),
-                             ("foreign", "foreign"), ("key", "key:"), ("notify", "n")):
+                             ("foreign", "foreign"), ("key", "key:"), ("notify", "n:")):
             object.__setattr__(self, name, prefix + suffix)
+
+    def notify_of(self, channel: str) -> str:
+        """The sharded channel a channel of this partition is notified on."""
+        return self.notify + channel
+
+    def stream_of(self, epoch: str, channel: str) -> str:
+        """A channel's own stream of this partition's log at ``epoch``."""
+        return f"pushup:{{{self.tag}}}:c:{epoch}:{channel}"
 
 
 def epoch_of(reply: list[Any]) -> str:

@@ -57,6 +57,10 @@ class Publisher(EnginePart):
         self.key_window_ms = max(1, round(config.idempotency_window * 1000))
         self.publish_ack = config.publish_ack  # local, peer (a replica), all (replicas)
         self.ack_timeout_ms = max(1, round(config.publish_ack_timeout * 1000))
+        # a channel's own stream in Redis outlives its last entry by twice the
+        # message ttl: a cold read still finds (and lets go of, as too old, with
+        # a gap for its readers) what a node away for a while missed
+        self.stream_ttl_ms = max(1, round(2 * config.message_ttl * 1000))
         self._replicas: dict[str, tuple[int, float]] = {}  # tag -> (replicas, when asked)
 
     def publish(self, drafts: Sequence[Draft], idem: Idem | None = None,
@@ -184,8 +188,11 @@ class Publisher(EnginePart):
         # Our publish, if we follow its partition and it comes next there, is
         # held now (the publisher's next poll here sees it); otherwise its
         # notification brings it in order, or a cold read does.
-        messages = self.service.publish_logged(
-            messages, current=p.ready and epoch == p.epoch, scoped=True)
+        current = p.ready and epoch == p.epoch
+        next_here = bool(messages) and messages[0].seq == self.store.horizon_of(origin) + 1
+        messages = self.service.publish_logged(messages, current=current, scoped=True)
+        if current and next_here:  # applied now: its notification is no news
+            self.reader.held_now(p, messages)
         if p.followed and epoch != p.epoch:
             self.reader.read_back(p, f"a publish found the log at epoch {epoch}")
         return messages
@@ -196,14 +203,14 @@ class Publisher(EnginePart):
         nothing); with ``idem``, once per key within the window. (A command
         connection that is down fails it at once, ``RedisNotSent``: 503.)"""
         named = p.keys
-        keys: tuple[str, ...] = (named.log, named.meta, named.channels, named.notify,
-                                 named.foreign)
+        keys: tuple[str, ...] = (named.log, named.meta, named.channels, named.foreign)
         keyed: tuple[str, int] = ("", 0)
         if idem is not None:
             keys += (named.key + idem.key,)
             keyed = (idem.fingerprint, self.key_window_ms)
         d = self.shards.evalsha(PUBLISH_SHA, PUBLISH, keys,
-                                (*self.reader.held(p), *keyed, *entries), timeout=self.timeout)
+                                (*self.reader.held(p), *keyed, self.stream_ttl_ms, *entries),
+                                timeout=self.timeout)
         d.addErrback(_unavailable)
         return d
 

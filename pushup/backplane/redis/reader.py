@@ -1,16 +1,23 @@
-"""Reading the partitions' logs: a followed partition's copy in the store is
-its log in Redis, in the log's order.
+"""Reading the partitions' logs channel by channel: what this node holds of each
+channel it follows is that channel's entries in the log, in the log's order.
 
-The rule: this node applies each log in order, never skipping and never
-twice. A notification is applied if it comes next; otherwise, and whenever
-this node cannot be sure it saw everything (once subscribed, at first and
-after any reconnection or slot move; after a hole in the sequence; after an
-entry of another epoch), the log is read back (``XRANGE``) past what the
-store holds. A new epoch means Redis lost what it had acknowledged: the old
-origin is marked lost past everything held, so each client behind it gets
-``gap: true`` once; a sequence number that jumps in a log read back
-(trimmed past a node that was away) is a gap too. This module never decides
-which partitions to follow (``interest.py``) and never appends (``publishing.py``).
+The rule: this node hears only of the channels it follows (each on its own
+sharded channel, all of a partition's on one connection, in the log's order),
+so a notification of entry ``seq`` says that nothing before it concerns a
+followed channel: the horizon moves up to it (``Quiet``) and the entry is
+applied. Whenever this node cannot be sure it saw everything (a channel's
+subscription confirmed, at first and after any reconnection or slot move; a
+notification whose previous entry of its channel was never seen; an entry of
+another epoch), the partition is read back: one script call reads every
+confirmed channel's own stream past what this node holds of it, all of one
+moment, so the horizon moves to the log's end then. A channel read for the
+first time joins behind the horizon (``Service.backfill``); entries of a
+channel this node held but missed, or history trimmed before it read it, are
+a gap for its readers behind them, never silence. A new epoch means Redis
+lost what it had acknowledged: the old origin is marked lost past everything
+held, so each client behind it gets ``gap: true`` once. This module never
+decides which channels to follow (``interest.py``) and never appends
+(``publishing.py``).
 """
 
 from __future__ import annotations
@@ -26,32 +33,36 @@ from twisted.python.failure import Failure
 
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.exceptions import RedisError, RedisGone
-from pushup.backplane.redis.following import Partition, Step
-from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, decode_told, epoch_of
+from pushup.backplane.redis.following import READABLE, Follow, Partition, Step
+from pushup.backplane.redis.partitions import READ_CHANNELS, READ_CHANNELS_SHA, decode_told
 from pushup.backplane.redis.parts import EnginePart
 from pushup.core.channels import ChannelOp
-from pushup.core.follow import Entry, Hole, LoggedOp, Passed, Skip
+from pushup.core.follow import Entry, LoggedOp, Passed, Quiet, Skip
 from pushup.core.model import Message
 from pushup.core.service import Service
 
 log = Logger()
-PAGE = 1000  # log entries per XRANGE reply
 RETRY = 0.5  # seconds before a partition's failed read is tried again
 
 
 class LogReader(EnginePart):
-    """Keeps each followed partition's copy whole and in order (see the
-    module's rule). ``on_abroad(p, name, other)`` is told each time a log
-    says that channel ``name`` of ``p`` has messages in partition ``other``."""
+    """Keeps each followed channel's copy whole and in order (see the module's
+    rule). ``on_abroad(p, name, other)`` is told each time a log says that
+    channel ``name`` of ``p`` has messages in partition ``other``; ``most`` is
+    how many entries of one channel a read brings at most (the store keeps no
+    more of a channel)."""
 
     def __init__(self, service: Service, shards: Shards, partitions: Sequence[Partition],
-                 clock: Any, *, maxlen: int, timeout: float,
+                 clock: Any, *, maxlen: int, timeout: float, most: int,
                  on_abroad: Callable[[Partition, str, int], None]) -> None:
         super().__init__(service, shards, partitions, clock, timeout=timeout)
         self.maxlen = maxlen
+        self.most = most
         self.on_abroad = on_abroad
         self.stopped = False
         self.lost_epochs = 0  # times a log was found to have lost entries we held
+        self.missed = 0  # times a notification showed an entry this node never heard of
+        self.notified_count = 0  # notifications received (of the channels followed)
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
         self._retries: dict[int, Any] = {}  # partition index -> its failed read's retry
 
@@ -65,40 +76,106 @@ class LogReader(EnginePart):
 
     def held(self, p: Partition) -> tuple[int, int, str, int]:
         """The scripts' first arguments: what the log is checked against."""
-        held = self.store.horizon_of(p.origin) if p.epoch and p.ready else 0
-        return p.salt, self.maxlen, p.epoch if p.ready else "", held
+        held = self.store.horizon_of(p.origin) if p.epoch else 0
+        return p.salt, self.maxlen, p.epoch, held
 
-    def notified(self, p: Partition, payload: bytes) -> None:
-        """A partition's script appended entries: apply them if they come next
-        (else read the log back); during a read back, after it."""
-        if not p.followed:
+    # -- a channel's subscription --------------------------------------------
+
+    def synced(self, p: Partition, name: str) -> None:
+        """Redis confirmed channel ``name``'s subscription: read it (what was
+        published before is not held, or may have been missed)."""
+        followed = p.channels.get(name)
+        if followed is not None:
+            followed.move(Step.CONFIRMED)
+            self.read_back(p, "subscribed")
+
+    def lost(self, p: Partition, name: str) -> None:
+        """Channel ``name``'s subscription went (a connection, a slot move)."""
+        followed = p.channels.get(name)
+        if followed is not None:
+            followed.move(Step.LOST)
+
+    def notified(self, p: Partition, name: str, payload: bytes) -> None:
+        """Entries of channel ``name``: applied if the partition is steady and
+        the channel held whole; else kept until a read makes it so."""
+        self.notified_count += 1
+        self._offer(p, name, payload, read=False)
+
+    def _offer(self, p: Partition, name: str, payload: bytes, read: bool) -> None:
+        """``notified``'s work, and a kept notification's once a read is done
+        (``read``: one was just taken)."""
+        followed = p.channels.get(name)
+        if followed is None:
             return
-        if p.reads.running or not p.ready:
-            p.waiting.append(payload)
+        if (p.reads.running or followed.phase is not Follow.READY or followed.missed
+                or not p.steady):
+            p.waiting.append((name, payload))
             return
-        self._apply(p, payload)
+        self._apply(p, name, payload, read)
 
     def read_back(self, p: Partition, why: str = "subscribed") -> None:
-        """Check the partition's epoch and read its log past our horizon; the
-        notifications that come meanwhile are applied after it. Once read,
-        the requests waiting for the partition (``p.when_ready``) go on."""
+        """Read every confirmed channel of the partition past what this node
+        holds of it; the notifications that come meanwhile are applied after
+        it. Once read, the requests waiting for its channels go on."""
         if self.stopped or not p.followed:
             return
-        if p.ready and not p.reads.running:
-            log.debug("redis {tag}: {why}; reading the log back", tag=p.tag, why=why)
+        if p.ready and not p.reads.running and why != "subscribed":
+            log.debug("redis {tag}: {why}; reading its channels back", tag=p.tag, why=why)
         started = p.reads.ask(partial(self._read, p))  # during a read: once more after it
         if started is not None:
             started.addBoth(self._read_done, p)
 
-    def _apply(self, p: Partition, payload: bytes) -> None:
+    # -- notifications ---------------------------------------------------------
+
+    def _apply(self, p: Partition, name: str, payload: bytes, read: bool = False) -> None:
         told = decode_told.decode(payload)
         if told[0] != p.epoch:
             self.read_back(p, f"a notification of epoch {told[0]}")
             return
-        run = [self._entry(p, seq, int(ts), kind, c, d)
-               for seq, ts, kind, c, d in _fives(told, 1)]
-        if isinstance(self.service.follow(p.origin, run, scoped=True), Hole):
-            self.read_back(p, "a notification skipped entries")
+        followed = p.channels[name]
+        horizon = self.store.horizon_of(p.origin)
+        run: list[Entry] = []
+        missed = False
+        for seq, ts, kind, c, d, prev in _sixes(told, 1):
+            # An entry of it never seen: the one before this (its notification
+            # lost), or this one, behind the horizon (it came late).
+            if prev > followed.last or horizon >= seq > followed.last:
+                missed = True
+                break
+            if seq <= horizon:  # applied already (through another of its channels)
+                continue
+            entry = self._entry(p, seq, int(ts), kind, c, d)
+            if seq - 1 > horizon:
+                run.append(Quiet(seq - 1))
+            run.append(entry)
+            horizon = seq
+            self._saw(p, entry, name, seq)
+        if run:
+            self.service.follow(p.origin, run, scoped=True)
+        if missed and read:
+            # Kept during a read that found no such entry: Redis lost it (a
+            # replica that lagged, promoted, numbering on from where it was),
+            # and no node can serve it; a number it uses again is another entry.
+            return
+        if missed:  # read it back, then this again (what it applied is passed over)
+            followed.missed = True
+            self.missed += 1
+            p.waiting.append((name, payload))
+            self.read_back(p, f"a notification of {name!r} showed an entry never heard of")
+
+    def held_now(self, p: Partition, messages: Iterable[Message]) -> None:
+        """This node's own publish, applied as the log stamped it: its followed
+        channels hold it (their notification of it is no news)."""
+        for m in messages:
+            self._saw(p, m, "", m.seq)
+
+    def _saw(self, p: Partition, entry: Entry, name: str, seq: int) -> None:
+        """This node holds entry ``seq`` of every followed channel it concerns."""
+        names: Iterable[str] = entry.channels if isinstance(entry, Message) else (name,)
+        for each in names:
+            followed = p.channels.get(each)
+            if followed is not None and seq > followed.last:
+                followed.last = seq
 
     def _entry(self, p: Partition, seq: int, ts: int, kind: bytes | str, c: bytes | str,
                d: bytes | str) -> Entry:
@@ -118,55 +195,142 @@ class LogReader(EnginePart):
         p.abroad.setdefault(name, set()).add(other)
         self.on_abroad(p, name, other)
 
+    # -- reads -----------------------------------------------------------------
+
     @defer.inlineCallbacks
     def _read(self, p: Partition) -> Any:
+        """One script call: the partition's epoch and end, and each confirmed
+        channel's entries past what this node holds of it (None: nothing to
+        read now, or a channel is adrift and its return reads again)."""
+        names = p.readable()
+        if not names or not _complete(p, names):
+            return None
+        afters = [p.channels[name].last for name in names]
         keys = p.keys
-        reply = yield self.shards.evalsha(CHECK_SHA, CHECK, (keys.log, keys.meta),
-                                          self.held(p), timeout=self.timeout)
-        epoch = epoch_of(reply)
-        if epoch != p.epoch or not p.ready:
-            if p.epoch and p.ready and epoch != p.epoch:
+        args: list[Any] = [*self.held(p), self.most]
+        for name, after in zip(names, afters, strict=True):
+            args += [name, after]
+        reply = yield self.shards.evalsha(
+            READ_CHANNELS_SHA, READ_CHANNELS, (keys.log, keys.meta, keys.channels, keys.foreign),
+            args, timeout=self.timeout)
+        return names, afters, reply
+
+    def _read_done(self, result: Any, p: Partition) -> None:
+        if isinstance(result, Failure):
+            if not self.stopped and p.followed:
+                if isinstance(result.value, RedisGone | RedisError):
+                    log.info("redis {tag}: reading its channels failed ({why}); trying again",
+                             tag=p.tag, why=result.getErrorMessage())
+                else:
+                    log.failure("redis {tag}: reading its channels failed", result, tag=p.tag)
+                if p.index not in self._retries:  # (one armed already reads it again)
+                    self._retries[p.index] = self.clock.callLater(RETRY, self._retry, p)
+            return
+        taken = result is not None and p.followed and _complete(p, result[0])
+        if taken:
+            self._take(p, *result)
+        waiting, p.waiting = p.waiting, []
+        for name, payload in waiting:
+            self._offer(p, name, payload, read=taken)
+        if p.reads.take_owed():
+            self.read_back(p, "notified during a read")
+        self._answer_waiting(p)
+        self._say_gone()
+
+    def _take(self, p: Partition, names: list[str], afters: list[int], reply: list[Any]) -> None:
+        """A read's reply: new channels join behind the horizon, what lies past
+        it is applied in the log's order, and the horizon moves to the log's end."""
+        epoch, end = reply[0].decode(), int(reply[1])
+        fresh = epoch != p.epoch
+        if fresh:
+            if p.epoch:
                 self._lost_epoch(p, epoch)
             p.epoch = epoch
             # The store knows the log's epoch even while it holds nothing of
             # it (a cold read of an empty log): a cursor naming an older epoch
             # this node never held is told of the gap (pushup.core.origins).
             self.service.follow(p.origin, [], scoped=True)
-            p.abroad = {}  # read again below, as this log has it
-            yield self._load_channels(p)
-        while True:
-            after = self.store.horizon_of(p.origin)
-            page = yield self.shards.execute(keys.log, "XRANGE", keys.log, f"({after}-0", "+",
-                                             "COUNT", PAGE, timeout=self.timeout)
-            if page:
-                self._apply_entries(p, page)
-            if len(page) < PAGE:
-                return
+            p.abroad = {}
+            for each in p.channels.values():
+                each.last = 0
+        origin = p.origin
+        horizon = self.store.horizon_of(origin)
+        later: dict[int, Entry] = {}
+        now = self.service.now()
+        for name, after, (explicit, foreign, entries) in zip(names, afters, reply[2:],
+                                                              strict=True):
+            followed = p.channels.get(name)
+            if followed is None:  # let go of while it was read
+                continue
+            # new here: no reader of it can hold a cursor past what is read
+            new = fresh or followed.phase is Follow.SUBSCRIBED and not followed.holds_back
+            if explicit is not None and new:
+                op = json.loads(explicit)
+                if op["expires_at"] > now:
+                    self.service.apply_op(
+                        ChannelOp("create", name, 0, op["ttl"], op["expires_at"]), now)
+            if foreign is not None:
+                for other in json.loads(foreign):
+                    self._abroad(p, name, int(other))
+            behind = self._sort(p, name, 0 if fresh else after, horizon, entries, later)
+            if behind and self.service.backfill(origin, behind, (name,)) and not new:
+                # entries this node lacked, behind what its readers may have read
+                self.store.mark_gap(name, origin, horizon, behind[-1].ts, now)
+            followed.missed = False
+            followed.holds_back = False
+            followed.last = max(followed.last, end)  # held whole up to the log's end
+            if followed.phase in READABLE:  # (not if its subscription went meanwhile)
+                followed.move(Step.READ)
+        run: list[Entry] = []
+        at = horizon
+        for seq in sorted(later):
+            if seq - 1 > at:
+                run.append(Quiet(seq - 1))
+            run.append(later[seq])
+            at = seq
+        if end > at:
+            run.append(Quiet(end))
+        self.service.follow(origin, run, scoped=True)
 
-    def _read_done(self, result: Any, p: Partition) -> None:
-        waiting, p.waiting = p.waiting, []
-        if isinstance(result, Failure):
-            if not self.stopped and p.followed:
-                if isinstance(result.value, RedisGone | RedisError):
-                    log.info("redis {tag}: reading the log failed ({why}); trying again",
-                             tag=p.tag, why=result.getErrorMessage())
-                else:
-                    log.failure("redis {tag}: reading the log failed", result, tag=p.tag)
-                if p.index not in self._retries:  # (one armed already reads it again)
-                    self._retries[p.index] = self.clock.callLater(RETRY, self._retry, p)
+    def _sort(self, p: Partition, name: str, after: int, horizon: int,
+              entries: list[Any], later: dict[int, Entry]) -> list[Message]:
+        """One channel's entries read (newest first): its messages at or behind
+        the horizon are returned, the entries past it go into ``later``; a
+        first entry whose previous one is past ``after`` was trimmed or is
+        older than a read brings: a gap for its readers behind it."""
+        behind: list[Message] = []
+        followed = p.channels[name]
+        for i, (ident, fields) in enumerate(reversed(entries)):
+            seq = int(ident[:-2])  # "<seq>-0"
+            f = dict(zip(fields[::2], fields[1::2], strict=True))
+            ts = int(f[b"t"])
+            if i == 0 and int(f[b"p"]) > after:
+                self.store.mark_gap(name, p.origin, int(f[b"p"]), ts - 1, self.service.now())
+            followed.last = max(followed.last, seq)
+            if seq in later:
+                continue  # a message of several channels, read with another
+            if seq <= horizon:
+                if f[b"k"] == b"m":
+                    m = self._entry(p, seq, ts, b"m", f[b"c"], f[b"d"])
+                    assert isinstance(m, Message)
+                    behind.append(m)
+                elif f[b"k"] == b"o" and json.loads(f[b"d"])["op"] == "delete":
+                    behind = []  # what came before its deletion is not served
+                continue
+            later[seq] = self._entry(p, seq, ts, f[b"k"], f[b"c"], f[b"d"])
+        return behind
+
+    def _answer_waiting(self, p: Partition) -> None:
+        """The requests waiting for channels of ``p`` that it now serves go on."""
+        if not p.when_ready:
             return
-        if not p.followed:  # let go of while it was read
-            return
-        p.move(Step.READ)
-        for payload in waiting:
-            self._apply(p, payload)
-        if p.reads.take_owed():
-            self.read_back(p, "notified during a read")
-        else:
-            ready, p.when_ready = p.when_ready, []
-            for d in ready:
+        still: list[tuple[Any, tuple[str, ...]]] = []
+        for d, names in p.when_ready:
+            if all(p.serves(name) for name in names):
                 d.callback(None)
-        self._say_gone()
+            else:
+                still.append((d, names))
+        p.when_ready = still
 
     def _retry(self, p: Partition) -> None:
         self._retries.pop(p.index, None)
@@ -197,43 +361,24 @@ class LogReader(EnginePart):
                  readers=f"readers behind {', '.join(behind)} get a gap" if behind
                  else "this node had read nothing of them: no reader has a gap")
 
-    @defer.inlineCallbacks
-    def _load_channels(self, p: Partition) -> Any:
-        """The partition's explicit channels, and where its channels have
-        messages abroad."""
-        keys = p.keys
-        raw = yield self.shards.execute(keys.channels, "HGETALL", keys.channels,
-                                        timeout=self.timeout)
-        now = self.service.now()
-        for name, value in zip(raw[::2], raw[1::2], strict=True):
-            op = json.loads(value)
-            if op["expires_at"] > now:
-                self.service.apply_op(
-                    ChannelOp("create", name.decode(), 0, op["ttl"], op["expires_at"]), now)
-        abroad = yield self.shards.execute(keys.foreign, "HGETALL", keys.foreign,
-                                           timeout=self.timeout)
-        for name, value in zip(abroad[::2], abroad[1::2], strict=True):
-            for other in json.loads(value):
-                self._abroad(p, name.decode(), int(other))
 
-    def _apply_entries(self, p: Partition, entries: list[Any]) -> None:
-        """Log entries read back, in order, into the store: the log is whole,
-        so a jump in sequence is history trimmed before we read it (a gap)."""
-        run: list[Entry] = []
-        held = self.store.horizon_of(p.origin)
-        for ident, fields in entries:
-            seq = int(ident[:-2])  # "<seq>-0"
-            if seq <= held:  # e.g. our own publish, applied when Redis answered: not parsed
-                continue
-            f = dict(zip(fields[::2], fields[1::2], strict=True))
-            run.append(self._entry(p, seq, int(f[b"t"]), f[b"k"], f[b"c"], f[b"d"]))
-        self.service.follow(p.origin, run, trimmed=True, scoped=True)
+def _complete(p: Partition, names: Sequence[str]) -> bool:
+    """Whether a read of ``names`` makes the partition whole: none of its
+    channels adrift, and every one unsure or holding it back among them."""
+    read = set(names)
+    for name, followed in p.channels.items():
+        if followed.phase is Follow.ADRIFT:
+            return False
+        if name not in read and (followed.phase is Follow.REJOINED or followed.holds_back
+                                 and followed.phase is not Follow.READY):
+            return False
+    return True
 
 
-def _fives(told: list[Any], start: int) -> Iterable[tuple[Any, Any, Any, Any, Any]]:
-    """A notification's entries: (seq, t, k, c, d) after its epoch."""
-    for i in range(start, len(told), 5):
-        yield told[i], told[i + 1], told[i + 2], told[i + 3], told[i + 4]
+def _sixes(told: list[Any], start: int) -> Iterable[tuple[Any, Any, Any, Any, Any, int]]:
+    """A notification's entries: (seq, t, k, c, d, p) after its epoch."""
+    for i in range(start, len(told), 6):
+        yield told[i], told[i + 1], told[i + 2], told[i + 3], told[i + 4], told[i + 5]
 
 
 def logged_op(seq: int, ts: int, name: str, raw: bytes | str) -> LoggedOp:

@@ -43,6 +43,7 @@ from pushup.backplane.redis.engine import RedisEngine
 from pushup.backplane.redis.partitions import (
     CHECK_SHA,
     PUBLISH_SHA,
+    READ_CHANNELS_SHA,
     partition_of,
     partition_tags,
 )
@@ -71,6 +72,7 @@ class _Subscription:
     on_message: Callable[[bytes], None]
     on_synced: Callable[[], None]
     live: bool = True  # its connection is up (else Redis sends it nothing)
+    on_lost: Callable[[], None] | None = None
 
 
 @dataclass
@@ -158,6 +160,7 @@ class FakeShards:
         scripts: dict[str, tuple[str, Any]] = {
             PUBLISH_SHA: ("PUBLISH", fake_partitions.publish),
             CHECK_SHA: ("CHECK", fake_partitions.check),
+            READ_CHANNELS_SHA: ("READ", fake_partitions.read_channels),
             **STREAM_SCRIPTS}
         name, run = scripts.get(sha, (f"EVALSHA {sha}", None))
         return self._run(name, lambda: self._unknown(name) if run is None
@@ -170,9 +173,11 @@ class FakeShards:
                          else run(*(_text(a) if isinstance(a, bytes) else a for a in args[1:])))
 
     def subscribe(self, channel: str | bytes, on_message: Callable[[bytes], None],
-                  on_synced: Callable[[], None]) -> None:
+                  on_synced: Callable[[], None],
+                  on_lost: Callable[[], None] | None = None) -> None:
         name = _bytes(channel)
-        sub = self.subscriptions[name] = _Subscription(on_message, on_synced, self.subscriber_up)
+        sub = self.subscriptions[name] = _Subscription(on_message, on_synced, self.subscriber_up,
+                                                       on_lost)
         if sub.live:
             self.pushes.append(_Push(name, "synced", to=sub))
 
@@ -253,6 +258,8 @@ class FakeShards:
         self.pushes = []
         for sub in self.subscriptions.values():
             sub.live = False
+            if sub.on_lost is not None:
+                sub.on_lost()
 
     def reconnect(self) -> None:
         """Both connections are up; each subscription is subscribed again
@@ -261,7 +268,8 @@ class FakeShards:
         if not self.subscriber_up:
             self.subscriber_up = True
             for name, sub in list(self.subscriptions.items()):
-                fresh = self.subscriptions[name] = _Subscription(sub.on_message, sub.on_synced)
+                fresh = self.subscriptions[name] = _Subscription(sub.on_message, sub.on_synced,
+                                                                 True, sub.on_lost)
                 self.pushes.append(_Push(name, "synced", to=fresh))
 
     def publish_elsewhere(self, tag: str, channels: Sequence[str], data: bytes, *,
@@ -269,8 +277,8 @@ class FakeShards:
         """Another node's publish to partition ``tag``: it runs now (that node
         holds nothing of the log), its notification is queued."""
         prefix = f"pushup:{{{tag}}}:"
-        keys = [prefix + k for k in ("log", "meta", "channels", "n", "foreign")]
-        fake_partitions.publish(self, keys, [7, maxlen, "", 0, "", 0,
+        keys = [prefix + k for k in ("log", "meta", "channels", "foreign")]
+        fake_partitions.publish(self, keys, [7, maxlen, "", 0, "", 0, 7_200_000,
                                              "m", json.dumps(list(channels)), data])
 
     def lose(self, tag: str, keep: int = 0) -> None:
@@ -292,6 +300,9 @@ class FakeShards:
         del log[keep:]
         meta = self.data.hashes[prefix + "meta"]
         meta[b"s"] = b"%d" % log[-1][0]
+        for key, own in self.data.streams.items():  # each channel's own stream too
+            if key.startswith(prefix + "c:"):
+                own[:] = [(seq, f) for seq, f in own if seq <= log[-1][0]]
 
     def origin(self, tag: str) -> str:
         """Partition ``tag``'s origin as Redis holds it now: ``<tag>.<epoch>``."""

@@ -5,7 +5,8 @@ Lua returns (an epoch, then a seq and a timestamp per entry appended, or
 the log, its meta, the channels and foreign hashes, a keyed publish's entry and
 the notification (``SPUBLISH``) a follower reads.
 
-The rule: what the scripts do, nothing more (``MAXLEN ~`` trims exactly, a
+``READ_CHANNELS`` answers some channels' own streams, as log_channels.lua
+does. The rule: what the scripts do, nothing more (``MAXLEN ~`` trims exactly, a
 key's window expires on the fake's clock); the scripts themselves are proved
 on a real redis-server (test_scripts.py).
 """
@@ -56,12 +57,12 @@ def check(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
 
 def publish(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
     epoch, seq = checked(fake, keys, argv)
-    log, meta_key, channels, notify, foreign = keys[:5]
+    log, meta_key, channels, foreign = keys[:4]
     maxlen, fingerprint, window = int(argv[1]), _text(argv[4]), int(argv[5])
     triples = [(_text(argv[i]), _text(argv[i + 1]), _bytes(argv[i + 2]))
-               for i in range(6, len(argv), 3)]
+               for i in range(7, len(argv), 3)]
     if fingerprint:
-        prior = fake.data.strings.get(keys[5])
+        prior = fake.data.strings.get(keys[4])
         if prior is not None:
             first = json.loads(prior)
             if first["e"] == epoch:
@@ -80,7 +81,8 @@ def publish(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
     meta = fake.data.hashes[meta_key]
     last = int(meta[b"t"])
     out: list[Any] = [epoch.encode()]
-    told: list[Any] = [epoch]
+    prefix = log[:-3]  # "pushup:{T}:" of "pushup:{T}:log"
+    told: list[tuple[str, list[Any]]] = []  # (channel, its entries), in log order
     for kind, c, d in triples:
         if kind == "f":
             notes = fake.data.hashes.setdefault(foreign, {})
@@ -104,14 +106,41 @@ def publish(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
         out += [seq, b"%d" % now]
         if kind == "m":
             fake.appended.append(f"{log.split('{')[1].split('}')[0]}.{epoch}-{seq}")
-        told += [seq, str(now), kind, c, _text(d)]
-    if len(told) == 1:
+        for name in (json.loads(c) if kind == "m" else [c]):
+            own = fake.data.streams.setdefault(f"{prefix}c:{epoch}:{name}", [])
+            prev = own[-1][0] if own else 0
+            own.append((seq, [b"t", b"%d" % now, b"k", kind.encode(), b"c", c.encode(),
+                              b"d", d, b"p", b"%d" % prev]))
+            del own[:max(0, len(own) - maxlen)]
+            if not told or told[-1][0] != name:
+                told.append((name, [epoch]))
+            told[-1][1].extend([seq, str(now), kind, c, _text(d), prev])
+    if not told:
         return out
     meta.update({b"s": b"%d" % seq, b"t": b"%d" % last})
     if fingerprint:
-        fake.data.strings[keys[5]] = json.dumps(
+        fake.data.strings[keys[4]] = json.dumps(
             {"e": epoch, "f": fingerprint, "s": str(out[1]), "t": _text(out[2]),
              "n": str((len(out) - 1) // 2)}).encode()
-        fake.clock.callLater(window / 1000, fake.data.strings.pop, keys[5], None)
-    fake._spublish(notify, msgspec.msgpack.encode(told))
+        fake.clock.callLater(window / 1000, fake.data.strings.pop, keys[4], None)
+    for name, entries in told:
+        fake._spublish(f"{prefix}n:{name}", msgspec.msgpack.encode(entries))
+    return out
+
+
+def read_channels(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
+    """``READ_CHANNELS``: the epoch, the log's end, and per channel its
+    explicit entry, its foreign note and its newest entries past a seq."""
+    held_epoch = _text(argv[2])
+    epoch, seq = checked(fake, keys, argv)
+    most = int(argv[4])
+    prefix = keys[0][:-3]
+    out: list[Any] = [epoch.encode(), seq]
+    for i in range(5, len(argv), 2):
+        name = _text(argv[i])
+        after = 0 if epoch != held_epoch else int(argv[i + 1])
+        own = fake.data.streams.get(f"{prefix}c:{epoch}:{name}", [])
+        newest = [[b"%d-0" % s, list(f)] for s, f in own if s > after][::-1][:most]
+        out.append([fake.data.hashes.get(keys[2], {}).get(name.encode()),
+                    fake.data.hashes.get(keys[3], {}).get(name.encode()), newest])
     return out

@@ -256,15 +256,41 @@ def test_on_a_cluster_a_publish_is_acknowledged_once_a_replica_holds_it(engine, 
     assert [m.seq for m in second] == [first[0].seq + 1]  # stored all the same
 
 
-def test_a_followed_partition_keeps_only_the_channels_waited_on_now(engine):
+def test_a_node_hears_nothing_of_the_channels_it_does_not_read_in_a_partition_it_follows(
+        engine):
+    """Issue 37: delivery by interest per channel. Node b reads one channel of a
+    partition; a's publishes to forty other channels of that same partition
+    reach b neither as notifications nor in its store."""
+    a, b = engine("a"), engine("b")
+    read, others = "{shared}.read", [f"{{shared}}.other{k}" for k in range(40)]
+    follow(b, read)
+    assert b.partition(read) is b.partition(others[0])  # one hash tag: one partition
+    for name in others:
+        publish(a, name, b"elsewhere")
+    mine = publish(a, read, b"here")
+    run_until(lambda: ids_held(b, read) == mine, 10.0, "b holds its reader's channel")
+    assert b.store.message_count == 1  # nothing of the forty
+    assert list(b.partition(read).channels) == [read]
+    assert b.stats()["redis"]["channels_followed"] == 1
+    assert b.stats()["redis"]["notified"] == 1  # Redis told b once: of its own channel
+
+
+def test_channels_of_one_partition_are_followed_and_let_go_each_on_its_own(engine):
     a = engine("a")
     same = [f"{{kept}}.{k}" for k in range(20)]  # one hash tag: one partition
     for name in same:
         follow(a, name)
     p = a.partition(same[0])
-    assert p.needed_by == set(same)
-    a.interest.let_go_of_unneeded()  # the sweep: nobody waits on them now
-    assert p.needed_by == set() and p.followed  # still followed, for its linger
+    assert set(p.channels) == set(same)
+    a.interest.let_go_of_unneeded()  # the sweep: nobody waits on them, but within the linger
+    assert set(p.channels) == set(same)
+    a.interest.linger = 0.0
+    for name in same[:10]:
+        p.channels[name].needed_at = 0.0
+    for name in same[10:]:
+        p.channels[name].needed_at = 1e18  # needed just now, as far as the sweep sees
+    a.interest.let_go_of_unneeded()
+    assert set(p.channels) == set(same[10:]) and p.followed
 
 
 def test_letting_a_partition_go_frees_what_the_node_held_for_its_channels(engine):
@@ -287,7 +313,7 @@ def test_letting_a_partition_go_frees_what_the_node_held_for_its_channels(engine
         assert b.stats()["redis"]["followed"] == 0
         assert b.store.channel_count == 0 and b.store.message_count == 0
         assert list(b.store.horizons()) == [b.store.origin_name]
-        assert all(not p.needed_by and not p.abroad and not p.when_ready
+        assert all(not p.channels and not p.abroad and not p.when_ready and not p.waiting
                    for p in b.partitions)
         assert len(b.service.hub) == 0
         # the channels' expiry index keeps no entry of a channel gone (stale

@@ -1,6 +1,7 @@
 """The fake Redis (fake.py, fake_partitions.py) against a real redis-server: the
 same script calls answer the same (epochs and timestamps aside, which come from
-each one's clock) and leave the same log, meta, channels and notes. What the
+each one's clock) and leave the same log, meta, channels, notes and channels'
+own streams. What the
 fake answers is what the engine's tests rely on; this keeps it honest."""
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ from typing import Any
 import hiredis
 from twisted.internet.task import Clock
 
-from pushup.backplane.redis.partitions import CHECK, CHECK_SHA, PUBLISH, PUBLISH_SHA
+from pushup.backplane.redis.partitions import (
+    CHECK,
+    CHECK_SHA,
+    PUBLISH,
+    PUBLISH_SHA,
+    READ_CHANNELS,
+    READ_CHANNELS_SHA,
+)
 from tests.backplane.redis.fake import FakeShards
 from tests.conftest import START
 
 TAG = "p0"
-LOG, META, CHANNELS, NOTIFY, FOREIGN, KEY = (f"pushup:{{{TAG}}}:{k}" for k in
-                                              ("log", "meta", "channels", "n", "foreign", "key:"))
+LOG, META, CHANNELS, FOREIGN, KEY = (f"pushup:{{{TAG}}}:{k}" for k in
+                                     ("log", "meta", "channels", "foreign", "key:"))
 STAMP = re.compile(rb"^\d{16}$")  # a timestamp in µs
 
 
@@ -63,14 +71,19 @@ def run_all(call: Any) -> tuple[list[Any], list[bytes]]:
     replies, epochs = [], []
     for held, horizon, entries, keyed in CALLS:
         epoch = {"": b"", "now": epochs[-1] if epochs else b""}[held]
-        keys = [LOG, META, CHANNELS, NOTIFY, FOREIGN] + ([KEY + keyed[0]] if keyed else [])
+        keys = [LOG, META, CHANNELS, FOREIGN] + ([KEY + keyed[0]] if keyed else [])
         window = (keyed[1], 60_000) if keyed else ("", 0)
-        args = [7, 1000, epoch, horizon, *window, *(x for entry in entries for x in entry)]
+        args = [7, 1000, epoch, horizon, *window, 60_000,
+                *(x for entry in entries for x in entry)]
         reply = call(PUBLISH_SHA, PUBLISH, keys, args)
         if isinstance(reply, list) and reply[0] not in epochs:
             epochs.append(reply[0])
         replies.append(reply)
     replies.append(call(CHECK_SHA, CHECK, [LOG, META], [9, 1000, epochs[-1], 1]))
+    replies.append(call(READ_CHANNELS_SHA, READ_CHANNELS, [LOG, META, CHANNELS, FOREIGN],
+                        [9, 1000, epochs[-1], 1, 2, "a", 0, "b", 0, "room", 0]))
+    replies.append(call(READ_CHANNELS_SHA, READ_CHANNELS, [LOG, META, CHANNELS, FOREIGN],
+                        [9, 1000, epochs[0], 1, 5, "a", 1, "b", 0]))
     return replies, epochs
 
 

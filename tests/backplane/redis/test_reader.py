@@ -228,7 +228,7 @@ def test_a_read_that_failed_is_tried_again_and_the_waiting_request_goes_on():
     fake = FakeShards(clock)
     engine = engine_on(fake, partitions=1)
     fake.publish_elsewhere(tag_of("c", 1), ["c"], b"1")
-    fake.fail_next("XRANGE", RedisGone("connection lost"))
+    fake.fail_next("READ", RedisGone("connection lost"))
     ready = engine.prepare(["c"])
     fake.settle()
     assert ready is not None and not ready.called and held(engine, "c") == []
@@ -247,4 +247,4 @@ def test_a_notification_that_skips_entries_reads_the_log_back_at_once():
     assert held(engine, "c") == []  # not applied past the hole ...
     fake.settle()  # ... but read back, with no re-subscription
     assert held(engine, "c") == [f"{origin}-1", f"{origin}-2"]
-    assert fake.log.count("XRANGE") == 2  # the first read, and this one
+    assert fake.log.count("READ") == 2  # the first read, and this one

@@ -9,7 +9,7 @@ from typing import Any
 from twisted.internet import defer, task
 
 from pushup.backplane.redis.exceptions import RedisNotSent
-from pushup.backplane.redis.following import Partition, Step
+from pushup.backplane.redis.following import FollowedChannel, Partition, Step
 from pushup.backplane.redis.reader import RETRY, LogReader
 from pushup.core.model import Origin
 from pushup.core.service import Service
@@ -35,8 +35,9 @@ def _reader() -> tuple[LogReader, Partition, Unreachable, task.Clock]:
     shards = Unreachable()
     p = Partition(0, "p0")
     reader = LogReader(Service(store, clock, 60.0), shards, [p], clock,  # type: ignore[arg-type]
-                       maxlen=1000, timeout=2.0, on_abroad=lambda *_: None)
-    p.move(Step.FOLLOW)
+                       maxlen=1000, timeout=2.0, most=1000, on_abroad=lambda *_: None)
+    followed = p.channels["c"] = FollowedChannel(0.0)
+    followed.move(Step.CONFIRMED)
     return reader, p, shards, clock
 
 

@@ -22,6 +22,8 @@ def test_every_script_file_is_named_and_read_as_it_is() -> None:
 def test_each_script_is_its_files_and_its_sha_is_of_that_text() -> None:
     assert partitions.CHECK == read_script("log_checked") + read_script("log_check")
     assert partitions.PUBLISH == read_script("log_checked") + read_script("log_publish")
+    assert partitions.READ_CHANNELS == read_script("log_checked") + read_script("log_channels")
+    assert partitions.READ_CHANNELS_SHA == script_sha(partitions.READ_CHANNELS)
     assert partitions.CHECK_SHA == script_sha(partitions.CHECK)
     assert partitions.PUBLISH_SHA == script_sha(partitions.PUBLISH)
     for name in ("read", "write", "point", "unpoint", "touch"):
@@ -31,7 +33,8 @@ def test_each_script_is_its_files_and_its_sha_is_of_that_text() -> None:
 
 
 def test_every_file_is_run_by_the_engine() -> None:
-    used = {"log_checked", "log_check", "log_publish", "stream_read", "stream_write",
+    used = {"log_checked", "log_check", "log_publish", "log_channels", "stream_read",
+            "stream_write",
             "stream_point", "stream_unpoint", "stream_touch"}
     assert set(script_names()) == used
 

@@ -6,19 +6,27 @@ import json
 import hiredis
 import pytest
 
-from pushup.backplane.redis.partitions import CHECK, PUBLISH, PartitionKeys
+from pushup.backplane.redis.partitions import CHECK, PUBLISH, READ_CHANNELS, PartitionKeys
 
 P = PartitionKeys(0, "p0")  # one partition's keys: each script runs on one
 LOG, META, CHANNELS, KEY = P.log, P.meta, P.channels, P.key
 
 
 def publish(redis, held_epoch, held, *entries, salt=7, maxlen=1000, key=None,
-            fingerprint="f1", window_ms=60_000):
+            fingerprint="f1", window_ms=60_000, stream_ttl_ms=60_000):
     flat = [x for entry in entries for x in entry]
-    keys = [LOG, META, CHANNELS, P.notify, P.foreign] + ([KEY + key] if key is not None else [])
+    keys = [LOG, META, CHANNELS, P.foreign] + ([KEY + key] if key is not None else [])
     keyed = [fingerprint, window_ms] if key is not None else ["", 0]
     return redis.cli("EVAL", PUBLISH, len(keys), *keys, salt, maxlen, held_epoch, held,
-                     *keyed, *flat)
+                     *keyed, stream_ttl_ms, *flat)
+
+
+def read(redis, held_epoch, held, *afters, most=1000, salt=7, maxlen=1000):
+    """READ_CHANNELS of (name, after) pairs."""
+    flat = [x for pair in afters for x in pair]
+    keys = [LOG, META, CHANNELS, P.foreign]
+    return redis.cli("EVAL", READ_CHANNELS, len(keys), *keys, salt, maxlen, held_epoch, held,
+                     most, *flat)
 
 
 def msg(data, *channels):
@@ -129,7 +137,7 @@ def test_a_record_an_earlier_version_wrote_still_answers_its_retry(redis_server)
     assert redis_server.cli("XLEN", LOG) == 2
 
 
-def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_does_not(
+def test_an_append_notifies_each_channel_on_its_own_in_log_order_and_a_retry_does_not(
         redis_server):
     import socket
 
@@ -138,7 +146,8 @@ def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_
     from deploy.redis_server import encode
 
     with socket.create_connection(("127.0.0.1", redis_server.port), timeout=5) as sub:
-        sub.sendall(encode(("SSUBSCRIBE", P.notify)))
+        names = [P.notify_of(name) for name in ("a", "b", "room")]
+        sub.sendall(b"".join(encode(("SSUBSCRIBE", name)) for name in names))
         reader = hiredis.Reader()
 
         def next_reply():
@@ -146,16 +155,55 @@ def test_an_append_notifies_the_partitions_channel_with_its_entries_and_a_retry_
                 reader.feed(sub.recv(65536))
             return reply
 
-        assert next_reply() == [b"ssubscribe", P.notify.encode(), 1]
-        first = publish(redis_server, "", 0, msg(1, "a", "b"), op("create", "room"), key="k")
+        for i, name in enumerate(names):
+            assert next_reply() == [b"ssubscribe", name.encode(), i + 1]
+        first = publish(redis_server, "", 0, msg(1, "a", "b"), op("create", "room"), msg(2),
+                        key="k")
         e1 = first[0].decode()
-        publish(redis_server, e1, 2, msg(1, "a", "b"), op("create", "room"), key="k")
-        publish(redis_server, e1, 2, msg(3))
-        told = [msgspec.msgpack.decode(next_reply()[2]) for _ in range(2)]
-    (m_seq, m_ts), (o_seq, o_ts) = zip(first[1::2], first[2::2], strict=True)
-    assert told[0] == [e1, m_seq, m_ts.decode(), "m", '["a", "b"]', "1",
-                       o_seq, o_ts.decode(), "o", "room", op("create", "room")[2]]
-    assert told[1][:2] == [e1, 3]  # the retry appended nothing and told no one
+        publish(redis_server, e1, 3, msg(1, "a", "b"), op("create", "room"), msg(2), key="k")
+        publish(redis_server, e1, 3, msg(3, "b"))
+        told = [next_reply() for _ in range(5)]
+    (m_seq, m_ts), (o_seq, o_ts), (n_seq, n_ts) = zip(first[1::2], first[2::2], strict=True)
+    # one notification a channel's run, in the log's order, each entry with the
+    # channel's previous one (0: none); the message of two channels to each
+    assert [t[1].decode() for t in told] == [names[0], names[1], names[2], names[0], names[1]]
+    decoded = [msgspec.msgpack.decode(t[2]) for t in told]
+    assert decoded[0] == [e1, m_seq, m_ts.decode(), "m", '["a", "b"]', "1", 0]
+    assert decoded[1] == [e1, m_seq, m_ts.decode(), "m", '["a", "b"]', "1", 0]
+    assert decoded[2] == [e1, o_seq, o_ts.decode(), "o", "room", op("create", "room")[2], 0]
+    assert decoded[3] == [e1, n_seq, n_ts.decode(), "m", '["a"]', "2", m_seq]
+    assert decoded[4][:2] == [e1, 4] and decoded[4][-1] == m_seq  # the retry told no one
+
+
+def test_a_channels_own_stream_holds_its_entries_with_the_previous_and_expires(redis_server):
+    first = publish(redis_server, "", 0, msg(1, "a", "b"), msg(2, "b"), op("create", "a"),
+                    stream_ttl_ms=50_000)
+    e1 = first[0].decode()
+    own = redis_server.cli("XRANGE", P.stream_of(e1, "b"), "-", "+")
+    assert [e[0] for e in own] == [b"1-0", b"2-0"]
+    fields = [dict(zip(f[::2], f[1::2], strict=True)) for _, f in own]
+    assert [f[b"p"] for f in fields] == [b"0", b"1"] and fields[1][b"d"] == b"2"
+    assert [e[0] for e in redis_server.cli("XRANGE", P.stream_of(e1, "a"), "-", "+")] == [
+        b"1-0", b"3-0"]
+    assert 0 < redis_server.cli("PTTL", P.stream_of(e1, "b")) <= 50_000
+
+
+def test_a_read_of_channels_gives_each_its_newest_entries_past_a_seq_of_one_moment(
+        redis_server):
+    first = publish(redis_server, "", 0, msg(1, "a"), msg(2, "b"), msg(3, "a", "b"),
+                    op("create", "b"), ("f", "a", "9"))
+    e1 = first[0].decode()
+    reply = read(redis_server, e1, 5, ("a", 1), ("b", 0), ("z", 0), most=2)
+    assert reply[:2] == [first[0], 5]  # the epoch, the log's end
+    a, b, z = reply[2:]
+    assert a[0] is None and json.loads(a[1]) == ["9"]  # a's note abroad
+    assert [e[0] for e in a[2]] == [b"5-0", b"3-0"]  # past 1, newest first
+    assert json.loads(b[0])["ttl"] == 60  # b is an explicit channel
+    assert [e[0] for e in b[2]] == [b"4-0", b"3-0"]  # the newest two
+    assert z == [None, None, []]
+    # at another epoch than the node holds, each channel is read whole
+    assert [e[0] for e in read(redis_server, "zz", 0, ("a", 4))[2][2]] == [
+        b"5-0", b"3-0", b"1-0"]
 
 
 def test_a_foreign_note_is_appended_once_per_channel_and_partition(redis_server):
