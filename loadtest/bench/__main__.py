@@ -108,6 +108,7 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "streams_sizes": [20], "streams_read_seconds": 0.5, "streams_read_reps": 1,
          "streams_holds": [200], "streams_rounds": 2}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
+CAPACITY_WATCHDOG_S = 2400  # ... and after this much more when it measures capacity
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -231,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg["soak_minutes"] = args.soak_minutes
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGALRM, _terminate)
-    # a soak is long by design: the watchdog gives it its own minutes on top
-    signal.alarm(WATCHDOG_S + (int(cfg["soak_minutes"] * 60) if "soak" in args.only else 0))
+    # a soak is long by design: the watchdog gives it its own minutes on top; so is
+    # the capacity bench (about 15 min for 1,000 x 3 in four modes, and as long again
+    # for 19,000 x 1, whose polls a node on 0.1 core takes minutes to hold)
+    signal.alarm(WATCHDOG_S + (int(cfg["soak_minutes"] * 60) if "soak" in args.only else 0)
+                 + (CAPACITY_WATCHDOG_S if "capacity" in args.only and not args.quick else 0))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     OUT.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {

@@ -1,11 +1,16 @@
-"""Cluster publish capacity (issue 28's scenario): the highest publish rate 1, 2
+"""Cluster publish capacity (issues 28 and 37): the highest publish rate 1, 2
 and 4 nodes sustain, each node on a CPU budget of its own.
 
-For each mode and node count: a ``LocalCluster`` behind HAProxy, every node in
-its own cgroup of ``cores`` (0.1 by default; ``loadtest.cgroups``, made and
-removed here), HAProxy, redis-server and the load generator outside the
-budgets (their CPU shown). ``channels`` channels with ``per_channel`` (3) long
-polls each, opened through HAProxy and re-polled on every answer. Publishes go
+For each workload, mode and node count: a ``LocalCluster`` behind HAProxy (as
+many processes on its port as ``haproxies_for`` the polls), every node in its
+own cgroup of ``cores`` (0.1 by default; ``loadtest.cgroups``, made and removed
+here), HAProxy, redis-server and the load generator outside the budgets (their
+CPU shown). A workload (``Workload``) is ``channels`` channels with
+``per_channel`` long polls each: issue 28's 1,000 x 3 in every mode, issue 37's
+19,000 x 1 (a channel per user) with ``redis-affine`` only (``WORKLOADS``). The
+polls are opened through HAProxy a run of about FOLLOW_CHUNK at a time, each
+run held before the next (bounded), and re-polled on every answer (a timeout
+too: POLL_TIMEOUT). Publishes go
 to the nodes directly, round robin over their ports, one channel each (publish
 *g* to channel ``37 g mod channels``), open loop: publish *g* is due at
 ``start + g / rate`` whatever the nodes do, and waits in the generator when
@@ -30,7 +35,9 @@ follows whole partitions: with 64, a node holding a few hundred channels
 follows nearly every partition, so it receives nearly every message). Each row
 keeps the CPU (percent of one core over the passing
 step) of every node, HAProxy, Redis and the generator, the nodes' throttling
-and the load average; ratios are to the same mode's 1 node.
+and the load average; ratios are to the same workload and mode's 1 node, each
+beside its target (``TARGETS``: issue 28's, which issue 37 keeps for both
+workloads).
 """
 
 from __future__ import annotations
@@ -76,6 +83,10 @@ MAX_STEPS = 30
 FOLLOW_CHUNK = 300  # polls opened at once (follow_chunks), each run held before the next
 FOLLOW_CHUNK_S = 180.0  # the longest one run of polls may take to be held
 FOLLOW_TOTAL_S = 1200.0  # the longest all of a configuration's polls may take to be held
+# HAProxy's polls per process at most: one process holds about 10,000 proxied
+# connections under this machine's 20,000 fds (deploy/haproxy.cfg.template), and
+# the kernel spreads connections over processes on one port only roughly evenly
+HAPROXY_POLLS = 7000
 PUBLISHER = 4  # a connection role next to client.SUBSCRIBER / PUBLISHER
 
 
@@ -122,6 +133,20 @@ def follow_chunks(channels: list[str], per_channel: int,
     channel a run): the polls opened at once, each run held before the next."""
     size = max(1, polls // per_channel)
     return [channels[i:i + size] for i in range(0, len(channels), size)]
+
+
+def haproxies_for(polls: int, per_process: int = HAPROXY_POLLS) -> int:
+    """HAProxy processes (on one port, SO_REUSEPORT) enough to hold ``polls`` polls."""
+    return max(1, -(-polls // per_process))
+
+
+def held_again(held: int, alive: int) -> bool:
+    """Whether the polls are held again before a step: all but 0.5 %. Polls time out
+    (POLL_TIMEOUT) about as fast as they were opened: 19,000 opened in 40 s re-poll
+    at ~475/s for 40 s every 100 s, and a node on 0.1 core has some of them on
+    their way back at every instant. One on its way is not lost: its next poll
+    carries its cursor (the delivery counts, later)."""
+    return held >= alive - alive // 200
 
 
 @dataclass
@@ -395,9 +420,10 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, w: Workload, mode: str, 
     node_args = list(NODE_ARGS)
     if engine == "redis" and s.partitions:
         node_args += ["--redis-partitions", str(s.partitions)]
+    n = w.channels * w.per_channel if subscribed else 0
     with cgroups.CpuBudgets(run, cores, log=ctx.log) as budgets, \
             LocalCluster(k, node_args=node_args, workdir=str(workdir), engine=engine,
-                         balance=balance) as c:
+                         balance=balance, haproxy_procs=haproxies_for(n)) as c:
         node_pids = [p.pid for p in c.nodes if p is not None]
         for i, pid in enumerate(node_pids):
             budgets.assign(f"node{i + 1}", pid)
@@ -408,7 +434,6 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, w: Workload, mode: str, 
             for pid in others["haproxy"] + others["redis"] + pool.pids:
                 budgets.favour("front", pid, shares)
         nodes = [Control(port) for port in c.node_ports]
-        n = w.channels * w.per_channel if subscribed else 0
         held: list[int] = [0] * k
         t_open = time.monotonic()
         opened = _open(pool, c.front_port, channels if n else [], w.per_channel, nodes)
@@ -447,7 +472,8 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, w: Workload, mode: str, 
     best = max((x for x in steps if x["pass"]), key=lambda x: x["rate"], default=None)
     worst = min((x for x in steps if not x["pass"]), key=lambda x: x["rate"], default=None)
     return {"mode": mode, "engine": engine, "balance": balance, "nodes": k,
-            "workload": w.name, "subscribers": n, "held_per_node": held, "open_s": open_s,
+            "workload": w.name, "haproxies": haproxies_for(n), "subscribers": n,
+            "held_per_node": held, "open_s": open_s,
             "capacity": round(passed, 1) if passed is not None else None,
             # None: no step failed, the capacity is a lower bound (max_steps reached)
             "first_failed_rate": round(failed, 1) if failed is not None else None,
@@ -489,7 +515,7 @@ def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: lis
           node_pids: list[int], others: dict[str, list[int]]) -> dict[str, Any]:
     if n:  # (a subscriber answered an error is gone: wait for those still there)
         alive = sum(pool.counters()[0])
-        _wait("every poll held again", lambda: _waiting(nodes) >= alive, 60)
+        _wait("every poll held again", lambda: held_again(_waiting(nodes), alive), 60)
     cpu0 = {f"node{i + 1}": _cpu([p]) for i, p in enumerate(node_pids)}
     cpu0.update({role: _cpu(pids) for role, pids in others.items()})
     throttle0 = budgets.throttling()

@@ -23,10 +23,13 @@ import pytest
 from loadtest.bench.__main__ import parse_args
 from loadtest.bench.capacity import (
     FOLLOW_CHUNK,
+    HAPROXY_POLLS,
     MODES,
     WORKLOADS,
     Workload,
     follow_chunks,
+    haproxies_for,
+    held_again,
     parse_workload,
     plan,
     verdict,
@@ -77,6 +80,19 @@ def test_polls_are_opened_in_runs_of_about_a_chunk_each() -> None:
     assert {len(r) for r in follow_chunks(users[:1000], 3)[:-1]} == {FOLLOW_CHUNK // 3}
     assert follow_chunks(["a", "b"], 1000) == [["a"], ["b"]]  # at least a channel a run
     assert follow_chunks([], 3) == []
+
+
+def test_enough_haproxy_processes_to_hold_every_poll() -> None:
+    assert haproxies_for(0) == haproxies_for(3000) == haproxies_for(HAPROXY_POLLS) == 1
+    assert haproxies_for(HAPROXY_POLLS + 1) == 2
+    assert haproxies_for(19000) == 3  # one holds about 10,000 under 20,000 fds
+
+
+def test_a_step_starts_with_all_but_a_few_re_polls_held() -> None:
+    assert held_again(150, 150) and held_again(151, 150)
+    assert not held_again(149, 150)  # under 200 polls: every one
+    assert held_again(299, 300) and not held_again(298, 300)
+    assert held_again(18905, 19000) and not held_again(18904, 19000)
 
 
 def test_a_ratio_meets_its_target_or_says_by_how_much_it_missed() -> None:
