@@ -177,8 +177,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             ap.error(f"unknown capacity mode(s) {bad}; choose from {list(capacity.MODES)}")
     try:
         if args.capacity_workload:
-            args.capacity_workload = [capacity.parse_workload(x)
-                                      for x in args.capacity_workload.split(",") if x.strip()]
+            # (each once: a workload named twice would overwrite its own figures)
+            args.capacity_workload = list(dict.fromkeys(
+                capacity.parse_workload(x) for x in args.capacity_workload.split(",")
+                if x.strip()))
         args.capacity_nodes = _counts(args.capacity_nodes, "--capacity-nodes")
         args.interest_widths = _counts(args.interest_widths, "--interest-widths")
     except ValueError as e:

@@ -214,6 +214,9 @@ def _one(ctx: Context, pool: InterestPool, redis: RedisCluster, s: Settings,
         "generator_cpu_pct": round(100 * used["generator"] / wall, 1),
         "redis_cpu_pct": round(100 * used["redis"] / wall, 1),
         "publishes": ok, "per_second": round(ok / s.duration_s, 1),
+        # what each node pays per message A took (B: for messages none of its clients read)
+        "a_us_per_message": round(1e6 * used["a"] / ok, 1),
+        "b_us_per_message": round(1e6 * used["b"] / ok, 1),
         "window_s": round(wall, 2), "settle_s": round(t0 + wall - t_last, 2),
         "open_s": round(open_s, 1), "held_on_b": held,
         "b_poll_answers": counters.get("poll_answers", 0),
@@ -227,7 +230,8 @@ def _one(ctx: Context, pool: InterestPool, redis: RedisCluster, s: Settings,
         "loadavg_before": load0, "loadavg_after": os.getloadavg(),
     }
     ctx.log(f"    W={w}: A {row['a_cpu_s']} s, B {row['b_cpu_s']} s, B / A "
-            f"{row['b_over_a']}; {row['per_second']:,.0f} publishes/s; B follows "
+            f"{row['b_over_a']}; {row['per_second']:,.0f} publishes/s; per message A "
+            f"{row['a_us_per_message']} µs, B {row['b_us_per_message']} µs; B follows "
             f"{row['b_followed']} partitions, {row['b_channels_followed']} channels; "
             f"B RSS {row['b_rss_mb']['held']} MB")
     return row
@@ -275,12 +279,15 @@ def table(res: dict[str, Any]) -> str:
                    else f"MISSED ({v / TARGET:.2f}x)")
         body.append([f"{int(w):,}", f"{r['a_cpu_s']:.2f}", f"{r['b_cpu_s']:.2f}",
                      "-" if v is None else f"{v:.2f}", f"<= {TARGET:.2f}", verdict,
-                     f"{r['per_second']:,.0f}", f"{r['generator_cpu_s']:.2f}",
+                     f"{r['per_second']:,.0f}",
+                     f"{r['a_us_per_message']:.0f} / {r['b_us_per_message']:.0f}",
+                     f"{r['generator_cpu_s']:.2f}",
                      f"{r['redis_cpu_s']:.2f}", f"{r['b_rss_mb']['held']}",
                      f"{r['b_rss_kb_per_channel']}", str(r["b_followed"]),
                      "-" if r["b_channels_followed"] is None else str(r["b_channels_followed"]),
                      str(r["b_poll_answers"])])
     lines += grid(["W", "A CPU s", "B CPU s", "B / A", "target", "verdict", "publishes/s",
-                   "generator CPU s", "redis CPU s", "B RSS MB", "B KB/channel",
+                   "µs per message A / B", "generator CPU s", "redis CPU s", "B RSS MB",
+                   "B KB/channel",
                    "partitions followed", "channels followed", "B polls answered"], body)
     return "\n".join(lines)

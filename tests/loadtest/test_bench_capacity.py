@@ -48,7 +48,7 @@ def test_a_workload_is_channels_x_polls() -> None:
 
 
 def test_the_flags_choose_workloads_node_counts_and_step() -> None:
-    args = parse_args(["--only", "capacity", "--capacity-workload", "19000x1,50x2",
+    args = parse_args(["--only", "capacity", "--capacity-workload", "19000x1,50x2,19000X1",
                        "--capacity-nodes", "1,4", "--capacity-step", "3"])
     assert args.capacity_workload == [Workload(19000, 1), Workload(50, 2)]
     assert args.capacity_nodes == (1, 4) and args.capacity_step == 3.0

@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from loadtest.bench.interest import TARGET, quiet, ratio
+from loadtest.bench.interest import TARGET, quiet, ratio, table
 from loadtest.bench.report import interest_rows
 from tests.loadtest.quick_bench import run_quick_bench
 from tests.toolkit import alive
@@ -61,6 +61,22 @@ def test_the_report_gives_a_verdict_per_width_against_the_target() -> None:
     assert interest_rows({"error": "x"}, True) == [] and interest_rows(None, True) == []
 
 
+def test_the_table_has_a_line_per_width_and_says_which_could_not_run() -> None:
+    wide = {**_width(0.5, 8000), "a_us_per_message": 400.0, "b_us_per_message": 200.0,
+            "b_poll_answers": 0}
+    res = {"settings": {"publishers": 8, "duration_s": 10.0, "publish_channels": 1000},
+           "redis_primaries": 3, "generator": "raw-epoll client, 2 processes",
+           "widths": {"8000": wide, "200": {"width": 200, "error": "BenchError: x"}}}
+    lines = table(res).splitlines()
+    assert lines[0].startswith("Delivery by interest (issue 37): a 3-primary Redis Cluster")
+    assert "8 keep-alive publishers on A for 10 s over 1,000 other channels" in lines[0]
+    [row] = [x for x in lines if x.startswith("8,000 ")]
+    assert row.split() == ["8,000", "2.00", "0.40", "0.50", "<=", "0.10", "MISSED", "(5.00x)",
+                           "1,234", "400", "/", "200", "0.50", "0.80", "61.0", "5.0", "7",
+                           "8000", "0"]
+    assert "W=200: ERROR BenchError: x" in lines
+
+
 @pytest.mark.timeout(150)
 def test_quick_interest_measures_a_and_b_on_a_redis_cluster() -> None:
     stdout, path = run_quick_bench("--only", "interest", "--interest-widths", "50")
@@ -77,6 +93,7 @@ def test_quick_interest_measures_a_and_b_on_a_redis_cluster() -> None:
     assert r["a_cpu_s"] > 0 and r["b_cpu_s"] >= 0 and r["redis_cpu_s"] > 0
     assert r["generator_cpu_s"] > 0
     assert r["b_over_a"] == ratio(r["b_cpu_s"], r["a_cpu_s"])
+    assert r["a_us_per_message"] > 0 and r["b_us_per_message"] >= 0
     assert 0 < r["b_followed"] <= 50  # B follows its clients' partitions (or channels) only
     assert r["b_rss_mb"]["held"] > 0
     assert r["window_s"] >= 4.0  # the quick window, then until B was quiet
