@@ -1,6 +1,7 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,scale,capacity,workers,faults,soak,streams] [--quick] [--budget CORES]
-[--worker-budget CORES] [--soak-minutes M]`.
+engines,interest,scale,capacity,workers,faults,soak,streams] [--quick] [--budget CORES]
+[--worker-budget CORES] [--soak-minutes M] [--interest-widths W,...]
+[--capacity-workload CxP,...] [--capacity-nodes K,...] [--capacity-step S]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
 table of figures versus targets, and writes everything (per-sample figures,
@@ -9,7 +10,13 @@ CPU use, client counters, machine load) to loadtest/out/bench-<timestamp>.json.
 process), PushUp `--workers 2` and nginx + nchan (compare.py) and prints the
 figures with their ratios; it needs `make bench-packages` (nginx, nchan).
 `engines` measures a 3-node cluster on the mesh and on Redis side by side
-(engines.py; needs redis-server, `make system-packages`). `scale` is the paper's
+(engines.py; needs redis-server, `make system-packages`). `interest` is issue
+37's delivery by interest: on a real 3-primary Redis Cluster, node B holds one
+long poll on each of W channels nobody publishes to (W = 20, 200, 2,000 and
+8,000; `--interest-widths`), node A takes 8 keep-alive publishers over 1,000
+other channels nobody reads, and B's CPU over A's is the figure (target
+<= 0.10), with publishes/s, the generator's CPU, B's RSS and the partitions (and
+channels) B follows (interest.py). `scale` is the paper's
 node scaling (Figures 12-13): 1, 2 and 4 nodes behind HAProxy on each engine,
 every node in its own CPU cgroup of `--budget` cores, made and removed by the
 run (nodescale.py, loadtest/cgroups.py; unbudgeted, and saying so, where
@@ -19,7 +26,10 @@ channels x 3 long polls through HAProxy, open-loop publishes round robin over
 the nodes, stepped up until a step fails (every publish 201, 100 % delivered,
 fan-out p99 < 1 s); on Redis with channel-affine balancing, Redis with
 keep-alive stickiness, Redis publish-only and the mesh, with ratios to 1 node
-(capacity.py). `workers` measures `--workers 2` against one process with every
+(capacity.py); then issue 37's second workload, 19,000 channels x 1 long poll
+(one channel per user), on Redis with channel-affine balancing only.
+`--capacity-workload 19000x1` measures only the workloads named, in every
+mode selected (`--capacity-modes`). `workers` measures `--workers 2` against one process with every
 serving process in a CPU cgroup of `--worker-budget`
 cores, the generator outside (workerscale.py): what a core per worker buys.
 `soak` is steady service for `--soak-minutes` (default 10): 5,000 re-polling
@@ -52,6 +62,7 @@ from . import (
     compare,
     engines,
     faults,
+    interest,
     nodescale,
     report,
     scenarios,
@@ -65,7 +76,7 @@ from .server import raise_nofile
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "scale", "capacity", "workers", "faults", "soak", "streams"]
+           "engines", "interest", "scale", "capacity", "workers", "faults", "soak", "streams"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -77,6 +88,7 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "scale_interval": 1.0, "workers_n": 5000,
         "soak_subscribers": soak.SUBSCRIBERS, "soak_channels": soak.CHANNELS,
         "soak_minutes": soak.MINUTES, "capacity": capacity.Settings(),
+        "interest": interest.Settings(),
         "streams_sizes": [10, 1000], "streams_read_seconds": 3.0, "streams_read_reps": 3,
         "streams_holds": [1000, 10000], "streams_rounds": 20}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
@@ -87,12 +99,16 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "engines_n": 300, "engines_publishes": 2, "engines_scaling": [1],
          "scale_nodes": [1, 2], "scale_n": 300, "scale_publishes": 2, "scale_interval": 0.2,
          "workers_n": 500, "soak_subscribers": 500, "soak_channels": 10, "soak_minutes": 0.25,
-         "capacity": capacity.Settings(channels=100, node_counts=(1, 2), step_s=1.5,
-                                       factor=2.0, start_rate=40.0, refine=False,
-                                       max_steps=2),
+         "capacity": capacity.Settings(
+             workloads=(capacity.Workload(100, 3),
+                        capacity.Workload(300, 1, modes=("redis-affine",))),
+             node_counts=(1, 2), step_s=1.5, factor=2.0, start_rate=40.0, refine=False,
+             max_steps=2),
+         "interest": interest.Settings(widths=(20, 2000), duration_s=4.0),
          "streams_sizes": [20], "streams_read_seconds": 0.5, "streams_read_reps": 1,
          "streams_holds": [200], "streams_rounds": 2}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
+CAPACITY_WATCHDOG_S = 2400  # ... and after this much more when it measures capacity
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -126,6 +142,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--capacity-modes",
                     help="capacity: comma-separated subset of: "
                     + ",".join(capacity.MODES) + " (default: all)")
+    ap.add_argument("--capacity-workload",
+                    help="capacity: comma-separated CHANNELSxPOLLS workloads to measure, "
+                    "each in every mode selected (default: 1000x3 in every mode and "
+                    "19000x1 with redis-affine only)")
+    ap.add_argument("--capacity-nodes",
+                    help="capacity: comma-separated node counts (default 1,2,4; --quick 1,2)")
+    ap.add_argument("--capacity-step", type=float,
+                    help="capacity: seconds a rate step lasts (default 10, --quick 1.5)")
+    ap.add_argument("--interest-widths",
+                    help="interest: comma-separated numbers of channels node B holds "
+                    "(default 20,200,2000,8000; --quick 20,2000)")
     ap.add_argument("--worker-budget", type=float, default=0.2,
                     help="workers: CPU cores per serving process (default 0.2: two workers "
                     "take 0.4 of this box's 2 cores, so the unbudgeted generator, which "
@@ -148,6 +175,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         bad = [x for x in args.capacity_modes if x not in capacity.MODES]
         if bad:
             ap.error(f"unknown capacity mode(s) {bad}; choose from {list(capacity.MODES)}")
+    try:
+        if args.capacity_workload:
+            # (each once: a workload named twice would overwrite its own figures)
+            args.capacity_workload = list(dict.fromkeys(
+                capacity.parse_workload(x) for x in args.capacity_workload.split(",")
+                if x.strip()))
+        args.capacity_nodes = _counts(args.capacity_nodes, "--capacity-nodes")
+        args.interest_widths = _counts(args.interest_widths, "--interest-widths")
+    except ValueError as e:
+        ap.error(str(e))
+    if args.capacity_step is not None and args.capacity_step <= 0:
+        ap.error("--capacity-step must be a positive number of seconds")
     if args.soak_minutes is not None and args.soak_minutes <= 0:
         ap.error("--soak-minutes must be positive")
     if args.budget <= 0:
@@ -155,6 +194,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not 1 <= args.workers <= 8:
         ap.error("--workers must be 1..8")
     return args
+
+
+def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """``"1,2,4"`` -> (1, 2, 4); None when the flag was not given."""
+    if text is None:
+        return None
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated whole numbers, not {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{flag} takes comma-separated numbers of at least 1, not {text!r}")
+    return counts
 
 
 def machine() -> dict[str, Any]:
@@ -182,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg["soak_minutes"] = args.soak_minutes
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGALRM, _terminate)
-    # a soak is long by design: the watchdog gives it its own minutes on top
-    signal.alarm(WATCHDOG_S + (int(cfg["soak_minutes"] * 60) if "soak" in args.only else 0))
+    # a soak is long by design: the watchdog gives it its own minutes on top; so is
+    # the capacity bench (about 15 min for 1,000 x 3 in four modes, and as long again
+    # for 19,000 x 1, whose polls a node on 0.1 core takes minutes to hold)
+    signal.alarm(WATCHDOG_S + (int(cfg["soak_minutes"] * 60) if "soak" in args.only else 0)
+                 + (CAPACITY_WATCHDOG_S if "capacity" in args.only and not args.quick else 0))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     OUT.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
@@ -246,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
                 ctx, args.publishers, cfg["engines_publish_seconds"], cfg["engines_reps"],
                 cfg["lag_samples"], cfg["engines_n"], cfg["engines_publishes"],
                 cfg["round_timeout"], cfg["engines_scaling"])))
+        if "interest" in args.only:
+            wide = cfg["interest"]
+            if args.interest_widths:
+                wide = dataclasses.replace(wide, widths=args.interest_widths)
+            plan.append(("interest", lambda: interest.bench_interest(ctx, wide)))
         if "workers" in args.only:
             plan.append(("workers", lambda: workerscale.bench_worker_scaling(
                 ctx, cfg["workers_n"], cfg["fanout_publishes"], cfg["round_timeout"],
@@ -261,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
                 settings = dataclasses.replace(settings, partitions=args.redis_partitions)
             if args.capacity_modes:
                 settings = dataclasses.replace(settings, modes=tuple(args.capacity_modes))
+            if args.capacity_workload:
+                settings = dataclasses.replace(settings, workloads=tuple(args.capacity_workload))
+            if args.capacity_nodes:
+                settings = dataclasses.replace(settings, node_counts=args.capacity_nodes)
+            if args.capacity_step:
+                settings = dataclasses.replace(settings, step_s=args.capacity_step)
             plan.append(("capacity", lambda: capacity.bench_capacity(
                 ctx, settings, args.budget, args.front_shares)))
         if "faults" in args.only:
@@ -309,8 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     if "engines_side_by_side" in record:
         print()
         print(engines.table(eng))
+    wide = results.get("interest")
+    if isinstance(wide, dict) and "widths" in wide:
+        print()
+        print(interest.table(wide))
     cap = results.get("capacity")
-    if isinstance(cap, dict) and "modes" in cap:
+    if isinstance(cap, dict) and "workloads" in cap:
         print()
         print(capacity.table(cap))
     workers = results.get("workers")

@@ -1,11 +1,16 @@
-"""Cluster publish capacity (issue 28's scenario): the highest publish rate 1, 2
+"""Cluster publish capacity (issues 28 and 37): the highest publish rate 1, 2
 and 4 nodes sustain, each node on a CPU budget of its own.
 
-For each mode and node count: a ``LocalCluster`` behind HAProxy, every node in
-its own cgroup of ``cores`` (0.1 by default; ``loadtest.cgroups``, made and
-removed here), HAProxy, redis-server and the load generator outside the
-budgets (their CPU shown). ``channels`` channels with ``per_channel`` (3) long
-polls each, opened through HAProxy and re-polled on every answer. Publishes go
+For each workload, mode and node count: a ``LocalCluster`` behind HAProxy (as
+many processes on its port as ``haproxies_for`` the polls), every node in its
+own cgroup of ``cores`` (0.1 by default; ``loadtest.cgroups``, made and removed
+here), HAProxy, redis-server and the load generator outside the budgets (their
+CPU shown). A workload (``Workload``) is ``channels`` channels with
+``per_channel`` long polls each: issue 28's 1,000 x 3 in every mode, issue 37's
+19,000 x 1 (a channel per user) with ``redis-affine`` only (``WORKLOADS``). The
+polls are opened through HAProxy a run of about FOLLOW_CHUNK at a time, each
+run held before the next (bounded), and re-polled on every answer (a timeout
+too: POLL_TIMEOUT). Publishes go
 to the nodes directly, round robin over their ports, one channel each (publish
 *g* to channel ``37 g mod channels``), open loop: publish *g* is due at
 ``start + g / rate`` whatever the nodes do, and waits in the generator when
@@ -30,11 +35,14 @@ follows whole partitions: with 64, a node holding a few hundred channels
 follows nearly every partition, so it receives nearly every message). Each row
 keeps the CPU (percent of one core over the passing
 step) of every node, HAProxy, Redis and the generator, the nodes' throttling
-and the load average; ratios are to the same mode's 1 node.
+and the load average; ratios are to the same workload and mode's 1 node, each
+beside its target (``TARGETS``: issue 28's, which issue 37 keeps for both
+workloads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -42,6 +50,7 @@ import socket
 import time
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -71,14 +80,78 @@ TRIP_LIMIT_S = 1.0  # a step fails at a fan-out (or publish answer) p99 past thi
 DRAIN_S = 5.0  # after the last due time: answers and deliveries still counted
 CONNS_PER_NODE = 4  # publisher connections per node, per generator process
 MAX_STEPS = 30
-FOLLOW_CHUNK = 100  # channels whose polls are opened at once (x per_channel connections)
+FOLLOW_CHUNK = 300  # polls opened at once (follow_chunks), each run held before the next
+FOLLOW_CHUNK_S = 180.0  # the longest one run of polls may take to be held
+FOLLOW_TOTAL_S = 1200.0  # the longest all of a configuration's polls may take to be held
+# HAProxy's polls per process at most: one process holds about 10,000 proxied
+# connections under this machine's 20,000 fds (deploy/haproxy.cfg.template), and
+# the kernel spreads connections over processes on one port only roughly evenly
+HAPROXY_POLLS = 7000
 PUBLISHER = 4  # a connection role next to client.SUBSCRIBER / PUBLISHER
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``channels`` channels with ``per_channel`` long polls each, measured in
+    ``modes`` (None: every mode the run measures)."""
+
+    channels: int
+    per_channel: int
+    modes: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.channels}x{self.per_channel}"
+
+
+# Issue 28's 1,000 channels x 3 in every mode; issue 37's one channel per user
+# (~19,000 x 1) with channel-affine balancing only, the mode its targets are for
+# (the others would double the run for figures no target reads).
+WORKLOADS = (Workload(1000, 3), Workload(19000, 1, modes=("redis-affine",)))
+
+
+def parse_workload(text: str) -> Workload:
+    """``CHANNELSxPOLLS`` (``19000x1``) -> that workload, in every mode measured."""
+    channels, sep, per_channel = text.strip().lower().partition("x")
+    if not sep or not channels.isdigit() or not per_channel.isdigit():
+        raise ValueError(f"a workload is CHANNELSxPOLLS (like 19000x1), not {text!r}")
+    w = Workload(int(channels), int(per_channel))
+    if w.channels < 1 or w.per_channel < 1:
+        raise ValueError(f"a workload needs at least 1 channel and 1 poll each: {text!r}")
+    return w
+
+
+def plan(workloads: tuple[Workload, ...], modes: tuple[str, ...]) -> list[tuple[Workload, str]]:
+    """(workload, mode) in the order they run: each workload in each of ``modes``
+    it is measured in."""
+    return [(w, m) for w in workloads for m in modes if w.modes is None or m in w.modes]
+
+
+def follow_chunks(channels: list[str], per_channel: int,
+                  polls: int = FOLLOW_CHUNK) -> list[list[str]]:
+    """``channels`` cut into runs of about ``polls`` polls each (at least one
+    channel a run): the polls opened at once, each run held before the next."""
+    size = max(1, polls // per_channel)
+    return [channels[i:i + size] for i in range(0, len(channels), size)]
+
+
+def haproxies_for(polls: int, per_process: int = HAPROXY_POLLS) -> int:
+    """HAProxy processes (on one port, SO_REUSEPORT) enough to hold ``polls`` polls."""
+    return max(1, -(-polls // per_process))
+
+
+def held_again(held: int, alive: int) -> bool:
+    """Whether the polls are held again before a step: all but 0.5 %. Polls time out
+    (POLL_TIMEOUT) about as fast as they were opened: 19,000 opened in 40 s re-poll
+    at ~475/s for 40 s every 100 s, and a node on 0.1 core has some of them on
+    their way back at every instant. One on its way is not lost: its next poll
+    carries its cursor (the delivery counts, later)."""
+    return held >= alive - alive // 200
 
 
 @dataclass
 class Settings:
-    channels: int = 1000
-    per_channel: int = 3
+    workloads: tuple[Workload, ...] = WORKLOADS
     node_counts: tuple[int, ...] = (1, 2, 4)
     step_s: float = 10.0
     factor: float = 1.25
@@ -101,6 +174,7 @@ class CapacityWorker(Worker):
         self.step = -1
         self.trips = array("d")  # receipt minus due time, this step
         self.pub: dict[str, Any] | None = None
+        self.hold_s = POLL_TIMEOUT  # what each poll asks the node to hold it for
 
     # -- subscribers: one channel per connection ------------------------------------
 
@@ -108,7 +182,7 @@ class CapacityWorker(Worker):
         d = self.dialect_of.get(c.fd)
         if d is None:
             d = self.dialect_of[c.fd] = PushUp(self.port, self.to_follow.popleft(),
-                                               POLL_TIMEOUT)
+                                               self.hold_s)
         self.send(c, d.poll_request(c.position))
 
     def on_poll_response(self, c: Conn, status: int, head: bytes, body: bytes,
@@ -270,8 +344,8 @@ def capacity_worker_main(pipe: Connection, index: int) -> None:
 
 
 class CapacityPool(WorkerPool):
-    def __init__(self, size: int) -> None:
-        super().__init__(size, target=capacity_worker_main)
+    def __init__(self, size: int, target: Callable[..., None] = capacity_worker_main) -> None:
+        super().__init__(size, target=target)
 
     def follow(self, port: int, channels: list[str], per_channel: int) -> int:
         subs = [ch for ch in channels for _ in range(per_channel)]
@@ -301,45 +375,55 @@ class CapacityPool(WorkerPool):
 
 
 def bench_capacity(ctx: Context, s: Settings, cores: float, shares: int = 0) -> dict[str, Any]:
-    out: dict[str, Any] = {"settings": {**s.__dict__, "cores": cores, "front_shares": shares},
-                           "loadavg_at_start": os.getloadavg(), "modes": {}}
-    with CapacityPool(len(ctx.pool.pids)) as pool:
+    """Results under ``workloads.<name>.modes.<mode>.<nodes>`` (a workload's name is
+    CHANNELSxPOLLS, ``Workload.name``); ratios to the same workload and mode's 1 node."""
+    settings = {**s.__dict__, "workloads": [dataclasses.asdict(w) for w in s.workloads],
+                "cores": cores, "front_shares": shares}
+    out: dict[str, Any] = {"settings": settings, "loadavg_at_start": os.getloadavg(),
+                           "workloads": {}}
+    pool = CapacityPool(len(ctx.pool.pids))
+    with pool:
         out["generator"] = f"raw-epoll client, {len(pool.pids)} processes"
-        for mode in s.modes:
+        for w, mode in plan(s.workloads, s.modes):
+            per = out["workloads"].setdefault(w.name, {"channels": w.channels,
+                                                       "per_channel": w.per_channel,
+                                                       "modes": {}})
             rows: dict[str, Any] = {}
             for k in s.node_counts:
                 base = rows.get("1", {}).get("capacity")
                 first = max(s.start_rate, 0.6 * k * base) if base else s.start_rate
                 try:
-                    rows[str(k)] = _one(ctx, pool, s, mode, k, first, cores, shares)
+                    rows[str(k)] = _one(ctx, pool, s, w, mode, k, first, cores, shares)
                 except Exception as e:  # one configuration that cannot run hides no other
-                    ctx.log(f"    {mode} {k} node(s): ERROR {type(e).__name__}: {e}")
+                    ctx.log(f"    {w.name} {mode} {k} node(s): ERROR {type(e).__name__}: {e}")
                     rows[str(k)] = {"mode": mode, "nodes": k, "error": f"{type(e).__name__}: {e}",
                                     "capacity": None, "engine": MODES[mode][0], "steps": []}
                     pool.close_all()
             cap1 = rows.get("1", {}).get("capacity")
-            for r in rows.values():
+            for count, r in rows.items():
                 r["ratio_to_1"] = (round(r["capacity"] / cap1, 2)
                                    if cap1 and r.get("capacity") else None)
-            out["modes"][mode] = rows
+                r["target_ratio"] = TARGETS.get(mode, {}).get(int(count))
+            per["modes"][mode] = rows
     out["loadavg_at_end"] = os.getloadavg()
     return out
 
 
-def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first: float,
-         cores: float, shares: int) -> dict[str, Any]:
+def _one(ctx: Context, pool: CapacityPool, s: Settings, w: Workload, mode: str, k: int,
+         first: float, cores: float, shares: int) -> dict[str, Any]:
     engine, balance, subscribed = MODES[mode]
-    workdir = ctx.out_dir / f"capacity-{ctx.stamp}-{mode}-{k}"
-    run = f"{ctx.stamp}-{os.getpid()}-cap-{mode}{k}"
+    workdir = ctx.out_dir / f"capacity-{ctx.stamp}-{w.name}-{mode}-{k}"
+    run = f"{ctx.stamp}-{os.getpid()}-cap-{w.name}-{mode}{k}"
     load0 = os.getloadavg()
-    channels = [f"cap-{mode}-{k}-{i}" for i in range(s.channels)]
+    channels = [f"cap-{w.name}-{mode}-{k}-{i}" for i in range(w.channels)]
     steps: list[dict[str, Any]] = []
     node_args = list(NODE_ARGS)
     if engine == "redis" and s.partitions:
         node_args += ["--redis-partitions", str(s.partitions)]
+    n = w.channels * w.per_channel if subscribed else 0
     with cgroups.CpuBudgets(run, cores, log=ctx.log) as budgets, \
             LocalCluster(k, node_args=node_args, workdir=str(workdir), engine=engine,
-                         balance=balance) as c:
+                         balance=balance, haproxy_procs=haproxies_for(n)) as c:
         node_pids = [p.pid for p in c.nodes if p is not None]
         for i, pid in enumerate(node_pids):
             budgets.assign(f"node{i + 1}", pid)
@@ -350,22 +434,12 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
             for pid in others["haproxy"] + others["redis"] + pool.pids:
                 budgets.favour("front", pid, shares)
         nodes = [Control(port) for port in c.node_ports]
-        n = s.channels * s.per_channel if subscribed else 0
         held: list[int] = [0] * k
-        opened = 0
-        for i in range(0, len(channels) if n else 0, FOLLOW_CHUNK):
-            # A node on 0.1 core takes a burst of cold first polls slowly (each new
-            # partition is one read from Redis) and answers /health late meanwhile:
-            # all 3,000 at once got a node marked down and its polls answered 503.
-            # (the answer counts every subscriber connected so far)
-            opened = pool.follow(c.front_port, channels[i:i + FOLLOW_CHUNK], s.per_channel)
-            try:
-                _wait(f"{opened} polls held over {k} nodes",
-                      lambda o=opened: _waiting(nodes) >= o, 180)
-            except BenchError as e:
-                alive, counters = pool.counters()
-                raise BenchError(f"{e}: {[x.stats()['waiting'] for x in nodes]} held, "
-                                 f"{sum(alive)} connected, client counters {counters}") from None
+        t_open = time.monotonic()
+        opened = _open(pool, c.front_port, channels if n else [], w.per_channel, nodes)
+        open_s = round(time.monotonic() - t_open, 1)
+        if n:
+            ctx.log(f"    {w.name} {mode} {k} node(s): {opened:,} polls held in {open_s:.0f} s")
         if opened < n:
             raise BenchError(f"only {opened}/{n} subscribers connected through HAProxy")
         if n:
@@ -373,11 +447,12 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
         rate, passed, failed = first, None, None
         going_down = False
         for step in range(s.max_steps):
-            row = _step(pool, budgets, step, c.node_ports, rate, s, channels, n, nodes,
+            row = _step(pool, budgets, step, c.node_ports, rate, s, w, channels, n, nodes,
                         node_pids, others)
             steps.append(row)
-            ctx.log(f"    {mode} {k} node(s) {rate:.0f}/s: {'pass' if row['pass'] else 'FAIL'}"
-                    f" ({row['why'] or 'ok'}; busiest node {row['node_cpu_pct_max']} %)")
+            ctx.log(f"    {w.name} {mode} {k} node(s) {rate:.0f}/s: "
+                    f"{'pass' if row['pass'] else 'FAIL'} ({row['why'] or 'ok'}; busiest node "
+                    f"{row['node_cpu_pct_max']} %)")
             if row["pass"]:
                 passed = rate if passed is None else max(passed, rate)
                 if going_down or (failed is not None):
@@ -397,7 +472,8 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
     best = max((x for x in steps if x["pass"]), key=lambda x: x["rate"], default=None)
     worst = min((x for x in steps if not x["pass"]), key=lambda x: x["rate"], default=None)
     return {"mode": mode, "engine": engine, "balance": balance, "nodes": k,
-            "subscribers": n, "held_per_node": held,
+            "workload": w.name, "haproxies": haproxies_for(n), "subscribers": n,
+            "held_per_node": held, "open_s": open_s,
             "capacity": round(passed, 1) if passed is not None else None,
             # None: no step failed, the capacity is a lower bound (max_steps reached)
             "first_failed_rate": round(failed, 1) if failed is not None else None,
@@ -406,18 +482,46 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, mode: str, k: int, first
             "loadavg_before": load0, "loadavg_after": os.getloadavg(), "steps": steps}
 
 
+def _open(pool: CapacityPool, front_port: int, channels: list[str], per_channel: int,
+          nodes: list[Control]) -> int:
+    """Open ``per_channel`` polls on each of ``channels`` through HAProxy, a run of
+    ``follow_chunks`` at a time, each held before the next; the polls connected.
+    A node on 0.1 core takes a burst of cold first polls slowly (each one a read
+    from Redis) and answers /health late meanwhile: all 3,000 of 1,000 x 3 at once
+    got a node marked down and its polls answered 503. Bounded: FOLLOW_CHUNK_S a
+    run, FOLLOW_TOTAL_S in all."""
+    opened = 0
+    deadline = time.monotonic() + FOLLOW_TOTAL_S
+    for run in follow_chunks(channels, per_channel):
+        # (the answer counts every subscriber connected so far)
+        opened = pool.follow(front_port, run, per_channel)
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise BenchError(f"{FOLLOW_TOTAL_S:.0f} s passed opening the polls")
+            _wait(f"{opened} polls held over {len(nodes)} nodes",
+                  lambda o=opened: _waiting(nodes) >= o, min(FOLLOW_CHUNK_S, left))
+        except BenchError as e:
+            alive, counters = pool.counters()
+            raise BenchError(f"{e}: {[x.stats()['waiting'] for x in nodes]} held, "
+                             f"{sum(alive)} connected of {len(channels) * per_channel}, "
+                             f"client counters {counters}") from None
+    return opened
+
+
 def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: list[int],
-          rate: float, s: Settings, channels: list[str], n: int, nodes: list[Control],
+          rate: float, s: Settings, w: Workload, channels: list[str], n: int,
+          nodes: list[Control],
           node_pids: list[int], others: dict[str, list[int]]) -> dict[str, Any]:
     if n:  # (a subscriber answered an error is gone: wait for those still there)
         alive = sum(pool.counters()[0])
-        _wait("every poll held again", lambda: _waiting(nodes) >= alive, 60)
+        _wait("every poll held again", lambda: held_again(_waiting(nodes), alive), 60)
     cpu0 = {f"node{i + 1}": _cpu([p]) for i, p in enumerate(node_pids)}
     cpu0.update({role: _cpu(pids) for role, pids in others.items()})
     throttle0 = budgets.throttling()
     t0 = time.monotonic()
     lat, counts, statuses = pool.step(step, ports, rate, s.step_s, channels)
-    expected = counts["offered"] * s.per_channel if n else 0
+    expected = counts["offered"] * w.per_channel if n else 0
     trips: list[float] = []
     counters: dict[str, int] = {}
     if n:  # deliveries still on their way: wait for them, a bounded time
@@ -472,24 +576,31 @@ def _step(pool: CapacityPool, budgets: cgroups.CpuBudgets, step: int, ports: lis
 
 
 def table(res: dict[str, Any]) -> str:
-    """The capacities as a Markdown table, a row per (mode, nodes)."""
+    """The capacities as a Markdown table per workload, a row per (mode, nodes)."""
     st = res["settings"]
-    first = next((r for rows in res["modes"].values() for r in rows.values()
-                  if "error" not in r), {})
+    first: dict[str, Any] = next((r for wl in res["workloads"].values()
+                                  for rows in wl["modes"].values()
+                                  for r in rows.values() if "error" not in r), {})
     budget = (f"{st['cores']:g} core per node" if first.get("budget_cores")
               else f"NO budgets ({first.get('budget_note')})")
-    parts = st.get("partitions") or 64
-    lines = [f"Publish capacity: {st['channels']} channels x {st['per_channel']} long polls "
-             f"through HAProxy, publishes round robin over the nodes, open loop, steps of "
-             f"{st['step_s']:g} s x{st['factor']:g}; {parts} Redis partitions; {budget}; "
-             f"generator {res['generator']}",
-             "",
-             "| mode | nodes | capacity publishes/s | x 1 node | target | first failed at | why "
+    parts = st.get("partitions") or "the nodes' default number of"
+    out: list[str] = []
+    for wl in res["workloads"].values():
+        out += [f"Publish capacity: {wl['channels']:,} channels x {wl['per_channel']} long "
+                f"polls through HAProxy, publishes round robin over the nodes, open loop, "
+                f"steps of {st['step_s']:g} s x{st['factor']:g}; {parts} Redis partitions; "
+                f"{budget}; generator {res['generator']}", "", *_rows(wl["modes"]), ""]
+    return "\n".join(out[:-1])
+
+
+def _rows(modes: dict[str, Any]) -> list[str]:
+    lines = ["| mode | nodes | capacity publishes/s | x 1 node | target | verdict "
+             "| first failed at | why "
              "| fan-out p50 / p99 s | node CPU % (each) | partitions followed (each) "
              "| HAProxy % | redis % | generator % "
              "| load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, rows in res["modes"].items():
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, rows in modes.items():
         for k, r in rows.items():
             if "error" in r:
                 lines.append(f"| {mode} | {k} | ERROR: {r['error']} |")
@@ -498,7 +609,7 @@ def table(res: dict[str, Any]) -> str:
             c = b.get("cpu_pct", {})
             fail = r.get("first_failed")
             cap = r["capacity"] if r["first_failed_rate"] else f">= {r['capacity']}"
-            target = TARGETS.get(mode, {}).get(int(k))
+            target = r.get("target_ratio")
             followed = " / ".join(str(f) for f in b.get("followed_partitions", [])
                                   if f is not None) or "-"
             nodes_cpu = " / ".join(str(c.get(f"node{i + 1}", "-")) for i in range(int(k)))
@@ -507,9 +618,18 @@ def table(res: dict[str, Any]) -> str:
             lines.append(
                 f"| {mode} | {k} | {cap} | {r['ratio_to_1']} "
                 f"| {f'>= {target}' if target else '-'} "
+                f"| {verdict(r['ratio_to_1'], target)} "
                 f"| {r['first_failed_rate']} | {fail['why'] if fail else '-'} | {trip} "
                 f"| {nodes_cpu} | {followed} | {c.get('haproxy', '-')} "
                 f"| {c.get('redis', '-') if r['engine'] == 'redis' else '-'} "
                 f"| {c.get('generator', '-')} | {r['loadavg_before'][0]:.2f} |")
-    return "\n".join(lines)
+    return lines
 
+
+def verdict(ratio: float | None, target: float | None) -> str:
+    """``met`` or ``MISSED (need / got)`` for a ratio to 1 node against its target."""
+    if target is None:
+        return "-"
+    if ratio is None:
+        return "no figure"
+    return "met" if ratio >= target else f"MISSED ({target / ratio:.2f}x)"

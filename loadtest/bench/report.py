@@ -60,6 +60,8 @@ def _fmt(v: float | None, unit: str) -> str:
         return f"{v:,.0f}/s"
     if unit == "MB/min":
         return f"{v:+.2f} MB/min"
+    if unit == "x":
+        return f"{v:.2f}x"
     return f"{v}"
 
 
@@ -186,9 +188,59 @@ def rows(results: dict[str, Any], targets_apply: bool) -> list[Row]:
         out.append(_row("soak: delivered once", soak["delivered_pct"], "%", t(100.0), "higher",
                         "", "", f"{d['received']:,} of {d['expected']:,}; duplicates "
                         f"{d['duplicate']}, missed {d['missed']}"))
+    out += interest_rows(results.get("interest"), targets_apply)
+    out += capacity_rows(results.get("capacity"), targets_apply)
     for name, res in results.items():
         if isinstance(res, dict) and "error" in res:
             out.append(_row(f"{name}: ERROR", None, "", None, "lower", note=res["error"][:200]))
+    return out
+
+
+def interest_rows(res: Any, targets_apply: bool) -> list[Row]:
+    """Issue 37: B's CPU / A's per width (interest.py), against its target."""
+    if not isinstance(res, dict) or "error" in res:
+        return []
+    out = []
+    for w, r in res["widths"].items():
+        if "error" in r:
+            out.append(_row(f"interest W={int(w):,}: ERROR", None, "", None, "lower",
+                            note=r["error"][:200]))
+            continue
+        followed = r["b_followed"] if r["b_channels_followed"] is None else (
+            f"{r['b_followed']} partitions, {r['b_channels_followed']:,} channels")
+        out.append(_row(
+            f"interest: B's CPU / A's, B holding {int(w):,} channels", r["b_over_a"], "x",
+            res["target"] if targets_apply else None, "lower",
+            f"A {r['a_cpu_s']:.2f} s, B {r['b_cpu_s']:.2f} s",
+            f"{r['generator_cpu_s']:.2f} s ({r['generator_cpu_pct']:.0f}% of a core)",
+            f"{r['per_second']:,.0f} publishes/s on A; B follows {followed}; B RSS "
+            f"{r['b_rss_mb']['held']} MB ({r['b_rss_kb_per_channel']} KB per channel held); "
+            f"redis {r['redis_cpu_s']:.2f} s"))
+    return out
+
+
+def capacity_rows(res: Any, targets_apply: bool) -> list[Row]:
+    """Issues 28 and 37: k nodes' capacity / 1 node's, per workload and mode, where a
+    target applies (capacity.py's table has every figure)."""
+    if not isinstance(res, dict) or "error" in res:
+        return []
+    out = []
+    for name, wl in res["workloads"].items():
+        for mode, rows in wl["modes"].items():
+            one = rows.get("1", {})
+            for k, r in rows.items():
+                if k == "1" or r.get("target_ratio") is None:
+                    continue
+                best = r.get("at_capacity") or {}
+                cpu = best.get("cpu_pct", {})
+                out.append(_row(
+                    f"capacity {name} {mode}: {k} nodes / 1", r.get("ratio_to_1"), "x",
+                    r["target_ratio"] if targets_apply else None, "higher",
+                    "nodes " + " / ".join(f"{cpu[g]:.0f}%" for g in sorted(cpu)
+                                          if g.startswith("node")) if cpu else "",
+                    f"{cpu['generator']:.0f}% of a core" if "generator" in cpu else "",
+                    f"{r.get('capacity')} against {one.get('capacity')} publishes/s"
+                    + (f"; {r['error']}" if "error" in r else "")))
     return out
 
 
