@@ -91,6 +91,11 @@ class Shards:
         return self._map.primaries()
 
     @property
+    def probes_failed(self) -> int:
+        """Subscriber connections dropped for a liveness PING left unanswered."""
+        return self._subscriptions.probes_failed
+
+    @property
     def clustered(self) -> bool:
         """A Redis Cluster (else one redis-server)."""
         return self._map.clustered

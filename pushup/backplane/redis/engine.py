@@ -189,4 +189,5 @@ class RedisEngine(EnginePart):
             "channels_followed": self.interest.channels_followed,
             "horizon": sum(self.store.horizon_of(p.origin) for p in followed),
             "lost_epochs": self.lost_epochs, "missed": self.reader.missed,
-            "notified": self.reader.notified_count}}
+            "notified": self.reader.notified_count,
+            "probes_failed": self.shards.probes_failed}}

@@ -83,10 +83,11 @@ class Subscriptions:
                 pinged.addErrback(self._unanswered, primary)
 
     def _unanswered(self, failure: Failure, primary: Primary) -> None:
+        # Counted, not logged: the connection it dropped comes back as any
+        # other (a primary stopped or unreachable is said by its command
+        # connection, once).
         if isinstance(failure.value, RedisTimeout):
             self.probes_failed += 1
-            self._map.complain(f"the subscriber connection to {primary.address} did not "
-                               f"answer a PING in {PROBE_TIMEOUT:g} s; connecting again")
 
     def subscribe(self, channel: str | bytes, on_message: Callable[[bytes], None],
                   on_synced: Callable[[], None], on_lost: Callable[[], None] = _nothing,

@@ -137,6 +137,7 @@ class FakeShards:
     # -- Shards' interface ------------------------------------------------------
 
     connected = property(lambda self: self.commands_up and self.subscriber_up)
+    probes_failed = 0
     clustered = False
 
     def start(self) -> None:

@@ -319,3 +319,23 @@ def test_letting_a_partition_go_frees_what_the_node_held_for_its_channels(engine
         # the channels' expiry index keeps no entry of a channel gone (stale
         # ones are dropped once they outnumber the live ones, and a few more)
         assert b.store.expiry_entries <= 64, (round_, b.store.expiry_entries)
+
+
+def test_a_subscriber_connection_that_stays_up_but_stops_forwarding_is_replaced(
+        engine, redis_server):
+    """Issue 37: a TCP-healthy subscriber connection that no longer forwards (a
+    stalled middlebox, a half-open connection) is found by its liveness PING,
+    dropped and subscribed again, and what it missed is read back."""
+    from tests.backplane.redis.stalling_proxy import StallingProxy
+
+    proxy = StallingProxy(redis_server.port)
+    try:
+        a, b = engine("a"), engine("b", url=proxy.url)
+        follow(b, "stalled")
+        assert proxy.stall_subscribers() == 1
+        sent = publish(a, "stalled", b"1")
+        run_until(lambda: ids_held(b, "stalled") == sent, 20.0,
+                  "b found its subscriber connection dead and read back what it missed")
+        assert b.stats()["redis"]["probes_failed"] >= 1
+    finally:
+        proxy.close()
