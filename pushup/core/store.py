@@ -262,31 +262,45 @@ class Store:
         many a channel did not hold (0: nothing was missing)."""
         wanted = set(channels)
         added = 0
-        mine = self._by_origin.get(origin)
         for m in messages:
             names = tuple(n for n in m.channels if n in wanted)
             if not names or m.seq > self._horizon.get(origin, 0):
                 continue
-            held = None
-            if mine is not None and m.id in self._holders:
-                i = mine.bisect_key_left(m.seq)
-                held = mine[i] if i < len(mine) and mine[i].seq == m.seq else None
+            held = self._held_copy(m)
             if held is None:
                 self._insert(m, now, into=names)
                 added += len(names)
-                mine = self._by_origin.get(origin)
                 if m.ts <= now - self.retention.message_ttl:
                     self._evict(m)
+            else:
+                added += self._join(held, names, now)
+        return added
+
+    def _held_copy(self, m: Message) -> Message | None:
+        """The store's own copy of ``m`` (the same id), if it holds one."""
+        if m.id not in self._holders:
+            return None
+        mine = self._by_origin[m.origin]
+        i = mine.bisect_key_left(m.seq)
+        if i < len(mine) and mine[i].seq == m.seq:
+            return mine[i]
+        return None
+
+    def _join(self, held: Message, names: tuple[str, ...], now: int) -> int:
+        """``held`` joins those of ``names`` that do not hold it; how many did not."""
+        added = 0
+        for name in names:
+            channel = self._channels.ensure(name, now)
+            if channel.holds(held):
                 continue
-            for name in names:
-                channel = self._channels.ensure(name, now)
-                if channel.holds(held):
-                    continue
-                channel.runs.setdefault(origin, Run()).add(held)
-                channel.count += 1
-                added += 1
-                self._holders[held.id] += 1
-                self._changes.message(held, (name,))
+            run = channel.runs.get(held.origin)
+            if run is None:
+                run = channel.runs[held.origin] = Run()
+            run.add(held)
+            channel.count += 1
+            added += 1
+            self._holders[held.id] += 1
+            self._changes.message(held, (name,))
         return added
 
     def mark_gap(self, name: str, origin: str, seq: int, ts: int, now: int) -> None:
