@@ -72,10 +72,11 @@ class FollowedChannel:
     the last entry of it this node holds (``last``: a notification whose
     previous entry is later shows one missed) and when a request last needed it."""
 
-    __slots__ = ("_phase", "holds_back", "last", "missed", "needed_at")
+    __slots__ = ("_phase", "holds_back", "last", "missed", "moves", "needed_at")
 
     def __init__(self, now: float) -> None:
         self._phase = Follow.ASKED
+        self.moves = 0  # its subscription's confirmations and losses so far
         # how far this node holds it whole: its last entry applied, or the
         # log's end at its last read (a notification whose previous entry is
         # later shows one missed)
@@ -94,6 +95,8 @@ class FollowedChannel:
     def move(self, step: Step) -> None:
         """Take ``step`` (``MOVES``); ``ValueError`` if it cannot happen now."""
         self._phase = follow_after(self._phase, step)
+        if step is not Step.READ:
+            self.moves += 1
 
     @property
     def served(self) -> bool:

@@ -33,7 +33,13 @@ from twisted.python.failure import Failure
 
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.exceptions import RedisError, RedisGone
-from pushup.backplane.redis.following import READABLE, Follow, Partition, Step
+from pushup.backplane.redis.following import (
+    READABLE,
+    Follow,
+    FollowedChannel,
+    Partition,
+    Step,
+)
 from pushup.backplane.redis.partitions import READ_CHANNELS, READ_CHANNELS_SHA, decode_told
 from pushup.backplane.redis.parts import EnginePart
 from pushup.core.channels import ChannelOp
@@ -170,11 +176,12 @@ class LogReader(EnginePart):
             self._saw(p, m, "", m.seq)
 
     def _saw(self, p: Partition, entry: Entry, name: str, seq: int) -> None:
-        """This node holds entry ``seq`` of every followed channel it concerns."""
+        """This node holds entry ``seq`` of every channel it concerns that it
+        holds whole (one not read yet is read from where its read says)."""
         names: Iterable[str] = entry.channels if isinstance(entry, Message) else (name,)
         for each in names:
             followed = p.channels.get(each)
-            if followed is not None and seq > followed.last:
+            if followed is not None and followed.served and seq > followed.last:
                 followed.last = seq
 
     def _entry(self, p: Partition, seq: int, ts: int, kind: bytes | str, c: bytes | str,
@@ -205,7 +212,9 @@ class LogReader(EnginePart):
         names = p.readable()
         if not names or not _complete(p, names):
             return None
-        afters = [p.channels[name].last for name in names]
+        # these, as subscribed now: not a later follow's, nor after a loss since
+        followed = [(p.channels[name], p.channels[name].moves) for name in names]
+        afters = [each.last for each, _ in followed]
         keys = p.keys
         args: list[Any] = [*self.held(p), self.most]
         for name, after in zip(names, afters, strict=True):
@@ -213,7 +222,7 @@ class LogReader(EnginePart):
         reply = yield self.shards.evalsha(
             READ_CHANNELS_SHA, READ_CHANNELS, (keys.log, keys.meta, keys.channels, keys.foreign),
             args, timeout=self.timeout)
-        return names, afters, reply
+        return names, followed, afters, reply
 
     def _read_done(self, result: Any, p: Partition) -> None:
         if isinstance(result, Failure):
@@ -226,7 +235,11 @@ class LogReader(EnginePart):
                 if p.index not in self._retries:  # (one armed already reads it again)
                     self._retries[p.index] = self.clock.callLater(RETRY, self._retry, p)
             return
-        taken = result is not None and p.followed and _complete(p, result[0])
+        # what a read tells of a channel holds only if its subscription did
+        # not change meanwhile
+        taken = result is not None and p.followed and _complete(p, [
+            name for name, (then, moves) in zip(result[0], result[1], strict=True)
+            if _unchanged(p, name, then, moves)])
         if taken:
             self._take(p, *result)
         waiting, p.waiting = p.waiting, []
@@ -237,7 +250,8 @@ class LogReader(EnginePart):
         self._answer_waiting(p)
         self._say_gone()
 
-    def _take(self, p: Partition, names: list[str], afters: list[int], reply: list[Any]) -> None:
+    def _take(self, p: Partition, names: list[str], read: list[tuple[FollowedChannel, int]],
+              afters: list[int], reply: list[Any]) -> None:
         """A read's reply: new channels join behind the horizon, what lies past
         it is applied in the log's order, and the horizon moves to the log's end."""
         epoch, end = reply[0].decode(), int(reply[1])
@@ -257,11 +271,11 @@ class LogReader(EnginePart):
         horizon = self.store.horizon_of(origin)
         later: dict[int, Entry] = {}
         now = self.service.now()
-        for name, after, (explicit, foreign, entries) in zip(names, afters, reply[2:],
-                                                              strict=True):
-            followed = p.channels.get(name)
-            if followed is None:  # let go of while it was read
-                continue
+        for name, was, after, (explicit, foreign, entries) in zip(names, read, afters,
+                                                                   reply[2:], strict=True):
+            followed = p.channels[name] if name in p.channels else None
+            if followed is None or not _unchanged(p, name, *was):
+                continue  # let go of, or its subscription lost, while it was read
             # new here: no reader of it can hold a cursor past what is read
             new = fresh or followed.phase is Follow.SUBSCRIBED and not followed.holds_back
             if explicit is not None and new:
@@ -362,7 +376,12 @@ class LogReader(EnginePart):
                  else "this node had read nothing of them: no reader has a gap")
 
 
-def _complete(p: Partition, names: Sequence[str]) -> bool:
+def _unchanged(p: Partition, name: str, then: FollowedChannel, moves: int) -> bool:
+    """Channel ``name`` is still followed as ``then``, its subscription as it was."""
+    return p.channels.get(name) is then and then.moves == moves
+
+
+def _complete(p: Partition, names: Iterable[str]) -> bool:
     """Whether a read of ``names`` makes the partition whole: none of its
     channels adrift, and every one unsure or holding it back among them."""
     read = set(names)
