@@ -157,6 +157,39 @@ def fetch_in_thread(reactor: Any) -> Callable[[str], defer.Deferred[Mapping[str,
     return fetch
 
 
+def private_key(path: str) -> tuple[Any, str]:
+    """The private key of the PEM file ``path`` and the algorithm its tokens
+    are signed with: RS256 (RSA), ES256 (EC P-256) or EdDSA (Ed25519);
+    ValueError with one line otherwise. ``cryptography`` reads the PEM."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(Path(path).read_bytes(), password=None)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path} is not an unencrypted PEM private key: {e}") from None
+    if isinstance(key, rsa.RSAPrivateKey):
+        return key, "RS256"
+    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
+        return key, "ES256"
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key, "EdDSA"
+    raise ValueError(f"{path}: an RSA, EC P-256 or Ed25519 key is needed, not "
+                     f"{type(key).__name__}")
+
+
+def public_jwks(key: Any, algorithm: str, kid: str) -> dict[str, Any]:
+    """The JWKS that verifies the tokens of private ``key`` under ``kid``
+    (PyJWT writes the JWK)."""
+    from jwt.algorithms import get_default_algorithms
+
+    jwk: dict[str, Any] = get_default_algorithms()[algorithm].to_jwk(
+        key.public_key(), as_dict=True)
+    return {"keys": [jwk | {"kid": kid, "alg": algorithm, "use": "sig"}]}
+
+
 def subscribe_verifier(config: Config, reactor: Any) -> Verifier | None:
     """The node's subscriber-token verifier, or None when subscribing is open."""
     keys: KeySource | None = None
