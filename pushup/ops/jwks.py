@@ -176,8 +176,9 @@ def private_key(path: str) -> tuple[Any, str]:
         return key, "ES256"
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key, "EdDSA"
-    raise ValueError(f"{path}: an RSA, EC P-256 or Ed25519 key is needed, not "
-                     f"{type(key).__name__}")
+    kind = (f"an EC key on {key.curve.name}" if isinstance(key, ec.EllipticCurvePrivateKey)
+            else type(key).__name__)
+    raise ValueError(f"{path}: an RSA, EC P-256 or Ed25519 key is needed, not {kind}")
 
 
 def public_jwks(key: Any, algorithm: str, kid: str) -> dict[str, Any]:
