@@ -120,3 +120,13 @@ def test_rs256_tokens_verify_against_a_jwks_url_through_a_key_rotation(start_nod
         assert node.get("/health").status == 200
     finally:
         idp.close()
+
+
+def test_a_jwks_file_without_a_usable_key_stops_the_start(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_text('{"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "s"}]}')
+    result = run_cli("serve", "--port", "0", "--subscribe-jwks", str(path))
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        f"pushup: error: --subscribe-jwks: {path}: no key with a kid for RS256, ES256, "
+        "EdDSA in the key set"]

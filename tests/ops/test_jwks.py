@@ -127,3 +127,51 @@ def test_a_jwks_file_must_hold_a_usable_key(tmp_path, pair):
 
     path.write_text(json.dumps({"keys": [jwk(pair[0], "ES256", "k1")]}))
     assert list(read_keys(str(path))) == ["k1"]
+
+
+def test_the_nodes_verifier_takes_every_setting(tmp_path, pair):
+    import json
+
+    from pushup.config import Config
+    from pushup.ops.jwks import subscribe_verifier
+
+    current, previous = "current-secret-" + "c" * 32, "previous-secret-" + "p" * 32
+    assert subscribe_verifier(Config(), reactor=None) is None  # subscribing open
+    rotating = subscribe_verifier(Config(subscribe_secret=current,
+                                         subscribe_secret_previous=previous), reactor=None)
+    assert rotating.check(issue(previous, ["a"], NOW + 60), ["a"], NOW) == NOW + 60
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": [jwk(pair[1], "EdDSA", "k1")]}))
+    from_file = subscribe_verifier(Config(subscribe_jwks=str(path), subscribe_audience="me"),
+                                   reactor=None)
+    good = issue(pair[1], ["a"], NOW + 60, algorithm="EdDSA", kid="k1", audience="me")
+    assert from_file.check(good, ["a"], NOW) == NOW + 60
+    with pytest.raises(Unauthorized, match="aud"):
+        from_file.check(issue(pair[1], ["a"], NOW + 60, algorithm="EdDSA", kid="k1"), ["a"], NOW)
+    # HS256 is not accepted on a node given only keys
+    with pytest.raises(Unauthorized, match="not accepted"):
+        from_file.check(issue(current, ["a"], NOW + 60), ["a"], NOW)
+
+
+@pytest.mark.parametrize("settings, said", [
+    ({"subscribe_secret_previous": "p" * 32}, "needs subscribe_secret"),
+    ({"subscribe_issuer": "https://idp.test"}, "needs subscribe_secret"),
+    ({"subscribe_audience": "pushup"}, "needs subscribe_secret"),
+    ({"subscribe_jwks": URL, "subscribe_jwks_refresh": 0.0}, "--subscribe-jwks-refresh"),
+])
+def test_token_settings_that_cannot_work_are_refused(settings, said):
+    from pushup.config import Config, ConfigError, validate
+
+    with pytest.raises(ConfigError, match=said):
+        validate(Config(**settings))
+
+
+def test_a_previous_secret_reaches_workers_in_their_environment_only():
+    from pushup.config import Config
+    from pushup.ops.workers import worker_argv, worker_env
+
+    config = Config(subscribe_secret="c" * 32, subscribe_secret_previous="p" * 32,
+                    subscribe_jwks=URL, workers=2)
+    assert not any("p" * 32 in arg for arg in worker_argv(config, 0, 8080))
+    assert f"--subscribe-jwks={URL}" in worker_argv(config, 0, 8080)
+    assert worker_env(config, {})["PUSHUP_SUBSCRIBE_SECRET_PREVIOUS"] == "p" * 32
