@@ -1,8 +1,8 @@
 """The public keys of subscriber tokens, from ``--subscribe-jwks FILE_OR_URL``.
 
 A file is read once, at start. A URL is fetched by PyJWT's ``PyJWKClient``,
-whose fetch blocks: it runs in a thread (``fetch`` is injected; the node
-passes one on the reactor's thread pool), so the reactor never waits on it.
+whose fetch blocks: it runs in a thread (``fetch`` is injected; the node's is
+:func:`fetch_in_thread`), so the reactor never waits on it.
 The keys are cached; they are fetched again when older than ``interval``
 (while the old ones keep serving), and for a token of an unknown ``kid``, at
 most once per ``interval``. A fetch that fails keeps the last keys (a JWKS
@@ -13,12 +13,13 @@ per change of state; each fetch gives up after ``FETCH_TIMEOUT`` seconds.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jwt
-from twisted.internet import defer, threads
+from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -142,8 +143,10 @@ class RemoteKeys:
 
 
 def fetch_in_thread(reactor: Any) -> Callable[[str], defer.Deferred[Mapping[str, Any]]]:
-    """``fetch`` for :class:`RemoteKeys`: PyJWKClient's blocking GET on the
-    reactor's thread pool."""
+    """``fetch`` for :class:`RemoteKeys`: PyJWKClient's blocking GET in a
+    thread of its own, its outcome handed to the reactor. A daemon thread, not
+    the reactor's pool (``deferToThread``): the pool is joined at shutdown, so a
+    fetch hung on a dead endpoint would hold a drain for its whole timeout."""
 
     def get(url: str) -> Mapping[str, Any]:
         client = jwt.PyJWKClient(url, cache_jwk_set=False, timeout=FETCH_TIMEOUT,
@@ -152,7 +155,18 @@ def fetch_in_thread(reactor: Any) -> Callable[[str], defer.Deferred[Mapping[str,
         return data
 
     def fetch(url: str) -> defer.Deferred[Mapping[str, Any]]:
-        return threads.deferToThreadPool(reactor, reactor.getThreadPool(), get, url)
+        done: defer.Deferred[Mapping[str, Any]] = defer.Deferred()
+
+        def run() -> None:
+            try:
+                data = get(url)
+            except Exception as e:  # every failure is the URL's: said once, last keys kept
+                reactor.callFromThread(done.errback, e)
+            else:
+                reactor.callFromThread(done.callback, data)
+
+        threading.Thread(target=run, name="pushup-jwks", daemon=True).start()
+        return done
 
     return fetch
 
