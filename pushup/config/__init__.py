@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
     # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
-    commands.add_parser("token", help="print a subscriber token for --subscribe-secret",
+    commands.add_parser("token", help="print a subscriber token (HS256 for --subscribe-secret, "
+                        "or signed with --key-file for --subscribe-jwks) or a key's JWKS",
                         add_help=False)
     commands.add_parser("help", help="show this help, or a command's (pushup help serve)",
                         add_help=False)
