@@ -52,6 +52,13 @@ class Config:
     cluster_secret: str = ""
     publish_token: str = ""
     subscribe_secret: str = ""
+    # Subscriber tokens of the ecosystem (docs/api.md, Security): a previous HS256
+    # secret during a rotation, public keys from a JWKS, and the iss / aud required.
+    subscribe_secret_previous: str = ""
+    subscribe_jwks: str = ""  # a JWKS file, or an http(s) URL fetched and refreshed
+    subscribe_jwks_refresh: float = 60.0
+    subscribe_issuer: str = ""
+    subscribe_audience: str = ""
     reactor: str = "epoll"
     workers: int = 1
     message_ttl: float = 3600.0
@@ -80,6 +87,10 @@ class Config:
     admin_port: int = 0  # 0: /stats and /metrics on the client port
     admin_host: str = "127.0.0.1"
 
+    @property
+    def subscribers_need_tokens(self) -> bool:
+        return bool(self.subscribe_secret or self.subscribe_jwks)
+
 
 REACTORS = ("epoll", "poll", "select")
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -106,6 +117,16 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "publish_token": ("bearer token required to publish and manage channels", "T"),
     "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
                          "S"),
+    "subscribe_secret_previous": ("the previous --subscribe-secret, still accepted during a "
+                                  "rotation (tokens signed with either verify)", "S"),
+    "subscribe_jwks": ("public keys of RS256, ES256 and EdDSA subscriber tokens, by kid: a "
+                       "JWKS file (read at start) or an http(s) URL (fetched, cached, "
+                       "refreshed)", "FILE_OR_URL"),
+    "subscribe_jwks_refresh": ("seconds the keys of a --subscribe-jwks URL are kept before "
+                               "a fetch; a token of an unknown kid fetches at most once "
+                               "per this time", "SECONDS"),
+    "subscribe_issuer": ("subscriber tokens must carry this iss claim", "ISS"),
+    "subscribe_audience": ("subscriber tokens must carry this aud claim", "AUD"),
     "reactor": ("event loop: epoll, poll or select", "NAME"),
     "workers": ("processes sharing the port (a number, or auto)", "N"),
     "message_ttl": ("seconds a message is kept", "SECONDS"),
@@ -151,7 +172,8 @@ _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
 # the file option's name -> the setting it fills, and its help text.
 SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token",
-                "subscribe_secret_file": "subscribe_secret"}
+                "subscribe_secret_file": "subscribe_secret",
+                "subscribe_secret_previous_file": "subscribe_secret_previous"}
 _FILE_HELP = {
     "cluster_secret_file": ("read the cluster secret from this file (trailing newline ignored)",
                             "FILE"),
@@ -159,6 +181,8 @@ _FILE_HELP = {
                            "FILE"),
     "subscribe_secret_file": ("read the subscribe secret from this file (trailing newline "
                               "ignored)", "FILE"),
+    "subscribe_secret_previous_file": ("read the previous subscribe secret from this file",
+                                       "FILE"),
 }
 _OPTIONS = (*_HELP, *_FILE_HELP)
 INTERNAL_ENV_PREFIX = "PUSHUP_WORKER_"  # what a supervisor hands its workers
@@ -208,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
     # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
-    commands.add_parser("token", help="print a subscriber token for --subscribe-secret",
+    commands.add_parser("token", help="print a subscriber token (HS256 for --subscribe-secret, "
+                        "or signed with --key-file for --subscribe-jwks) or a key's JWKS",
                         add_help=False)
     commands.add_parser("help", help="show this help, or a command's (pushup help serve)",
                         add_help=False)
@@ -439,6 +464,14 @@ def validate(c: Config) -> Config:
     need(not c.data_dir or c.engine == "mesh",
          f"{spelled('data_dir')} is for a single node: on a Redis {spelled('engine')}, "
          "Redis keeps the log")
+    need(c.subscribe_jwks_refresh > 0, "--subscribe-jwks-refresh must be more than 0")
+    need(not c.subscribe_secret_previous or bool(c.subscribe_secret),
+         f"{spelled('subscribe_secret_previous')} needs {spelled('subscribe_secret')}: "
+         "the previous secret is kept beside the current one")
+    for name in ("subscribe_issuer", "subscribe_audience"):
+        need(not getattr(c, name) or c.subscribers_need_tokens,
+             f"{spelled(name)} needs {spelled('subscribe_secret')} or "
+             f"{spelled('subscribe_jwks')}: it checks subscriber tokens")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
          f"refusing to listen on {c.host} with publishing open: set "
          f"{spelled('publish_token')} or {spelled('allow_open_publish')}")

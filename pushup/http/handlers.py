@@ -79,10 +79,13 @@ class Handlers:
                  metrics: Callable[[], tuple[bytes, bytes]],
                  backplane: Backplane, mount: Mount | None = None,
                  figures: bool = True, streams: Streams | None = None,
-                 stream_engine: StreamEngine | None = None) -> None:
+                 stream_engine: StreamEngine | None = None,
+                 tokens: Verifier | None = None) -> None:
         """``figures``: answer /stats and /metrics (else they are only on the
         admin port, and 404 here); ``streams`` and ``stream_engine``: the
-        Durable Streams' service and engine (by default, this node's alone)."""
+        Durable Streams' service and engine (by default, this node's alone);
+        ``tokens``: the subscriber tokens' verifier (pushup.ops.jwks builds the
+        node's; by default, one of --subscribe-secret's, when it is set)."""
         self.service = service
         self.config = config
         self.backplane = backplane
@@ -92,7 +95,12 @@ class Handlers:
         self._metrics = metrics
         self._parse_subscribe = _parse_subscribe(config)
         self.parsed_queries: ParsedQueries[tuple[Query, float, str | None]] = ParsedQueries()
-        self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
+        if tokens is None and config.subscribe_jwks:  # never open by omission
+            raise ValueError("--subscribe-jwks needs its verifier (pushup.ops.jwks)")
+        self._tokens = tokens if tokens is not None else Verifier(
+            config.subscribe_secret, config.subscribe_secret_previous,
+            issuer=config.subscribe_issuer, audience=config.subscribe_audience,
+        ) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
             (b"",): {b"GET": self.index, b"HEAD": self.index},
@@ -273,7 +281,19 @@ class Handlers:
             if token is None:
                 bearer = request.header(b"authorization")
                 token = bearer[7:] if bearer.startswith("Bearer ") else None
-            expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+            checked = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+            if isinstance(checked, defer.Deferred):  # its key is looked up first (a JWKS URL)
+                later = checked.addCallback(lambda expires: _answer_of(
+                    self._authorized(request, parsed, cached, client, expires)))
+                return Pending(later.addErrback(_error_answer))
+            expires = checked
+        return self._authorized(request, parsed, cached, client, expires)
+
+    def _authorized(self, request: Request, parsed: tuple[Query, float, str | None],
+                    cached: object, client: Client, expires: float | None,
+                    ) -> Response | Held | Pending:
+        """:meth:`subscribe` once its token (if one is needed) is good."""
+        query, timeout, _ = parsed
         if cached is None:  # kept only once authorised
             self.parsed_queries.put(request.query, parsed)
         cold = self.backplane.prepare(query.channels)
@@ -440,6 +460,11 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
             return error_response(done[0].value)
         done[0].raiseException()
     return answer(done[0])
+
+
+def _answer_of(outcome: Outcome) -> Response | Held | defer.Deferred[Response | Held]:
+    """What a Deferred of a ``Pending`` fires with: a later outcome's answer."""
+    return outcome.answer if isinstance(outcome, Pending) else outcome
 
 
 def _error_answer(failure: Failure) -> Response:

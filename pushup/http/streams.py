@@ -146,7 +146,7 @@ class StreamEndpoints:
             if self.engine.internal(request):
                 pass  # a node's own question to another: no client's request
             elif request.method in (b"GET", b"HEAD"):
-                if self.config.subscribe_secret and self.config.publish_token:
+                if self.config.subscribers_need_tokens and self.config.publish_token:
                     self._authorize(request)
             else:
                 self._authorize(request)

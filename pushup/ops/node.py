@@ -48,6 +48,7 @@ from pushup.http.sse import max_event_id
 from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
+from pushup.ops.jwks import subscribe_verifier
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.timing import Timed, Timings
 
@@ -102,7 +103,8 @@ class Node:
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
-                                 stream_engine=self._stream_engine(streams))
+                                 stream_engine=self._stream_engine(streams),
+                                 tokens=subscribe_verifier(config, reactor))
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
