@@ -199,8 +199,16 @@ class LocalCluster:
 
     @property
     def certificate(self) -> str:
-        """The front's certificate (PEM): a client trusts it to reach the TLS front."""
+        """The front's PEM (certificate and key): a client trusts it to reach the
+        TLS front."""
         return self.tls_pem
+
+    @property
+    def client_certificate(self) -> str:
+        """The front's certificate alone, without its key (what to hand clients,
+        e.g. ``curl --cacert``): the one made at start, else the PEM given."""
+        made = Path(self.tls_pem).with_name("front-cert.pem")
+        return str(made) if self.tls is True and made.exists() else self.tls_pem
 
     def front_context(self) -> ssl.SSLContext | None:
         """TLS that trusts the front's certificate (None: the front is plain HTTP)."""
@@ -656,7 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def banner() -> list[str]:
         lines = [f"front: {cluster.front_url}"]
         if cluster.tls:
-            lines.append(f"front certificate: {cluster.certificate} (HTTP/2 and HTTP/1.1)")
+            lines.append(f"front: HTTP/2 and HTTP/1.1 over TLS; its certificate for "
+                         f"clients: {cluster.client_certificate}")
         if cluster.engine != "mesh":
             lines.append(f"engine: {cluster.engine_url}")
         return [*lines, *node_lines(cluster), *redis_lines(cluster), "Ctrl-C stops everything"]
