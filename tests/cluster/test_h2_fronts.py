@@ -23,8 +23,11 @@ import pytest
 from deploy.launch import LocalCluster, haproxy_config, listening_ports
 from deploy.nginx import PrivateNginx
 from tests.chromium import chrome
-from tests.cluster.clients import peers_idle, publish, uniq, wait_waiting
+from tests.cluster.clients import jrequest, peers_idle, publish, uniq
 from tests.toolkit import free_port, wait_until
+
+# one worker runs them all, on one cluster (they share the module's fixture)
+pytestmark = pytest.mark.xdist_group("h2_fronts")
 
 TABS = 3
 STREAMS_PER_TAB = 4  # 12 in all: past HTTP/1.1's 6 connections per origin
@@ -55,6 +58,15 @@ def fronts() -> Iterator[Fronts]:
             nginx.stop()
 
 
+def held_on(bases: list[str], channel: str) -> int:
+    """Subscriptions the nodes hold on ``channel`` (GET /channels/{name})."""
+    held = 0
+    for base in bases:
+        status, body = jrequest("GET", f"{base}/channels/{channel}")
+        held += body.get("subscribers", 0) if status == 200 else 0
+    return held
+
+
 def curl(fronts: Fronts, front: str, path: str, *flags: str) -> subprocess.Popen[bytes]:
     """curl over HTTP/2 only (``--http2`` falls back to 1.1 where ALPN says so:
     the status line it prints says which was spoken), the response head included."""
@@ -69,7 +81,8 @@ def test_a_long_poll_over_http2_is_held_and_answered_with_the_publish(fronts, fr
     ch = uniq("h2poll")
     poll = curl(fronts, front, f"/subscribe?channels={ch}&timeout=25")
     try:
-        wait_waiting(fronts.bases, 1, 15)  # held by a node, through the front, over h2
+        # held by a node, through the front, over h2
+        wait_until(lambda: held_on(fronts.bases, ch) == 1, 15, 0.05, "the poll is held")
         publish(fronts.bases[0], [ch], "over h2")
         out, err = poll.communicate(timeout=20)  # hang guard
     finally:
@@ -168,8 +181,10 @@ def test_chromium_holds_streams_on_many_channels_in_several_tabs_over_one_connec
                 "return performance.getEntriesByType('navigation')[0].nextHopProtocol") == "h2"
             driver.execute_script(TAB_SCRIPT, channels[t])
             tabs.append(driver.current_window_handle)
-        wanted = TABS * STREAMS_PER_TAB
-        wait_waiting(fronts.bases, wanted, 20)  # every stream held by a node
+        for tab in tabs:  # every stream has its position (event: cursor): it is open
+            driver.switch_to.window(tab)
+            wait_until(lambda: driver.execute_script("return window.open_streams") ==
+                       STREAMS_PER_TAB, 20, 0.1, f"every stream of tab {tab} is open")
         for names in channels:
             for ch in names:
                 publish(fronts.bases[0], [ch], f"to {ch}")
