@@ -3,11 +3,12 @@ streams end one by one over the window (not all at once: their reconnects would
 storm the neighbours), each served until its end and ending on a position a
 reconnect elsewhere resumes from exactly; the node exits 0.
 
-Two real nodes on the mesh: the draining node still follows its peer during
-the window, so a message published on the peer after the SIGTERM reaches the
-streams still open. The spread is asserted loosely (a busy 2-core machine):
-fewer than half the streams end in the window's first tenth (all of them did
-before, within milliseconds), and all by the window's end plus a grace.
+Two real nodes, on the mesh and on a real redis-server: the draining node
+still follows the cluster during the window, so a message published on the
+other node after the SIGTERM reaches the streams still open. The spread is
+asserted loosely (a busy 2-core machine): fewer than half the streams end in
+the window's first tenth (all of them did before, within milliseconds), and
+all by the window's end plus a grace.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import selectors
 import signal
 import time
+
+import pytest
 
 from deploy.launch import LocalCluster
 from tests.e2e.support import Pending, uniq
@@ -87,8 +90,10 @@ def events_of(stream: SSE) -> list[dict[str, str]]:
     return parse_events(data)
 
 
-def test_sigterm_ends_event_streams_spread_over_the_window_and_answers_polls_at_once():
-    cluster = LocalCluster(2, haproxy=False, node_args=["--drain-window", f"{WINDOW:g}"])
+@pytest.mark.parametrize("engine", ["mesh", "redis"])
+def test_sigterm_ends_event_streams_spread_over_the_window_and_answers_polls_at_once(engine):
+    cluster = LocalCluster(2, haproxy=False, engine=engine,
+                           node_args=["--drain-window", f"{WINDOW:g}"])
     with cluster:
         node, peer = cluster.node_ports
         channel, quiet = uniq("drain"), uniq("poll")
