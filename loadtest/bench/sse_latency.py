@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import socket
 import ssl
 import subprocess
@@ -173,6 +174,7 @@ def bench_sse_latency(ctx: Context, events: int) -> dict[str, Any]:
             nginx.stop()
             haproxy.terminate()
             haproxy.wait(10)
+    shutil.rmtree(workdir, ignore_errors=True)  # its logs and throwaway key: all went well
     fronts = {name: _figures(s) for name, s in samples.items()}
     return {"events_per_front": events, "gap_ms": [g * 1000 for g in GAP_S], "fronts": fronts}
 
