@@ -5,8 +5,10 @@ Rule: one node (``deploy.launch.LocalCluster``), and in front of it at once
 the shipped HAProxy configuration (plain HTTP/1.1, and its TLS variant with
 ``alpn h2,http/1.1``) and the shipped nginx TLS site (``deploy/nginx.py``), so
 every path is measured against the same process in the same minute. Per
-front, one event stream is opened (HTTP/1.1 over a raw socket, TLS where the
-front is TLS); then, one at a time, a message is published straight to the
+path, one event stream is opened: read as HTTP/1.1 from a raw socket (TLS
+where the front is TLS), and through each TLS front also as HTTP/2 by
+``curl --http2 -N`` (its output on a pipe: curl's own wake-up is in that
+figure); then, one at a time, a message is published straight to the
 node over a keep-alive connection of its own (``TCP_NODELAY``, one write per
 request, so the publish costs every front the same) and the figure is the
 time from the publish's first byte sent to the event's end read.
@@ -19,6 +21,7 @@ turns, event by event, so the machine's load falls on all of them alike.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -26,6 +29,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,24 +43,33 @@ from .scenarios import BenchError, Context, percentile
 GAP_S = (0.001, 0.035)  # the pause between two publishes, drawn uniformly
 EVENT_END = b"\n\n"  # the blank line that ends an event (one message, one event)
 GUARD_S = 10.0  # an event that takes this long is a failure, not a figure
+FRONTS = ("straight to the node (HTTP/1.1)", "HAProxy, shipped (HTTP/1.1)",
+          "HAProxy TLS, read as HTTP/1.1", "HAProxy TLS, read as h2 (curl)",
+          "nginx TLS, read as HTTP/1.1", "nginx TLS, read as h2 (curl)")
 
 
 @dataclass
 class Reader:
-    """One front's event stream, read from a socket."""
+    """One front's event stream: ``recv`` what came (b"" at its end), ``close`` it."""
 
     name: str
-    sock: socket.socket | ssl.SSLSocket
+    recv: Callable[[], bytes]
+    close: Callable[[], None]
     buffered: bytes = b""
 
     def wait_for(self, marker: bytes) -> None:
         """Read until ``marker`` has come (what came before it is dropped)."""
         while marker not in self.buffered:
-            chunk = self.sock.recv(65536)
+            chunk = self.recv()
             if not chunk:
                 raise BenchError(f"{self.name}: the event stream ended")
             self.buffered += chunk
         self.buffered = self.buffered.split(marker, 1)[1]
+
+    def wait_open(self) -> Reader:
+        self.wait_for(b"event: cursor")  # the stream names its position: it is open
+        self.wait_for(EVENT_END)  # (the rest of that event)
+        return self
 
 
 def _connect(port: int, tls: ssl.SSLContext | None) -> socket.socket | ssl.SSLSocket:
@@ -68,12 +81,27 @@ def _connect(port: int, tls: ssl.SSLContext | None) -> socket.socket | ssl.SSLSo
 
 
 def _open_stream(name: str, port: int, channel: str, tls: ssl.SSLContext | None) -> Reader:
-    reader = Reader(name, _connect(port, tls))
-    reader.sock.sendall(f"GET /subscribe?channels={channel} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                        "Accept: text/event-stream\r\n\r\n".encode())
-    reader.wait_for(b"event: cursor")  # the stream names its position: it is open
-    reader.wait_for(EVENT_END)  # (the rest of that event)
-    return reader
+    """An event stream read as HTTP/1.1 from a socket of our own."""
+    sock = _connect(port, tls)
+    sock.sendall(f"GET /subscribe?channels={channel} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 "Accept: text/event-stream\r\n\r\n".encode())
+    return Reader(name, lambda: sock.recv(65536), sock.close).wait_open()
+
+
+def _open_h2_stream(name: str, port: int, channel: str, cafile: str) -> Reader:
+    """An event stream read over HTTP/2, by curl (its body on a pipe, unbuffered)."""
+    proc = subprocess.Popen(["curl", "--http2", "-sS", "-N", "--cacert", cafile,
+                             "-H", "Accept: text/event-stream",
+                             f"https://127.0.0.1:{port}/subscribe?channels={channel}"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+
+    def close() -> None:
+        proc.kill()
+        proc.wait()
+
+    return Reader(name, lambda: os.read(fd, 65536), close).wait_open()
 
 
 class Publisher:
@@ -146,12 +174,14 @@ def bench_sse_latency(ctx: Context, events: int) -> dict[str, Any]:
             wait_healthy(f"https://127.0.0.1:{haproxy_port}", time.monotonic() + 30, haproxy,
                          trusting)
             channel = f"latency-{time.time_ns()}"
+            nginx_port = int(nginx.listen.rsplit(":", 1)[1])
             readers = [
-                _open_stream("straight to the node", node_port, channel, None),
-                _open_stream("HAProxy (shipped, HTTP/1.1)", cluster.front_port, channel, None),
-                _open_stream("HAProxy TLS (alpn h2,http/1.1)", haproxy_port, channel, trusting),
-                _open_stream("nginx TLS (http2)", int(nginx.listen.rsplit(":", 1)[1]),
-                             channel, trusting),
+                _open_stream(FRONTS[0], node_port, channel, None),
+                _open_stream(FRONTS[1], cluster.front_port, channel, None),
+                _open_stream(FRONTS[2], haproxy_port, channel, trusting),
+                _open_h2_stream(FRONTS[3], haproxy_port, channel, pem),
+                _open_stream(FRONTS[4], nginx_port, channel, trusting),
+                _open_h2_stream(FRONTS[5], nginx_port, channel, pem),
             ]
             publisher = Publisher(node_port)
             samples: dict[str, list[float]] = {r.name: [] for r in readers}
@@ -168,7 +198,7 @@ def bench_sse_latency(ctx: Context, events: int) -> dict[str, Any]:
                     publisher.read_answer()
                     time.sleep(rng.uniform(*GAP_S))
             for reader in readers:
-                reader.sock.close()
+                reader.close()
             publisher.sock.close()
         finally:
             nginx.stop()
@@ -181,8 +211,8 @@ def bench_sse_latency(ctx: Context, events: int) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = ["SSE, one event's latency (publish sent -> event read), "
-             f"{result['events_per_front']} events per front:",
-             f"  {'front':<34} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}"]
+             f"{result['events_per_front']} events per path:",
+             f"  {'path':<34} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8}"]
     for name, f in result["fronts"].items():
         lines.append(f"  {name:<34} {f['p50_ms']:>6.2f}ms {f['p90_ms']:>6.2f}ms "
                      f"{f['p99_ms']:>6.2f}ms {f['max_ms']:>6.2f}ms")

@@ -2,7 +2,8 @@
 ``python -m loadtest.bench --quick --only sse_latency``.
 
 One node behind the shipped HAProxy (plain and TLS) and the shipped nginx TLS
-site at once; 40 events timed on each of the four paths. Checks that every
+site at once; 40 events timed on each of the six paths (HTTP/1.1, and h2
+through each TLS front). Checks that every
 front's every event was timed and that the table is printed. It asserts no
 timing (tests/cluster/test_h2_fronts.py holds HAProxy's event to its kernel
 timer's account).
@@ -16,8 +17,9 @@ import pytest
 
 from tests.loadtest.quick_bench import run_quick_bench
 
-FRONTS = ("straight to the node", "HAProxy (shipped, HTTP/1.1)",
-          "HAProxy TLS (alpn h2,http/1.1)", "nginx TLS (http2)")
+FRONTS = ("straight to the node (HTTP/1.1)", "HAProxy, shipped (HTTP/1.1)",
+          "HAProxy TLS, read as HTTP/1.1", "HAProxy TLS, read as h2 (curl)",
+          "nginx TLS, read as HTTP/1.1", "nginx TLS, read as h2 (curl)")
 
 
 @pytest.mark.timeout(150)
