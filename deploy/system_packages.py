@@ -47,6 +47,7 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("tc", "iproute2"),
         ("redis-server", "redis-server"),
         ("openssl", "openssl"),
+        ("curl", "curl"),  # --http2 through the TLS fronts (tests/cluster/test_h2_fronts.py)
         ("/usr/bin/prometheus", "prometheus"),
         ("systemd-analyze", "systemd"),
     ),

@@ -101,6 +101,8 @@ INTERPRETED = {
                                 "group of polls and once per poll answered; not measured "
                                 "compiled yet",
     "pushup.http.upgrade": "runs once per peer link",
+    "pushup.http.stream_drain": "the open event streams' set, and their ends spread once "
+                                "per drain (issue 40)",
     "pushup.http.seams": "typing Protocols only: nothing runs",
 }
 PURE_ENV = "PUSHUP_PURE"

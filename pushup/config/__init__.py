@@ -86,6 +86,9 @@ class Config:
     data_dir: str = ""  # empty: the cache lives in memory only
     admin_port: int = 0  # 0: /stats and /metrics on the client port
     admin_host: str = "127.0.0.1"
+    # Drain (docs/operations.md, "Draining without a reconnect storm"): event
+    # streams end spread over this many seconds after SIGTERM (0: all at once)
+    drain_window: float = 0.0
 
     @property
     def subscribers_need_tokens(self) -> bool:
@@ -95,6 +98,7 @@ class Config:
 REACTORS = ("epoll", "poll", "select")
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
 PUBLISH_ACKS = ("peer", "all", "local")
+MAX_DRAIN_WINDOW = 3600.0  # an hour: past that a drain is a stuck shutdown
 # Every option: (help, metavar). Types come from the Config annotations.
 _HELP: dict[str, tuple[str, str | None]] = {
     "host": ("address to listen on", "HOST"),
@@ -167,6 +171,9 @@ _HELP: dict[str, tuple[str, str | None]] = {
                    "and no longer on the client port (0: on the client port)", "PORT"),
     "admin_host": ("address of --admin-port (keep it private: /stats names the peers)",
                    "HOST"),
+    "drain_window": ("at SIGTERM, end the open event streams spread over this many "
+                     "seconds, jittered, instead of all at once (held long polls are "
+                     "answered at once either way; 0: all at once)", "SECONDS"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
@@ -453,6 +460,8 @@ def validate(c: Config) -> Config:
             raise ConfigError(f"--engine: {e}") from None
         need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
              f"{spelled('engine')} find each other through Redis")
+    need(0 <= c.drain_window <= MAX_DRAIN_WINDOW,
+         f"--drain-window must be from 0 to {MAX_DRAIN_WINDOW:g} seconds")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(1 <= c.redis_partitions <= 1024, "--redis-partitions must be from 1 to 1024")
     need(not c.peer or bool(c.cluster_secret),

@@ -55,6 +55,7 @@ from pushup.http.params import (
 )
 from pushup.http.render import poll_body
 from pushup.http.sse import EventStream, StreamClient, closed_in
+from pushup.http.stream_drain import OpenStreams
 from pushup.http.streams import PREFIX as STREAMS_PREFIX
 from pushup.http.streams import StreamEndpoints
 from pushup.http.tokens import Verifier
@@ -118,6 +119,8 @@ class Handlers:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
         # Durable Streams, /v1/stream/{path}: every method (pushup.http.streams)
         self.streams = StreamEndpoints(service, config, self._authorize, streams, stream_engine)
+        # open event streams (/subscribe's SSE): a drain spreads their ends
+        self.event_streams = OpenStreams()
         # The routes without a parameter by their whole path (b"/publish"): one
         # lookup for nearly every request, before _route splits the path.
         self._fixed = {b"/" + b"/".join(key): handlers for key, handlers in self._routes.items()
@@ -331,10 +334,11 @@ class Handlers:
         elif isinstance(query.since, Cursor):
             last = Args(query_args(request.query)).get("since") or ""
         stream = EventStream(self.service, query, client, closed=closed_in(last),
-                             expires=expires)
+                             expires=expires, on_stop=self.event_streams.discard)
         if stream.has_nothing_to_send():
             return _NO_CONTENT
         client.open_stream()
+        self.event_streams.add(stream)
         stream.start()
         return Held(stream.stop)
 

@@ -8,6 +8,7 @@ bytes and connections and refuses connections past the limit with a 503).
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import time
@@ -56,6 +57,8 @@ log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
+# past --drain-window: the most a stream's end (its last page) may take to go out
+DRAIN_WINDOW_GRACE = 1.0
 STREAM_IDLE_CONNECTIONS = 8  # idle connections kept to each peer for streams handed on
 STREAM_ANSWER_S = 10.0  # the most a stream's owner may take to answer (past a long poll's hold)
 
@@ -245,24 +248,50 @@ class Node:
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
-        """Drain, all within ``DRAIN_LIMIT`` seconds, in this order.
+        """Drain, all within ``DRAIN_LIMIT`` seconds (past ``--drain-window``),
+        in this order.
 
         The public port closes at once (a load balancer's next connection goes
-        to another node); every held subscriber is answered; peers get what
+        to another node); every held long poll is answered; event streams end
+        at once, or with ``--drain-window`` one by one over that window
+        (``pushup.http.stream_drain``), served meanwhile: the node still
+        follows the cluster, and refuses publishes; peers then get what
         they lack for at most ``PEER_FLUSH`` seconds (a worker's private port,
         which its siblings flush to, stays open meanwhile); then connections
         close once their answers are sent, or when the limit is reached.
         """
-        started = self.reactor.seconds()
         if self.port is not None:
             yield self.port.stopListening()
-        log.info("stopped listening; draining: answering {n} waiting subscribers",
-                 n=len(self.service.hub))
-        self.service.drain()
+        window = self.config.drain_window
+        streams = self.handlers.event_streams
+        spread = streams.spread(window, random.Random()) if window > 0 else 0
+        held = len(self.service.hub)
+        self.service.drain(keep=streams.__contains__ if spread else None)
+        log.info("stopped listening; draining: answered {n} waiting subscribers",
+                 n=held - len(self.service.hub))
         self.handlers.streams.drain()  # Durable Streams' held reads, answered too
         # idle and answered connections go now, not after the flush; peers'
-        # streams into us stay until then (they flush to us too)
-        self.front.close_all(upgraded=False)
+        # streams into us stay until then (they flush to us too), and so do
+        # event streams given a time to end
+        self.front.close_all(upgraded=False, streaming=not spread)
+        if spread:
+            log.info("draining: ending {n} event streams spread over {window} s",
+                     n=spread, window=f"{window:g}")
+            ended: defer.Deferred[None] = defer.Deferred()
+
+            def all_ended() -> None:
+                if not ended.called:  # (not after the timeout fired)
+                    ended.callback(None)
+
+            streams.when_empty(all_ended)
+            ended.addTimeout(window + DRAIN_WINDOW_GRACE, self.reactor)
+            try:
+                yield ended
+                log.info("draining: every event stream has ended")
+            except defer.TimeoutError:
+                log.warn("drain: {n} event streams had not ended by the window's end; "
+                         "closing them", n=len(streams))
+        started = self.reactor.seconds()
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()
