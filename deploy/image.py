@@ -136,11 +136,20 @@ def build(tag: str = TAG, quiet: bool = False) -> None:
         bases()
     wheels()
     print(f"pushup image: building {tag} (mypyc compiles the core when a source "
-          "changed: about a minute)...", file=sys.stderr, flush=True)
+          "changed: 1 to 3 minutes)...", file=sys.stderr, flush=True)
+    before = image_id(tag)
     podman("build", *(["--quiet"] if quiet else []), "--network", "host", "--format", "docker",
            "-f", str(CONTAINERFILE), "--build-context", f"wheels={WHEELS}",
            *(f"--build-arg={k}={v}" for k, v in args.items()),
-           "-t", tag, str(ROOT), capture=False)
+           "-t", tag, str(ROOT), capture=quiet)
+    if before and before != image_id(tag):
+        # the build it replaces, by its id (not if a container still uses it)
+        podman("rmi", before, check=False, capture=True)
+
+
+def image_id(tag: str) -> str | None:
+    found = podman("image", "inspect", "--format", "{{.Id}}", tag, check=False, capture=True)
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 # The compose cluster's HAProxy configuration: haproxy.cfg.template, as
