@@ -13,7 +13,11 @@ is made again only when it is gone (``podman rmi``) or its package list changed.
 
 The Python packages go into the build as wheels the host downloads with its own pip
 (``build/image/wheels``, again only when pyproject.toml's requirements change), so
-the build itself reaches no network. Standard library only.
+the build itself reaches no network. The build stage of the last build is kept as
+``localhost/pushup-build-cache:latest``, so that the next build compiles only when a
+source changed; the images it replaces (the previous image, earlier build stages:
+600 MB each) are removed by id or by the build stage's own label, never anyone
+else's. Standard library only.
 
     python3 deploy/image.py build      # bases where missing, wheels, the image
     python3 deploy/image.py bases      # only the base images
@@ -39,6 +43,8 @@ CONTAINERS_CONF = ROOT / "deploy" / "containers.conf"
 WORK = ROOT / "build" / "image"
 WHEELS = WORK / "wheels"
 TAG = "localhost/pushup:latest"
+BUILD_CACHE = "localhost/pushup-build-cache:latest"  # the last build stage, kept as a cache
+STAGE_LABEL = "io.pushup.stage=build"  # deploy/Containerfile's build stage says it
 SUITE = "bookworm"
 # name -> the Debian packages beyond the essential ones. The runtime base holds
 # Python alone; the build base what mypyc needs to compile the core; the tools
@@ -62,10 +68,18 @@ def podman_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
                                                       str(CONTAINERS_CONF))}
 
 
+class ImageError(Exception):
+    """A podman command failed; the message ends with what it said."""
+
+
 def podman(*args: str, check: bool = True, capture: bool = False,
            timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], env=podman_env(), check=check, text=True,
+    done = subprocess.run(["podman", *args], env=podman_env(), text=True,
                           capture_output=capture, timeout=timeout)
+    if check and done.returncode != 0:
+        said = (done.stderr or "")[-3000:] if capture else "(its output is above)"
+        raise ImageError(f"podman {' '.join(args[:2])} failed (exit {done.returncode}):\n{said}")
+    return done
 
 
 def packages_of(image: str) -> str | None:
@@ -143,13 +157,18 @@ def build(tag: str = TAG, quiet: bool = False) -> None:
     print(f"pushup image: building {tag} (mypyc compiles the core when a source "
           "changed: 1 to 3 minutes)...", file=sys.stderr, flush=True)
     before = image_id(tag)
-    podman("build", *(["--quiet"] if quiet else []), "--network", "host", "--format", "docker",
-           "-f", str(CONTAINERFILE), "--build-context", f"wheels={WHEELS}",
-           *(f"--build-arg={k}={v}" for k, v in args.items()),
-           "-t", tag, str(ROOT), capture=quiet)
+    common = [*(["--quiet"] if quiet else []), "--network", "host", "--format", "docker",
+              "-f", str(CONTAINERFILE), "--build-context", f"wheels={WHEELS}",
+              *(f"--build-arg={k}={v}" for k, v in args.items())]
+    # The build stage first, under a tag: the layers the next build starts from
+    # (then the whole image, from those layers at once).
+    podman("build", *common, "--target", "build", "-t", BUILD_CACHE, str(ROOT), capture=quiet)
+    podman("build", *common, "-t", tag, str(ROOT), capture=quiet)
     if before and before != image_id(tag):
-        # the build it replaces, by its id (not if a container still uses it)
+        # the image it replaces, by its id (not if a container still uses it)
         podman("rmi", before, check=False, capture=True)
+    # Earlier builds' stages (600 MB each), now untagged: only images of that label.
+    podman("image", "prune", "--force", "--filter", f"label={STAGE_LABEL}", capture=True)
 
 
 def image_id(tag: str) -> str | None:
