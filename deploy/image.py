@@ -46,6 +46,7 @@ TAG = "localhost/pushup:latest"
 BUILD_CACHE = "localhost/pushup-build-cache:latest"  # the last build stage, kept as a cache
 STAGE_LABEL = "io.pushup.stage=build"  # deploy/Containerfile's build stage says it
 SUITE = "bookworm"
+IMAGE_PYTHON = (3, 11)  # Debian 12's, and the public bases'
 # name -> the Debian packages beyond the essential ones. The runtime base holds
 # Python alone; the build base what mypyc needs to compile the core; the tools
 # stand in for the public redis and haproxy images in deploy/compose.yml.
@@ -127,6 +128,10 @@ def requirements() -> tuple[list[str], list[str]]:
 def wheels() -> None:
     """The wheels of every requirement in build/image/wheels, with the build's
     requirements in build-requires.txt; downloaded again only when they change."""
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        raise ImageError(f"the wheels are downloaded for this Python ({sys.version.split()[0]}), "
+                         f"and the image runs Python {'.'.join(map(str, IMAGE_PYTHON))}: run "
+                         "this with a Python of that version (make image PYTHON=python3.11)")
     build, run = requirements()
     wanted = json.dumps([build, run])
     stamp = WORK / "wheels.stamp"

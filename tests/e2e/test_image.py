@@ -160,10 +160,12 @@ class Cluster:
                       f"label=io.podman.compose.project={self.project}").split()
 
     def remove(self) -> None:
-        if self.containers():
-            self.compose("down")
-        for container in self.containers():  # whatever `down` left
-            podman("rm", "-f", container, check=False)
+        try:
+            if self.containers():
+                self.compose("down")  # each node drains
+        finally:
+            for container in self.containers():  # whatever `down` left
+                podman("rm", "-f", container, check=False)
 
 
 @pytest.fixture
