@@ -119,6 +119,20 @@ def bases() -> None:
             made.result()  # a failure is raised here, once all have ended
 
 
+# A Debian 12 that boots systemd, with Debian's Python: tests/ops/test_systemd_unit.py
+# runs deploy/pushup.service under a real systemd in it (none runs this machine),
+# with the node's environment taken from the image.
+SYSTEMD_BASE = "localhost/pushup-systemd:bookworm"
+SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
+
+
+def systemd_base() -> str:
+    """SYSTEMD_BASE, made first when it is missing (once)."""
+    if packages_of(SYSTEMD_BASE) != ",".join(SYSTEMD_PACKAGES):
+        make_base(SYSTEMD_BASE, SYSTEMD_PACKAGES)
+    return SYSTEMD_BASE
+
+
 def requirements() -> tuple[list[str], list[str]]:
     """(what building the wheel needs, what running it needs), from pyproject.toml."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -154,7 +168,8 @@ def build_args(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
             "BUILD_BASE": environ.get("BUILD_BASE", BUILD_BASE)}
 
 
-def build(tag: str = TAG, quiet: bool = False) -> None:
+def build(tag: str = TAG, quiet: bool = False) -> str:
+    """``tag``, built (the bases and wheels first where needed)."""
     args = build_args()
     if args == {"BASE": RUN_BASE, "BUILD_BASE": BUILD_BASE}:
         bases()
@@ -174,6 +189,7 @@ def build(tag: str = TAG, quiet: bool = False) -> None:
         podman("rmi", before, check=False, capture=True)
     # Earlier builds' stages (600 MB each), now untagged: only images of that label.
     podman("image", "prune", "--force", "--filter", f"label={STAGE_LABEL}", capture=True)
+    return tag
 
 
 def image_id(tag: str) -> str | None:

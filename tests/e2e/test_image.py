@@ -12,7 +12,8 @@ long-polling followers at the front, the killed node recreated as a rolling upgr
 does it serves what the others took, and a node stopped exits 0.
 
 Every container is found by its id (or its compose project's label, a name of this
-run's own) and removed by id at the end.
+run's own) and removed by id at the end. The podman tests are one `image` group
+(tests/ops/test_systemd_unit.py's too): one worker builds the image, once.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def image() -> str:
 
 
 @needs_podman
+@pytest.mark.xdist_group("image")
 @pytest.mark.timeout(900)
 def test_the_image_runs_unprivileged_keeps_its_volume_and_drains_to_exit_0(image, tmp_path):
     port = free_port()
@@ -217,6 +219,7 @@ class Publisher(threading.Thread):
 
 
 @needs_podman
+@pytest.mark.xdist_group("image")
 @pytest.mark.timeout(900)
 def test_the_compose_cluster_loses_nothing_acknowledged_when_a_node_is_killed(cluster):
     channels = [uniq() for _ in range(3)]
