@@ -57,6 +57,13 @@ BASES: dict[str, tuple[str, ...]] = {
     "localhost/pushup-tools:bookworm": ("redis-server", "haproxy"),
 }
 RUN_BASE, BUILD_BASE, TOOLS = BASES
+# A Debian 12 that boots systemd, with Debian's Python: tests/ops/test_systemd_unit.py
+# runs deploy/pushup.service under a real systemd in it (none runs this machine),
+# with the node's environment taken from the image. The tests make it with the
+# others (build(also=TEST_BASES)), so that a fresh machine waits once.
+SYSTEMD_BASE = "localhost/pushup-systemd:bookworm"
+SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
+TEST_BASES = {SYSTEMD_BASE: SYSTEMD_PACKAGES}
 # Documentation, manual pages and translations are left out of every base.
 SLIM = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
 LABEL = "io.pushup.base.packages"
@@ -108,22 +115,18 @@ def make_base(image: str, packages: Sequence[str]) -> None:
         tarball.unlink(missing_ok=True)
 
 
-def bases() -> None:
-    """Each local base image that is missing, or was made from other packages, made
-    side by side (each mmdebstrap waits mostly on downloads and dpkg: three at once
-    took 3 minutes here, about what one takes)."""
-    missing = [(image, packages) for image, packages in BASES.items()
+def bases(also: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Each local base image (and each of ``also``) that is missing, or was made from
+    other packages, made side by side (each mmdebstrap waits mostly on downloads and
+    dpkg: three at once took 3 minutes here, about what one takes)."""
+    wanted = {**BASES, **(also or {})}
+    missing = [(image, packages) for image, packages in wanted.items()
                if packages_of(image) != ",".join(packages)]
-    with ThreadPoolExecutor(max_workers=len(BASES)) as pool:
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
         for made in [pool.submit(make_base, image, packages) for image, packages in missing]:
             made.result()  # a failure is raised here, once all have ended
 
 
-# A Debian 12 that boots systemd, with Debian's Python: tests/ops/test_systemd_unit.py
-# runs deploy/pushup.service under a real systemd in it (none runs this machine),
-# with the node's environment taken from the image.
-SYSTEMD_BASE = "localhost/pushup-systemd:bookworm"
-SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
 
 
 def systemd_base() -> str:
@@ -168,11 +171,14 @@ def build_args(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
             "BUILD_BASE": environ.get("BUILD_BASE", BUILD_BASE)}
 
 
-def build(tag: str = TAG, quiet: bool = False) -> str:
-    """``tag``, built (the bases and wheels first where needed)."""
+def build(tag: str = TAG, quiet: bool = False,
+          also: Mapping[str, Sequence[str]] | None = None) -> str:
+    """``tag``, built (the bases and wheels first where needed); ``also``: more base
+    images to make beside the local bases when they are missing (the tests'
+    SYSTEMD_BASE)."""
     args = build_args()
     if args == {"BASE": RUN_BASE, "BUILD_BASE": BUILD_BASE}:
-        bases()
+        bases(also)
     wheels()
     print(f"pushup image: building {tag} (mypyc compiles the core when a source "
           "changed: 1 to 3 minutes)...", file=sys.stderr, flush=True)

@@ -31,7 +31,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.image import COMPOSE_HAPROXY, TAG, build, compose_haproxy_config, podman_env
+from deploy.image import (
+    COMPOSE_HAPROXY,
+    TAG,
+    TEST_BASES,
+    build,
+    compose_haproxy_config,
+    podman_env,
+)
 from tests.cluster.clients import (
     Poller,
     check_exactly_once,
@@ -83,7 +90,7 @@ def test_the_compose_haproxy_configuration_is_the_template_filled_in():
 def image() -> str:
     """localhost/pushup:latest, built as `make image` builds it (a cached build: seconds)."""
     began = time.monotonic()
-    build(quiet=True)
+    build(quiet=True, also=TEST_BASES)
     print(f"\nimage built in {time.monotonic() - began:.0f} s")
     return TAG
 

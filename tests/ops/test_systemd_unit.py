@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.image import build, podman_env, systemd_base
+from deploy.image import TEST_BASES, build, podman_env, systemd_base
 from pushup.ops.node import DRAIN_LIMIT
 from tests.toolkit import ROOT, clean_env, free_port, wait_until
 
@@ -125,7 +125,7 @@ def _health(base: str) -> bool:
 @pytest.mark.xdist_group("image")
 @pytest.mark.timeout(900)
 def test_the_node_serves_and_drains_in_the_units_sandbox_under_systemd(tmp_path):
-    image, base = build(quiet=True), systemd_base()
+    image, base = build(quiet=True, also=TEST_BASES), systemd_base()
     port = free_port()
     config = tmp_path / "node.toml"
     config.write_text(f'port = {port}\nnode_id = "node1"\ndata_dir = "/var/lib/pushup"\n')
