@@ -6,7 +6,7 @@ the image) runs first; its base images stay in podman's store between runs, and 
 build's layers too, so only a changed source compiles again (about a minute of mypyc).
 Then: the node in the image runs as its own unprivileged user, answers its health
 check, keeps its data volume across containers, and `podman stop` (SIGTERM) drains it
-to exit 0; and the cluster that `podman-compose up` starts (3 nodes on Redis behind
+(a held poll is answered) to exit 0; and the cluster that `podman-compose up` starts (3 nodes on Redis behind
 HAProxy) loses nothing it acknowledged while a node is killed under publishers and
 long-polling followers at the front, the killed node recreated as a rolling upgrade
 does it serves what the others took, and a node stopped exits 0.
@@ -124,7 +124,16 @@ def test_the_image_runs_unprivileged_keeps_its_volume_and_drains_to_exit_0(image
         status_code, sent = jrequest("POST", base + "/publish",
                                      {"channels": [channel], "data": "kept"})
         assert status_code == 201, sent
+        # a poll held when podman stops the container is answered, not cut
+        held: list[tuple[int, dict]] = []
+        poll = threading.Thread(target=lambda: held.append(jrequest(
+            "GET", f"{base}/subscribe?channels={uniq()}&timeout=60", timeout=90)))
+        poll.start()
+        wait_until(lambda: jrequest("GET", base + "/stats")[1]["waiting"] == 1,
+                   msg="the poll is held")
         podman("stop", "--time", "10", first)
+        poll.join(30)
+        assert held and held[0][0] == 200 and held[0][1]["messages"] == [], held
         assert inspect(first, ".State.ExitCode") == "0"
         assert "[pushup.ops.node#info] drained" in logs(first)
         second = run_node()  # a new container on the same volume
