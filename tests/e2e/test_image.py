@@ -5,11 +5,12 @@ with real podman (runc, deploy/containers.conf) and podman-compose from PyPI.
 the image) runs first; its base images stay in podman's store between runs, and the
 build's layers too, so only a changed source compiles again (about a minute of mypyc).
 Then: the node in the image runs as its own unprivileged user, answers its health
-check, keeps its data volume across containers, and `podman stop` (SIGTERM) drains it
-(a held poll is answered) to exit 0; and the cluster that `podman-compose up` starts (3 nodes on Redis behind
-HAProxy) loses nothing it acknowledged while a node is killed under publishers and
-long-polling followers at the front, the killed node recreated as a rolling upgrade
-does it serves what the others took, and a node stopped exits 0.
+check, keeps its data volume across containers, and `podman stop` (SIGTERM) drains
+it (a held poll is answered) to exit 0; and the cluster that `podman-compose up`
+starts (3 nodes on Redis behind HAProxy) loses nothing it acknowledged while a node
+is killed under publishers and long-polling followers at the front, the killed node
+recreated as a rolling upgrade does it serves what the others took, and a node
+stopped exits 0.
 
 Every container is found by its id (or its compose project's label, a name of this
 run's own) and removed by id at the end. The podman tests are one `image` group
@@ -144,7 +145,7 @@ def test_the_image_runs_unprivileged_keeps_its_volume_and_drains_to_exit_0(image
         assert inspect(second, ".State.ExitCode") == "0"
     finally:
         for container in started:
-            podman("rm", "-f", container, check=False)
+            podman("rm", "-f", "-v", container, check=False)
         podman("volume", "rm", "-f", volume, check=False)
 
 
@@ -183,7 +184,7 @@ class Cluster:
                 self.compose("down")  # each node drains
         finally:
             for container in self.containers():  # whatever `down` left
-                podman("rm", "-f", container, check=False)
+                podman("rm", "-f", "-v", container, check=False)
 
 
 @pytest.fixture

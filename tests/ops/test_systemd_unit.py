@@ -175,5 +175,5 @@ def test_the_node_serves_and_drains_in_the_units_sandbox_under_systemd(tmp_path)
             assert [m["id"] for m in json.load(answer)["messages"]] == [sent["id"]]
         _in(container, "systemctl", "stop", "pushup")
     finally:
-        subprocess.run(["podman", "rm", "-f", container], env=podman_env(),
+        subprocess.run(["podman", "rm", "-f", "-v", container], env=podman_env(),
                        capture_output=True, timeout=120)
