@@ -30,6 +30,7 @@ from pushup.config.redis_url import REDIS_PORT as REDIS_PORT
 from pushup.config.redis_url import RedisURL as RedisURL
 from pushup.config.redis_url import parse_seeds as parse_seeds
 from pushup.config.redis_url import parse_url as parse_url
+from pushup.config.sizes import parse_size
 from pushup.core.model import check_node_id
 
 
@@ -139,15 +140,15 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "cors_origin": ("answer CORS for this origin, e.g. http://localhost:3000 (repeatable, or "
                     "a comma list; * for any)", "ORIGIN"),
     "allow_open_publish": ("allow publishing without a token on a public address", None),
-    "max_body_bytes": ("largest request body", "BYTES"),
-    "max_message_bytes": ("largest message data (serialised JSON)", "BYTES"),
+    "max_body_bytes": ("largest request body", "SIZE"),
+    "max_message_bytes": ("largest message data (serialised JSON)", "SIZE"),
     "max_channels": ("most channels per subscribe or per message", "N"),
     "max_limit": ("most messages in one subscribe response", "N"),
     "max_messages_per_channel": ("messages cached per channel (oldest evicted)", "N"),
-    "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "BYTES"),
+    "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "SIZE"),
     "max_connections": ("open connections before answering 503 overloaded", "N"),
     "max_response_bytes": ("message bytes in one subscribe answer (more: cut, like limit)",
-                           "BYTES"),
+                           "SIZE"),
     "header_timeout": ("seconds a request's line and headers may take to arrive",
                        "SECONDS"),
     "keepalive_timeout": ("seconds an idle keep-alive connection is kept", "SECONDS"),
@@ -176,6 +177,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
                      "answered at once either way; 0: all at once)", "SECONDS"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
+# The settings that are byte sizes: bytes, or a number with a unit (256MiB; sizes.py).
+SIZES = tuple(name for name, (_, metavar) in _HELP.items() if metavar == "SIZE")
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
 # the file option's name -> the setting it fills, and its help text.
 SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token",
@@ -251,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         default = defaults.get(name)
         shown = "" if default in ("", (), None, False) or "secret" in name or "token" in name \
             else f"default {default}; "
+        if name in SIZES:
+            text += " in bytes, or with a unit: 64KiB, 256MiB, 1GB"
         text = f"{text} [{shown}env PUSHUP_{name.upper()}]"
         if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
@@ -367,6 +372,11 @@ def _convert(name: str, value: Any, spelled: str) -> Any:
             if name == "cors_origin":  # each item may be a comma list
                 items = [part for v in items for part in str(v).split(",")]
             return tuple(str(v).strip() for v in items if str(v).strip())
+        if name in SIZES:
+            try:
+                return parse_size(value)
+            except ValueError as e:
+                raise ConfigError(f"{spelled}: {e}") from None
         if name == "workers" and str(value).strip() == "auto":
             return os.cpu_count() or 1
         if kind == "int":
