@@ -44,6 +44,7 @@ from pushup.http.exchange import Writer
 from pushup.http.front import Front
 from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
+from pushup.http.presence import PresenceDesk
 from pushup.http.sse import max_event_id
 from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
@@ -99,10 +100,15 @@ class Node:
             self.backplane = Alone(self.service)
         endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
         streams = new_streams(config)
+        # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
+        self.presence = None if not config.presence_on else PresenceDesk(
+            self.service, node_id, config.presence_linger, config.presence_members,
+            tokens=bool(config.subscribe_secret))
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
-                                 stream_engine=self._stream_engine(streams))
+                                 stream_engine=self._stream_engine(streams),
+                                 presence=self.presence)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -216,6 +222,7 @@ class Node:
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
+                **({} if self.presence is None else {"presence": self.presence.figures()}),
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 

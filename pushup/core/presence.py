@@ -1,0 +1,193 @@
+"""Who subscribes here: this node's subscriptions, counted per channel and per user.
+
+A subscription is keyed by who makes it (an event stream, or a long-poll
+client between its polls) and names its channels and, from the subscriber
+token, its user (``sub``) and that user's ``info``. It counts while held and
+for ``window`` after it was last released, so a long poll between two polls,
+or a page reloading, stays counted; a key released with ``linger=False`` (an
+anonymous poll nobody can recognise again) goes at once. Each change comes
+out as values (``Count``, ``Join``, ``Leave``), per channel, for the roster
+(:mod:`pushup.core.roster`) that merges every node's. Pure: time is passed in
+(integer microseconds), nothing here reads a clock or sets a timer.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """``channel`` now has ``subscribers`` subscriptions on this node."""
+
+    channel: str
+    subscribers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """``user`` (with ``info``, its JSON text or None) now subscribes to ``channel`` here."""
+
+    channel: str
+    user: str
+    info: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """``user`` no longer subscribes to ``channel`` here."""
+
+    channel: str
+    user: str
+
+
+Change = Count | Join | Leave
+
+
+@dataclass(slots=True)
+class _Entry:
+    user: str | None
+    info: str | None
+    channels: tuple[str, ...]
+    holds: int = 0  # held polls and open streams under this key now
+    until: int = 0  # released: counted until then (µs)
+
+
+@dataclass(slots=True)
+class _User:
+    keys: int  # this user's keys on the channel
+    info: str | None
+
+
+@dataclass(slots=True)
+class _Channel:
+    keys: int = 0
+    users: dict[str, _User] = field(default_factory=dict)
+
+
+class Presence:
+    """This node's subscriptions. Every method returns the changes it made,
+    per channel, in order: a ``Count`` when a channel's number of
+    subscriptions changed, a ``Join`` when a user's first subscription to it
+    came, a ``Leave`` when its last went. ``expire`` must be called by
+    ``next_deadline`` at the latest for lingering keys to go."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # µs a released key stays counted
+        self._entries: dict[str, _Entry] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._lingering: list[tuple[int, str]] = []  # (until, key), stale ones skipped
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def channels(self) -> int:
+        return len(self._channels)
+
+    def hold(self, key: str, user: str | None, info: str | None,
+             channels: tuple[str, ...]) -> list[Change]:
+        """A poll or a stream under ``key`` starts. A key that names other
+        channels or another user than before is a new subscription (the old
+        one goes at once: a client that changed its mind is not in both)."""
+        entry = self._entries.get(key)
+        out: list[Change] = []
+        if entry is not None and (entry.channels != channels or entry.user != user):
+            out += self._remove(key, entry)
+            entry = None
+        if entry is None:
+            entry = self._entries[key] = _Entry(user, info, channels)
+            out += self._add(entry)
+        entry.holds += 1
+        return out
+
+    def release(self, key: str, now: int, linger: bool = True) -> list[Change]:
+        """A poll or stream under ``key`` ended; the key counts on for the
+        window (``linger``) once none is held, else goes at once."""
+        entry = self._entries.get(key)
+        if entry is None or entry.holds == 0:
+            return []
+        entry.holds -= 1
+        if entry.holds:
+            return []
+        if not linger:
+            return self._remove(key, entry)
+        entry.until = now + self.window
+        heapq.heappush(self._lingering, (entry.until, key))
+        return []
+
+    def next_deadline(self) -> int | None:
+        """When the first lingering key is due to go (µs), if any."""
+        lingering = self._lingering
+        while lingering:
+            until, key = lingering[0]
+            entry = self._entries.get(key)
+            if entry is not None and entry.holds == 0 and entry.until == until:
+                return until
+            heapq.heappop(lingering)
+        return None
+
+    def expire(self, now: int) -> list[Change]:
+        """Let go of every key released more than the window ago."""
+        out: list[Change] = []
+        lingering = self._lingering
+        while lingering and lingering[0][0] <= now:
+            until, key = heapq.heappop(lingering)
+            entry = self._entries.get(key)
+            if entry is not None and entry.holds == 0 and entry.until == until:
+                out += self._remove(key, entry)
+        return out
+
+    def subscribers(self, channel: str) -> int:
+        found = self._channels.get(channel)
+        return 0 if found is None else found.keys
+
+    def members(self, channel: str) -> dict[str, str | None]:
+        """The users subscribed to ``channel`` here, with their info."""
+        found = self._channels.get(channel)
+        if found is None:
+            return {}
+        return {user: held.info for user, held in found.users.items()}
+
+    def state(self) -> dict[str, tuple[int, dict[str, str | None]]]:
+        """Everything: per occupied channel, its count and members (a snapshot
+        for a peer that lost track of this node)."""
+        return {name: (ch.keys, self.members(name)) for name, ch in self._channels.items()}
+
+    # -- the tables ------------------------------------------------------------
+
+    def _add(self, entry: _Entry) -> list[Change]:
+        out: list[Change] = []
+        for name in entry.channels:
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = self._channels[name] = _Channel()
+            channel.keys += 1
+            out.append(Count(name, channel.keys))
+            if entry.user is None:
+                continue
+            held = channel.users.get(entry.user)
+            if held is None:
+                channel.users[entry.user] = _User(1, entry.info)
+                out.append(Join(name, entry.user, entry.info))
+            else:
+                held.keys += 1
+        return out
+
+    def _remove(self, key: str, entry: _Entry) -> list[Change]:
+        del self._entries[key]
+        out: list[Change] = []
+        for name in entry.channels:
+            channel = self._channels[name]
+            channel.keys -= 1
+            out.append(Count(name, channel.keys))
+            if entry.user is not None:
+                held = channel.users[entry.user]
+                held.keys -= 1
+                if not held.keys:
+                    del channel.users[entry.user]
+                    out.append(Leave(name, entry.user))
+            if not channel.keys:
+                del self._channels[name]
+        return out

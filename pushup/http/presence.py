@@ -1,0 +1,417 @@
+"""Presence at the HTTP front: who each poll and stream is, ``GET /presence``,
+and the membership changes a ``presence=1`` subscribe follows.
+
+The handlers call in where a subscribe starts and ends (``poll``, ``stream``);
+this module keys it (a ``client=`` id, else the user's token, else nobody we
+could recognise again), feeds this node's :class:`~pushup.core.presence.Presence`,
+and merges the result with the other nodes' (the engine's replicator calls
+``node_changes`` / ``node_state`` / ``node_gone``) in one
+:class:`~pushup.core.roster.Roster`. Each of the roster's events goes to the
+listeners (the webhook sender) and wakes the ``presence=1`` polls and streams
+of its channel, on a later turn. A ``presence=1`` poll keeps its place in
+the roster's events in its cursor, as an origin of its own per node
+(``_presence-<hash>.p``), which the store never sees. Nothing here reads a
+socket; time is the service's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Protocol
+
+import jwt
+from twisted.logger import Logger
+
+from pushup.core import errors
+from pushup.core.clock import Alarm, DelayedCall
+from pushup.core.cursor import Cursor
+from pushup.core.hub import Waiter
+from pushup.core.model import Now, Query, Result, check_channel_list, dumps
+from pushup.core.presence import Change, Presence
+from pushup.core.roster import Event, Roster
+from pushup.core.service import Delivery, Service
+from pushup.http.exchange import Response
+from pushup.http.params import Args
+from pushup.http.render import poll_body
+from pushup.http.sse import StreamClient
+
+log = Logger()
+MAX_INFO_BYTES = 1024  # a token's info claim, as JSON
+_CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_KEPT_CLAIMS = 4096  # tokens whose (sub, info) are remembered
+POSITION_PREFIX = "_presence-"  # a cursor's origin that holds a presence position
+
+
+class HeldAnswer(Protocol):
+    """What a ``presence=1`` poll is answered through (the HTTP protocol)."""
+
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool: ...
+
+    def answer_held(self, response: Response) -> bool: ...
+
+
+class Who:
+    """Who a subscribe is: its user and info (from the token, or ``user=``
+    on a node without subscriber tokens) and the key its subscription is
+    counted under (None: recognisable by nothing, counted while held only)."""
+
+    __slots__ = ("info", "key", "user")
+
+    def __init__(self, key: str | None, user: str | None, info: str | None) -> None:
+        self.key = key
+        self.user = user
+        self.info = info
+
+
+class PresenceDesk:
+    """This node's presence: the local subscriptions, the cluster's roster,
+    the followers. ``window`` and ``cap`` in seconds and members."""
+
+    def __init__(self, service: Service, node: str, window: float, cap: int,
+                 tokens: bool) -> None:
+        self.service = service
+        self.node = node  # this node's id in the roster (peers name it so too)
+        self.cap = cap
+        self.tokens = tokens  # users come from subscriber tokens (else from user=)
+        self.local = Presence(round(window * 1e6))
+        self.roster = Roster()
+        self.roster.apply(node, ())
+        self._origin = POSITION_PREFIX + hashlib.blake2b(
+            service.store.origin_name.encode(), digest_size=8).hexdigest() + ".p"
+        self.listeners: list[Callable[[list[Event]], None]] = []  # the cluster's events
+        self.local_listeners: list[Callable[[list[Change]], None]] = []  # this node's
+        self._polls: dict[str, set[_Poll]] = {}  # presence=1 polls held, by channel
+        self._streams: dict[str, set[_Stream]] = {}  # presence=1 streams, by channel
+        self._woken: set[str] = set()  # channels with events for followers, this turn
+        self._wake: DelayedCall | None = None
+        self._claims: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
+        self._anonymous = 0
+        self._alarm = Alarm(service.clock, self._expire)
+
+    # -- who ---------------------------------------------------------------
+
+    def who(self, args: Args, token: str | None, channels: tuple[str, ...]) -> Who:
+        """The identity of a subscribe (its token already verified, if any)."""
+        user, info = self._claims_of(token) if self.tokens else (args.get("user"), None)
+        if user is not None and not 0 < len(user) <= 200:
+            raise errors.BadRequest("a user is 1 to 200 characters")
+        client = args.get("client")
+        if client is not None and not _CLIENT_ID.fullmatch(client):
+            raise errors.BadRequest("client is 1 to 64 letters, digits, _ or -")
+        base = f"c:{client}" if client else (f"u:{user}:{token}" if user else None)
+        key = None if base is None else base + "\n" + ",".join(channels)
+        return Who(key, user, info)
+
+    def _claims_of(self, token: str | None) -> tuple[str | None, str | None]:
+        if not token:
+            return None, None
+        kept = self._claims.get(token)
+        if kept is not None:
+            return kept
+        try:  # verified already by the Verifier (pushup.http.tokens)
+            claims = jwt.decode(token, options={"verify_signature": False})
+        except jwt.InvalidTokenError:
+            return None, None
+        sub = claims.get("sub")
+        user = sub if isinstance(sub, str) and sub else None
+        raw = claims.get("info")
+        info = None
+        if raw is not None:
+            if not isinstance(raw, dict):
+                raise errors.BadRequest("the token's info claim must be an object")
+            info = json.dumps(raw, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+            if len(info.encode()) > MAX_INFO_BYTES:
+                raise errors.BadRequest(f"the token's info claim is over {MAX_INFO_BYTES} bytes")
+        kept = self._claims[token] = (user, info)
+        if len(self._claims) > _KEPT_CLAIMS:
+            self._claims.popitem(last=False)
+        return kept
+
+    # -- the hooks: a subscription starts and ends -------------------------
+
+    def hold(self, who: Who, channels: tuple[str, ...]) -> str:
+        """A poll or stream starts; the key to ``release`` it with."""
+        key = who.key
+        if key is None:
+            self._anonymous += 1
+            key = f"a:{self._anonymous}"
+        self._local(self.local.hold(key, who.user, who.info, channels))
+        return key
+
+    def release(self, key: str, who: Who) -> None:
+        now = self.service.now()
+        self._local(self.local.release(key, now, linger=who.key is not None))
+        self._alarm.set(self.local.next_deadline(), now)
+
+    def _expire(self, deadline: int) -> None:
+        now = self.service.now()
+        self._local(self.local.expire(now))
+        self._alarm.set(self.local.next_deadline(), now)
+
+    def _local(self, changes: list[Change]) -> None:
+        if not changes:
+            return
+        for listener in self.local_listeners:
+            listener(changes)
+        self._events(self.roster.apply(self.node, changes))
+
+    # -- what the engine's replicator calls --------------------------------
+
+    def node_changes(self, node: str, changes: list[Change]) -> None:
+        self._events(self.roster.apply(node, changes))
+
+    def node_state(self, node: str, state: dict[str, tuple[int, dict[str, str | None]]],
+                   ) -> None:
+        self._events(self.roster.replace(node, state))
+
+    def node_gone(self, node: str) -> None:
+        if node in self.roster.nodes:
+            log.info("presence: node {node}'s subscribers leave (not heard from)", node=node)
+            self._events(self.roster.forget(node))
+
+    def _events(self, events: list[Event]) -> None:
+        if not events:
+            return
+        for listener in self.listeners:
+            listener(events)
+        for event in events:
+            if event.user is not None:
+                self._woken.add(event.channel)
+        if self._woken and self._wake is None:
+            self._wake = self.service.clock.callLater(0, self._wake_followers)
+
+    # -- followers ----------------------------------------------------------
+
+    def _wake_followers(self) -> None:
+        self._wake = None
+        channels, self._woken = self._woken, set()
+        polls: set[_Poll] = set()
+        streams: set[_Stream] = set()
+        for name in channels:
+            polls.update(self._polls.get(name, ()))
+            streams.update(self._streams.get(name, ()))
+        for poll in polls:
+            poll.wake()
+        for stream in streams:
+            stream.send_since()
+
+    def position(self, cursor: Cursor | int | Now) -> tuple[Cursor | int | Now, int | None,
+                                                          dict[str, int]]:
+        """A ``presence=1`` subscribe's ``since``, without the presence
+        positions; this node's position (None: none) and every node's."""
+        if not isinstance(cursor, Cursor):
+            return cursor, None, {}
+        ours = {o: s for o, s in cursor.positions if o.startswith(POSITION_PREFIX)}
+        if not ours:
+            return cursor, None, {}
+        rest = Cursor(tuple(p for p in cursor.positions if p[0] not in ours))
+        return rest, ours.get(self._origin), ours
+
+    def render(self, delivery: Delivery, events: list[Event], held: dict[str, int]) -> bytes:
+        """A long poll's body with its ``presence`` list, the cursor carrying
+        this node's position in the roster (and the other nodes' as they were)."""
+        result = delivery.result
+        cursor = result.cursor.advanced([*held.items(), (self._origin, self.roster.seq)])
+        body = poll_body(Delivery(delivery.query, Result(result.messages, cursor, result.gap),
+                                  delivery.closed))
+        return body[:-1] + b',"presence":[' + b",".join(map(event_json, events)) + b"]}"
+
+    def poll(self, query: Query, timeout: float, who: Who, client: HeldAnswer,
+             follow: bool) -> tuple[Delivery | Waiter | bytes, Callable[[], None]]:
+        """A long poll starts: the service's outcome (or, following, the
+        whole body of an answer now) and what to call if the client goes."""
+        key = self.hold(who, query.channels)
+        poll = _Poll(self, client, key, who, query, timeout, follow)
+        return poll.start(), poll.gone
+
+    def stream(self, who: Who, channels: tuple[str, ...], client: StreamClient,
+               follow: bool) -> _Stream:
+        """An event stream starts: the client to give it (it tells us when
+        the stream ends; with ``follow``, the stream gets ``event: presence``)."""
+        key = self.hold(who, channels)
+        return _Stream(self, client, key, who, channels, follow)
+
+    # -- GET /presence --------------------------------------------------------
+
+    def answer(self, channels: Iterable[str], members: bool) -> Response:
+        parts = []
+        for name in channels:
+            seen = self.roster.occupancy(name, self.cap)
+            body = b'{"occupancy":%d' % seen.subscribers
+            if members:
+                body += b',"members":[' + b",".join(
+                    member_json(user, info) for user, info in seen.members) + b"]"
+                body += b',"members_truncated":' + (b"true" if seen.truncated else b"false")
+            parts.append(dumps(name) + b":" + body + b"}")
+        return Response(200, b'{"channels":{' + b",".join(parts) + b"}}")
+
+    def figures(self) -> dict[str, int]:
+        return {"presence_subscriptions": len(self.local),
+                "presence_channels": self.roster.channels,
+                "presence_nodes": len(self.roster.nodes)}
+
+
+def member_json(user: str, info: str | None) -> bytes:
+    head = b'{"user":' + dumps(user)
+    return head + (b"}" if info is None else b',"info":' + info.encode() + b"}")
+
+
+def event_json(event: Event) -> bytes:
+    """``{"channel":…,"event":"member_added","user":…,"info":{…}}`` (info when there is one)."""
+    assert event.user is not None
+    head = b'{"channel":' + dumps(event.channel) + b',"event":"' + event.name.encode() + b'"'
+    return head + b"," + member_json(event.user, event.info)[1:]
+
+
+def presence_query(args: Args, max_channels: int) -> tuple[tuple[str, ...], bool]:
+    """``GET /presence`` parameters: the channels, and whether to list members."""
+    names = args.get("channels")
+    if names is None:
+        raise errors.BadRequest("channels is required: ?channels=a,b")
+    members = args.get("members")
+    if members not in (None, "0", "1"):
+        raise errors.BadRequest("members is 0 or 1")
+    return check_channel_list(names.split(","), max_channels), members == "1"
+
+
+class _Poll:
+    """One long poll, counted while held (and for the window after)."""
+
+    def __init__(self, desk: PresenceDesk, client: HeldAnswer, key: str, who: Who,
+                 query: Query, timeout: float, follow: bool) -> None:
+        self.desk = desk
+        self.client = client
+        self.key = key
+        self.who = who
+        self.follow = follow
+        self.timeout = timeout
+        since, self.seq, self.held = desk.position(query.since)
+        self.query = replace(query, since=since)
+        self.waiter: Waiter | None = None
+        self.done = False
+
+    def start(self) -> Delivery | Waiter | bytes:
+        service = self.desk.service
+        if self.follow:
+            events = self.desk.roster.since(self.query.channels, self.seq)
+            if events:
+                query = self._resolved()
+                self._end()
+                return self.desk.render(Delivery(query, service.read(query)), events,
+                                        self.held)
+        outcome = service.subscribe(self.query, self.timeout, self)
+        if isinstance(outcome, Delivery):
+            self._end()
+            if self.follow:
+                return self.desk.render(outcome, [], self.held)
+            return outcome
+        self.waiter = outcome
+        self.query = outcome.query  # since=now resolved
+        if self.follow:
+            for name in self.query.channels:
+                self.desk._polls.setdefault(name, set()).add(self)
+        return outcome
+
+    def _resolved(self) -> Query:
+        if isinstance(self.query.since, Now):
+            return replace(self.query, since=self.desk.service.store.end(self.query.channels))
+        return self.query
+
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        """The service answers (see ``service.Subscriber``)."""
+        self.waiter = None
+        self._end()
+        if not self.follow:
+            return self.client.respond(delivery, hold)
+        events = self.desk.roster.since(self.query.channels, self.seq)
+        return self.client.answer_held(
+            Response(200, self.desk.render(delivery, events, self.held)))
+
+    def wake(self) -> None:
+        """The roster changed on a channel of this held ``presence=1`` poll."""
+        if self.waiter is None or self.done:
+            return
+        self.desk.service.forget(self.waiter)
+        self.respond(Delivery(self.query, self.desk.service.read(self.query)))
+
+    def gone(self) -> None:
+        """The client went away before its answer."""
+        if self.waiter is not None:
+            self.desk.service.forget(self.waiter)
+            self.waiter = None
+        self._end()
+
+    def _end(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.follow:
+            for name in self.query.channels:
+                held = self.desk._polls.get(name)
+                if held is not None:
+                    held.discard(self)
+                    if not held:
+                        del self.desk._polls[name]
+        self.desk.release(self.key, self.who)
+
+
+class _Stream:
+    """An event stream's client, counted while it is open; with ``follow``,
+    it is sent each membership change of its channels as ``event: presence``
+    (all of them as they stand first)."""
+
+    def __init__(self, desk: PresenceDesk, client: StreamClient, key: str, who: Who,
+                 channels: tuple[str, ...], follow: bool) -> None:
+        self.desk = desk
+        self.client = client
+        self.key = key
+        self.who = who
+        self.channels = channels
+        self.follow = follow
+        self.seq: int | None = None
+        self.done = False
+        if follow:
+            for name in channels:
+                desk._streams.setdefault(name, set()).add(self)
+
+    def send_since(self) -> None:
+        if self.done:
+            return
+        events = self.desk.roster.since(self.channels, self.seq)
+        self.seq = self.desk.roster.seq
+        if events and not self.client.send_events(b"".join(
+                b"event: presence\ndata: " + event_json(e) + b"\n\n" for e in events)):
+            self.end()
+
+    def send_events(self, data: bytes) -> bool:
+        first = self.follow and self.seq is None
+        sent = self.client.send_events(data)
+        if first and sent:  # after the stream names its position
+            self.send_since()
+        return sent
+
+    def end_stream(self) -> None:
+        self.end()
+        self.client.end_stream()
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        self.client.when_writable(callback)
+
+    def end(self) -> None:
+        """The stream ended (or its client went): once."""
+        if self.done:
+            return
+        self.done = True
+        for name in self.channels:
+            held = self.desk._streams.get(name)
+            if held is not None:
+                held.discard(self)
+                if not held:
+                    del self.desk._streams[name]
+        self.desk.release(self.key, self.who)
+
