@@ -85,6 +85,7 @@ class Config:
     presence_members: int = 100  # members GET /presence lists per channel at most
     webhook_url: tuple[str, ...] = ()
     webhook_secret: str = ""
+    webhook_queue: int = 10_000  # events queued per URL; past it the oldest are dropped
 
     @property
     def presence_on(self) -> bool:
@@ -170,6 +171,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "webhook_url": ("POST presence events to this URL, batched and signed (repeatable)",
                     "URL"),
     "webhook_secret": ("HMAC-SHA256 secret the webhooks are signed with", "S"),
+    "webhook_queue": ("webhook events queued per URL while its receiver is slow or down; "
+                      "past it the oldest are dropped (counted in /metrics)", "N"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
@@ -458,6 +461,7 @@ def validate(c: Config) -> Config:
     for url in c.webhook_url:
         need(url.startswith(("http://", "https://")),
              f"--webhook-url {url!r} is not an http URL")
+    need(c.webhook_queue >= 50, "--webhook-queue must be at least 50 (one batch)")
     need(not c.webhook_url or bool(c.webhook_secret),
          f"{spelled('webhook_url')} needs {spelled('webhook_secret')}: webhooks are signed")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")

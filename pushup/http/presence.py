@@ -250,6 +250,11 @@ class PresenceDesk:
             parts.append(dumps(name) + b":" + body + b"}")
         return Response(200, b'{"channels":{' + b",".join(parts) + b"}}")
 
+    def leads(self) -> bool:
+        """Whether this node is the one that says the cluster's events (the
+        lowest id among the nodes the roster holds: those alive)."""
+        return min(self.roster.nodes) == self.node
+
     def figures(self) -> dict[str, int]:
         return {"presence_subscriptions": len(self.local),
                 "presence_channels": self.roster.channels,

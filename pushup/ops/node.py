@@ -51,6 +51,7 @@ from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.timing import Timed, Timings
+from pushup.ops.webhooks import Webhooks
 
 log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
@@ -104,6 +105,9 @@ class Node:
         self.presence = None if not config.presence_on else PresenceDesk(
             self.service, node_id, config.presence_linger, config.presence_members,
             tokens=bool(config.subscribe_secret))
+        self.webhooks: Webhooks | None = None
+        if self.presence is not None and config.webhook_url:
+            self.webhooks = self._webhooks(self.presence, origin.name)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
@@ -131,6 +135,20 @@ class Node:
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def _webhooks(self, desk: PresenceDesk, ids: str) -> Webhooks:
+        """The sender of ``--webhook-url``: on the cluster's one sender (the
+        lowest node id the roster holds), each batch to every URL."""
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent
+
+        # a connection per request (at most 4 a second per URL): a kept one the
+        # receiver closed meanwhile would fail a POST, which is not retried
+        http = HTTPClient(Agent(self.reactor))  # type: ignore[no-untyped-call]
+        hooks = Webhooks(self.config.webhook_url, self.config.webhook_secret, self.reactor,
+                         http, ids, queue=self.config.webhook_queue, sends=desk.leads)
+        desk.listeners.append(hooks.events)
+        return hooks
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
         """Where the Durable Streams of ``streams`` (the core's) are decided:
@@ -223,6 +241,7 @@ class Node:
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
                 **({} if self.presence is None else {"presence": self.presence.figures()}),
+                **({} if self.webhooks is None else {"webhooks": self.webhooks.stats()}),
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 
