@@ -150,7 +150,7 @@ class Presence:
             return {}
         return {user: held.info for user, held in found.users.items()}
 
-    def state(self) -> dict[str, tuple[int, dict[str, str | None]]]:
+    def state(self) -> State:
         """Everything: per occupied channel, its count and members (a snapshot
         for a peer that lost track of this node)."""
         return {name: (ch.keys, self.members(name)) for name, ch in self._channels.items()}
@@ -191,3 +191,62 @@ class Presence:
             if not channel.keys:
                 del self._channels[name]
         return out
+
+
+# -- on the wire between nodes (the engines' replicators carry these) -----------
+
+State = dict[str, tuple[int, dict[str, str | None]]]
+
+
+def changes_json(changes: list[Change]) -> list[list[object]]:
+    """Changes as JSON values: ``["c", channel, n]``, ``["j", channel, user,
+    info]``, ``["l", channel, user]``."""
+    out: list[list[object]] = []
+    for c in changes:
+        if isinstance(c, Count):
+            out.append(["c", c.channel, c.subscribers])
+        elif isinstance(c, Join):
+            out.append(["j", c.channel, c.user, c.info])
+        else:
+            out.append(["l", c.channel, c.user])
+    return out
+
+
+def changes_of(raw: object) -> list[Change]:
+    """``changes_json`` read back; ValueError if it is not."""
+    if not isinstance(raw, list):
+        raise ValueError("changes are a list")
+    out: list[Change] = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) < 3 or not isinstance(item[1], str):
+            raise ValueError("a change is [kind, channel, ...]")
+        kind, channel = item[0], item[1]
+        if kind == "c" and len(item) == 3 and isinstance(item[2], int):
+            out.append(Count(channel, item[2]))
+        elif kind == "j" and len(item) == 4 and isinstance(item[2], str) \
+                and (item[3] is None or isinstance(item[3], str)):
+            out.append(Join(channel, item[2], item[3]))
+        elif kind == "l" and len(item) == 3 and isinstance(item[2], str):
+            out.append(Leave(channel, item[2]))
+        else:
+            raise ValueError(f"not a change: {item!r:.100}")
+    return out
+
+
+def state_json(state: State) -> dict[str, list[object]]:
+    return {name: [count, members] for name, (count, members) in state.items()}
+
+
+def state_of(raw: object) -> State:
+    """``state_json`` read back; ValueError if it is not."""
+    if not isinstance(raw, dict):
+        raise ValueError("a state is an object")
+    out: State = {}
+    for name, value in raw.items():
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)
+                and isinstance(value[1], dict)
+                and all(isinstance(u, str) and (i is None or isinstance(i, str))
+                        for u, i in value[1].items())):
+            raise ValueError(f"not a channel's presence: {name!r:.100}")
+        out[name] = (value[0], value[1])
+    return out

@@ -12,7 +12,7 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
@@ -30,6 +30,7 @@ from pushup.backplane.mesh.dial import http_agent, http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
 from pushup.backplane.mesh.owners import advertised
+from pushup.backplane.mesh.presence import MeshPresence
 from pushup.backplane.mesh.relay import Relay
 from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
 from pushup.backplane.stream_engine import LocalStreams, StreamEngine
@@ -52,6 +53,9 @@ from pushup.ops.fleet import Fleet
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.timing import Timed, Timings
 from pushup.ops.webhooks import Webhooks
+
+if TYPE_CHECKING:  # (Redis's modules are imported only with --engine redis://)
+    from pushup.backplane.redis.presence import RedisPresence
 
 log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
@@ -99,15 +103,19 @@ class Node:
             self.backplane = Durable(self.service, self.data, reactor)
         else:
             self.backplane = Alone(self.service)
-        endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
-        streams = new_streams(config)
         # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
         self.presence = None if not config.presence_on else PresenceDesk(
             self.service, node_id, config.presence_linger, config.presence_members,
             tokens=bool(config.subscribe_secret))
         self.webhooks: Webhooks | None = None
-        if self.presence is not None and config.webhook_url:
-            self.webhooks = self._webhooks(self.presence, origin.name)
+        self.spreads: MeshPresence | RedisPresence | None = None  # presence to the others
+        if self.presence is not None:
+            self.spreads = self._presence_spread(self.presence, origin.name)
+            if config.webhook_url:
+                self.webhooks = self._webhooks(self.presence, origin.name)
+        endpoints = None if self.mesh is None else MeshEndpoints(
+            self.mesh, self.spreads if isinstance(self.spreads, MeshPresence) else None)
+        streams = new_streams(config)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
@@ -135,6 +143,21 @@ class Node:
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def _presence_spread(self, desk: PresenceDesk,
+                         boot: str) -> MeshPresence | RedisPresence | None:
+        """How this node's presence reaches the others': peer to peer on the
+        mesh, a record each in Redis; alone, nowhere."""
+        if self.mesh is not None and self.mesh.links:
+            return MeshPresence(desk, self.mesh.links, self.reactor, boot)
+        if self.config.engine != "mesh":
+            from pushup.backplane.redis.engine import RedisEngine
+            from pushup.backplane.redis.presence import RedisPresence
+
+            assert isinstance(self.backplane, RedisEngine)
+            return RedisPresence(desk, self.backplane.shards, self.reactor, boot,
+                                 self.backplane.timeout)
+        return None
 
     def _webhooks(self, desk: PresenceDesk, ids: str) -> Webhooks:
         """The sender of ``--webhook-url``: on the cluster's one sender (the
@@ -229,6 +252,8 @@ class Node:
         """Join the cluster (catch up from a peer, or load the engine's log)."""
         d: defer.Deferred[None] = self.backplane.start()
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
+        if self.spreads is not None:
+            self.spreads.start()
         return d
 
     def stats(self) -> dict[str, Any]:
@@ -287,6 +312,8 @@ class Node:
         # idle and answered connections go now, not after the flush; peers'
         # streams into us stay until then (they flush to us too)
         self.front.close_all(upgraded=False)
+        if self.spreads is not None:  # (on Redis, this node's record goes)
+            yield self.spreads.stop()
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()
