@@ -72,15 +72,21 @@ class PresenceDesk:
     """This node's presence: the local subscriptions, the cluster's roster,
     the followers. ``window`` and ``cap`` in seconds and members."""
 
-    def __init__(self, service: Service, node: str, window: float, cap: int,
-                 tokens: bool) -> None:
+    def __init__(self, service: Service, window: float, cap: int, tokens: bool,
+                 settle: float = 0.0) -> None:
+        """``settle``: seconds from now before this node may say the cluster's
+        events (a node that just started has not yet heard the others: what
+        it would say first is what they knew already)."""
         self.service = service
-        self.node = node  # this node's id in the roster (peers name it so too)
+        # this node in the roster: its origin (node id and boot), so a node that
+        # restarts is another entry, and the old one goes as a dead node's does
+        self.node = service.store.origin_name
+        self._settled_at = service.now() + round(settle * 1e6)
         self.cap = cap
         self.tokens = tokens  # users come from subscriber tokens (else from user=)
         self.local = Presence(round(window * 1e6))
         self.roster = Roster()
-        self.roster.apply(node, ())
+        self.roster.apply(self.node, ())
         self._origin = POSITION_PREFIX + hashlib.blake2b(
             service.store.origin_name.encode(), digest_size=8).hexdigest() + ".p"
         self.listeners: list[Callable[[list[Event]], None]] = []  # the cluster's events
@@ -251,14 +257,17 @@ class PresenceDesk:
         return Response(200, b'{"channels":{' + b",".join(parts) + b"}}")
 
     def leads(self) -> bool:
-        """Whether this node is the one that says the cluster's events (the
-        lowest id among the nodes the roster holds: those alive)."""
-        return min(self.roster.nodes) == self.node
+        """Whether this node is the one that says the cluster's events: the
+        lowest node id among the nodes the roster holds (those alive), once
+        settled."""
+        first = min(self.roster.nodes).rpartition(".")[0]  # (an origin is <node id>.<boot>)
+        return first == self.node.rpartition(".")[0] and self.service.now() >= self._settled_at
 
     def figures(self) -> dict[str, int]:
         return {"presence_subscriptions": len(self.local),
                 "presence_channels": self.roster.channels,
-                "presence_nodes": len(self.roster.nodes)}
+                "presence_nodes": len(self.roster.nodes),
+                "presence_sender": int(self.leads())}
 
 
 def member_json(user: str, info: str | None) -> bytes:

@@ -59,6 +59,8 @@ PRESENCE_FIGURES = (
     ("presence_channels", "pushup_presence_channels", "gauge",
      "Channels someone subscribes to, cluster-wide"),
     ("presence_nodes", "pushup_presence_nodes", "gauge", "Nodes whose presence is known here"),
+    ("presence_sender", "pushup_presence_sender", "gauge",
+     "1 on the one node that says the cluster's presence events (webhooks)"),
 )
 WEBHOOK_FIGURES = (
     ("sent", "pushup_webhook_events_sent", "counter",

@@ -62,6 +62,9 @@ ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
 STREAM_IDLE_CONNECTIONS = 8  # idle connections kept to each peer for streams handed on
+# a node that starts says no presence event before it heard the others' (their
+# records expire in 3 s: pushup.backplane.{mesh,redis}.presence)
+SETTLE_S = 4.0
 STREAM_ANSWER_S = 10.0  # the most a stream's owner may take to answer (past a long poll's hold)
 
 
@@ -104,9 +107,10 @@ class Node:
         else:
             self.backplane = Alone(self.service)
         # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
+        clustered = bool(config.peer) or config.engine != "mesh"
         self.presence = None if not config.presence_on else PresenceDesk(
-            self.service, node_id, config.presence_linger, config.presence_members,
-            tokens=bool(config.subscribe_secret))
+            self.service, config.presence_linger, config.presence_members,
+            tokens=bool(config.subscribe_secret), settle=SETTLE_S if clustered else 0.0)
         self.webhooks: Webhooks | None = None
         self.spreads: MeshPresence | RedisPresence | None = None  # presence to the others
         if self.presence is not None:

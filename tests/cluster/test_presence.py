@@ -68,8 +68,10 @@ def presence_cluster(request):
     cluster.start()
     try:
         bases = [cluster.node_url(i) for i in range(3)]
-        until(lambda: all(get(f"{b}/stats")["presence"]["presence_nodes"] == 3 for b in bases),
-              "every node to know the others' presence", guard=30)
+        # every node knows the others', and node1 says the events (once settled)
+        until(lambda: [(s["presence_nodes"], s["presence_sender"]) for s in
+                       (get(f"{b}/stats")["presence"] for b in bases)] == [(3, 1), (3, 0), (3, 0)],
+              "every node to know the others' presence, node1 the sender", guard=30)
         yield cluster, bases, hook
     finally:
         cluster.stop()
