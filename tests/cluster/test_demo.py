@@ -82,6 +82,9 @@ def test_two_people_chat_through_a_node_failure():
         for driver in (ann, bob):  # how many nodes
             until(driver, "return document.getElementById('cluster').textContent"
                           ".startsWith('3 of 3 nodes up: node1 node2 node3')")
+        for driver in (ann, bob):  # who is online (presence): both, on both pages
+            until(driver, "return document.getElementById('online').textContent"
+                          " === '2 online: ann, bob'")
         expected: list[str] = []
         for i in range(3):
             for driver, name in ((ann, "ann"), (bob, "bob")):
@@ -118,6 +121,8 @@ def test_two_people_chat_through_a_node_failure():
             height, view, top = scroll
             assert height > view, scroll  # the log overflows...
             assert top + view >= height - 2, scroll  # ...and shows its newest line
+        for driver in (ann, bob):  # both still online, through the live nodes
+            until(driver, "return window.online.join() === 'ann,bob'")
         for driver in (ann, bob):  # answered by a live node since the kill
             assert re.fullmatch(r"2 of 3 nodes up: node1 node2 node3 · your last poll was "
                                 r"answered by node[23]", cluster_line(driver).strip())
@@ -173,6 +178,8 @@ def test_the_subscribe_token_is_renewed_before_it_expires():
         assert all(r["at"] < r["previousExpiry"] for r in renewals), renewals
         say(ann, "still here")  # past the first token's expiry: still delivered
         wait_shown([ann], ["ann: still here"])
+        # the renewed tokens' subscriptions go on with who is online
+        assert ann.execute_script("return window.online") == ["ann"]
     finally:
         ann.quit()
         demo.stop()
