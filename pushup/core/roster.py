@@ -14,7 +14,6 @@ cannot answer, the channel as it stands. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -53,7 +52,9 @@ class _Member:
 class _View:
     subscribers: int = 0
     members: dict[str, _Member] = field(default_factory=dict)
-    log: deque[tuple[int, Event]] = field(default_factory=lambda: deque(maxlen=KEPT_PER_CHANNEL))
+    # the latest member events, oldest first: KEPT_PER_CHANNEL to twice that (a
+    # list, not a deque: an empty deque is ~600 bytes, and most channels are small)
+    log: list[tuple[int, Event]] = field(default_factory=list)
     floor: int = 0  # the seq of the newest member event no longer in ``log``
 
 
@@ -207,9 +208,12 @@ class Roster:
 
     def _log(self, view: _View, event: Event, out: list[Event]) -> None:
         self.seq += 1
-        if len(view.log) == view.log.maxlen:
-            view.floor = view.log[0][0]
-        view.log.append((self.seq, event))
+        log = view.log
+        log.append((self.seq, event))
+        if len(log) > 2 * KEPT_PER_CHANNEL:
+            cut = len(log) - KEPT_PER_CHANNEL
+            view.floor = log[cut - 1][0]
+            del log[:cut]
         out.append(event)
 
     def _tidy(self, name: str, view: _View) -> None:
