@@ -107,7 +107,7 @@ class Node:
         else:
             self.backplane = Alone(self.service)
         # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
-        clustered = bool(config.peer) or config.engine != "mesh"
+        clustered = (self.mesh is not None and bool(self.mesh.links)) or config.engine != "mesh"
         self.presence = None if not config.presence_on else PresenceDesk(
             self.service, config.presence_linger, config.presence_members,
             tokens=bool(config.subscribe_secret), settle=SETTLE_S if clustered else 0.0)
