@@ -4,16 +4,16 @@ A subscription is keyed by who makes it (an event stream, or a long-poll
 client between its polls) and names its channels and, from the subscriber
 token, its user (``sub``) and that user's ``info``. It counts while held and
 for ``window`` after it was last released, so a long poll between two polls,
-or a page reloading, stays counted; a key released with ``linger=False`` (an
-anonymous poll nobody can recognise again) goes at once. Each change comes
-out as values (``Count``, ``Join``, ``Leave``), per channel, for the roster
+or a page reloading, stays counted; an anonymous poll (nobody could
+recognise it again) counts while held only. Each change comes out as values
+(``Count``, ``Join``, ``Leave``), per channel, for the roster
 (:mod:`pushup.core.roster`) that merges every node's. Pure: time is passed in
 (integer microseconds), nothing here reads a clock or sets a timer.
 """
 
 from __future__ import annotations
 
-import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -51,7 +51,6 @@ class _Entry:
     info: str | None
     channels: tuple[str, ...]
     holds: int = 0  # held polls and open streams under this key now
-    until: int = 0  # released: counted until then (µs)
 
 
 @dataclass(slots=True)
@@ -62,81 +61,114 @@ class _User:
 
 @dataclass(slots=True)
 class _Channel:
-    keys: int = 0
+    keys: int = 0  # subscriptions: keys, and anonymous ones held
     users: dict[str, _User] = field(default_factory=dict)
 
 
 class Presence:
-    """This node's subscriptions. Every method returns the changes it made,
-    per channel, in order: a ``Count`` when a channel's number of
-    subscriptions changed, a ``Join`` when a user's first subscription to it
-    came, a ``Leave`` when its last went. ``expire`` must be called by
+    """This node's subscriptions. ``hold``, ``release`` and ``expire`` return
+    the membership changes they made, in order (a ``Join`` when a user's
+    first subscription to a channel came, a ``Leave`` when its last went);
+    the channels whose count moved are noted, and ``take_counts`` says them
+    (a ``Count`` each, the count as it is then), so a fan-out's thousands of
+    re-polls on one channel are one ``Count``. ``expire`` must be called by
     ``next_deadline`` at the latest for lingering keys to go."""
 
     def __init__(self, window: int) -> None:
         self.window = window  # µs a released key stays counted
+        self.anonymous = 0  # subscriptions held under no key
         self._entries: dict[str, _Entry] = {}
         self._channels: dict[str, _Channel] = {}
-        self._lingering: list[tuple[int, str]] = []  # (until, key), stale ones skipped
+        # released keys, by when they go: in that order, as the window is one
+        self._lingering: OrderedDict[str, int] = OrderedDict()
+        self._moved: dict[str, None] = {}  # channels whose count moved, in order
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + self.anonymous
 
     @property
     def channels(self) -> int:
         return len(self._channels)
 
     def hold(self, key: str, user: str | None, info: str | None,
-             channels: tuple[str, ...]) -> list[Change]:
+             channels: tuple[str, ...]) -> list[Join | Leave]:
         """A poll or a stream under ``key`` starts. A key that names other
         channels or another user than before is a new subscription (the old
         one goes at once: a client that changed its mind is not in both)."""
         entry = self._entries.get(key)
-        out: list[Change] = []
         if entry is not None and (entry.channels != channels or entry.user != user):
-            out += self._remove(key, entry)
+            out = self._remove(key, entry)
             entry = None
+        else:
+            out = []
         if entry is None:
             entry = self._entries[key] = _Entry(user, info, channels)
             out += self._add(entry)
+        elif not entry.holds:
+            del self._lingering[key]
         entry.holds += 1
         return out
 
-    def release(self, key: str, now: int, linger: bool = True) -> list[Change]:
-        """A poll or stream under ``key`` ended; the key counts on for the
-        window (``linger``) once none is held, else goes at once."""
+    def release(self, key: str, now: int) -> None:
+        """A poll or stream under ``key`` ended; once none is held, the key
+        counts on for the window (``expire`` lets it go)."""
         entry = self._entries.get(key)
         if entry is None or entry.holds == 0:
-            return []
+            return
         entry.holds -= 1
-        if entry.holds:
+        if not entry.holds:
+            self._lingering[key] = now + self.window
+
+    def hold_anonymous(self, channels: tuple[str, ...]) -> None:
+        """A poll nobody could recognise again: counted while held only."""
+        self.anonymous += 1
+        found = self._channels
+        moved = self._moved
+        for name in channels:
+            channel = found.get(name)
+            if channel is None:
+                channel = found[name] = _Channel()
+            channel.keys += 1
+            moved[name] = None
+
+    def release_anonymous(self, channels: tuple[str, ...]) -> None:
+        self.anonymous -= 1
+        found = self._channels
+        moved = self._moved
+        for name in channels:
+            channel = found[name]
+            channel.keys -= 1
+            moved[name] = None
+            if not channel.keys and not channel.users:
+                del found[name]
+
+    @property
+    def counts_moved(self) -> bool:
+        return bool(self._moved)
+
+    def take_counts(self) -> list[Count]:
+        """A ``Count`` for each channel whose count moved since the last call."""
+        if not self._moved:
             return []
-        if not linger:
-            return self._remove(key, entry)
-        entry.until = now + self.window
-        heapq.heappush(self._lingering, (entry.until, key))
-        return []
+        moved, self._moved = self._moved, {}
+        return [Count(name, self.subscribers(name)) for name in moved]
 
     def next_deadline(self) -> int | None:
         """When the first lingering key is due to go (µs), if any."""
-        lingering = self._lingering
-        while lingering:
-            until, key = lingering[0]
-            entry = self._entries.get(key)
-            if entry is not None and entry.holds == 0 and entry.until == until:
-                return until
-            heapq.heappop(lingering)
+        for until in self._lingering.values():
+            return until
         return None
 
-    def expire(self, now: int) -> list[Change]:
+    def expire(self, now: int) -> list[Join | Leave]:
         """Let go of every key released more than the window ago."""
-        out: list[Change] = []
+        out: list[Join | Leave] = []
         lingering = self._lingering
-        while lingering and lingering[0][0] <= now:
-            until, key = heapq.heappop(lingering)
-            entry = self._entries.get(key)
-            if entry is not None and entry.holds == 0 and entry.until == until:
-                out += self._remove(key, entry)
+        while lingering:
+            key, until = next(iter(lingering.items()))
+            if until > now:
+                break
+            del lingering[key]
+            out += self._remove(key, self._entries[key])
         return out
 
     def subscribers(self, channel: str) -> int:
@@ -157,14 +189,14 @@ class Presence:
 
     # -- the tables ------------------------------------------------------------
 
-    def _add(self, entry: _Entry) -> list[Change]:
-        out: list[Change] = []
+    def _add(self, entry: _Entry) -> list[Join | Leave]:
+        out: list[Join | Leave] = []
         for name in entry.channels:
             channel = self._channels.get(name)
             if channel is None:
                 channel = self._channels[name] = _Channel()
             channel.keys += 1
-            out.append(Count(name, channel.keys))
+            self._moved[name] = None
             if entry.user is None:
                 continue
             held = channel.users.get(entry.user)
@@ -175,20 +207,21 @@ class Presence:
                 held.keys += 1
         return out
 
-    def _remove(self, key: str, entry: _Entry) -> list[Change]:
+    def _remove(self, key: str, entry: _Entry) -> list[Join | Leave]:
         del self._entries[key]
-        out: list[Change] = []
+        self._lingering.pop(key, None)
+        out: list[Join | Leave] = []
         for name in entry.channels:
             channel = self._channels[name]
             channel.keys -= 1
-            out.append(Count(name, channel.keys))
+            self._moved[name] = None
             if entry.user is not None:
                 held = channel.users[entry.user]
                 held.keys -= 1
                 if not held.keys:
                     del channel.users[entry.user]
                     out.append(Leave(name, entry.user))
-            if not channel.keys:
+            if not channel.keys and not channel.users:
                 del self._channels[name]
         return out
 

@@ -97,8 +97,8 @@ class Handlers:
         self.mount = mount
         self._stats = stats
         self._metrics = metrics
-        self._parse_subscribe = _parse_subscribe(config)
-        self.parsed_queries: ParsedQueries[tuple[Query, float, str | None]] = ParsedQueries()
+        self._parse_subscribe = _parse_subscribe(config, presence is not None)
+        self.parsed_queries: ParsedQueries[Parsed] = ParsedQueries()
         self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
@@ -275,7 +275,7 @@ class Handlers:
         self._ready()
         cached = self.parsed_queries.get(request.query)
         parsed = cached or self._parse_subscribe(request.query)
-        query, timeout, token = parsed
+        query, timeout, token, marks = parsed
         expires = None
         if self._tokens is not None:
             if token is None:
@@ -287,12 +287,14 @@ class Handlers:
         cold = self.backplane.prepare(query.channels)
         if cold is not None:  # this node reads the channels first (the Redis engine)
             later: defer.Deferred[Any] = cold.addCallback(
-                lambda _: self._subscribe(request, query, timeout, client, expires, token))
+                lambda _: self._subscribe(request, query, timeout, client, expires, token,
+                                          marks))
             return Pending(later.addErrback(_error_answer))
-        return self._subscribe(request, query, timeout, client, expires, token)
+        return self._subscribe(request, query, timeout, client, expires, token, marks)
 
     def _subscribe(self, request: Request, query: Query, timeout: float, client: Client,
-                   expires: float | None, token: str | None = None) -> Response | Held:
+                   expires: float | None, token: str | None = None,
+                   marks: Marks | None = None) -> Response | Held:
         """:meth:`subscribe` once this node holds what its channels need."""
         if request.method == b"HEAD":
             # the head a GET would get now: never held, nothing counted as
@@ -300,8 +302,9 @@ class Handlers:
             if isinstance(query.since, Now):
                 query = replace(query, since=self.service.store.end(query.channels))
             return Response(200, poll_body(Delivery(query, self.service.read(query))))
-        if self.presence is not None:
-            return self._counted(request, query, timeout, client, expires, token, self.presence)
+        if self.presence is not None and marks is not None:
+            return self._counted(request, query, timeout, client, expires, token, marks,
+                                 self.presence)
         if b"presence" in request.query and Args(query_args(request.query)).get("presence"):
             raise errors.BadRequest("presence is off on this node (pushup serve --presence)")
         if b"text/event-stream" in request.headers.get(b"accept", b""):
@@ -312,18 +315,14 @@ class Handlers:
         return Held(partial(self.service.forget, outcome))
 
     def _counted(self, request: Request, query: Query, timeout: float, client: Client,
-                 expires: float | None, token: str | None, desk: PresenceDesk,
-                 ) -> Response | Held:
+                 expires: float | None, token: str | None, marks: Marks,
+                 desk: PresenceDesk) -> Response | Held:
         """:meth:`_subscribe` with ``--presence``: the subscription is
         counted, and with ``presence=1`` it follows membership changes."""
-        args = Args(query_args(request.query))
-        follow = args.get("presence")
-        if follow not in (None, "0", "1"):
-            raise errors.BadRequest("presence is 0 or 1")
-        who = desk.who(args, token, query.channels)
+        who, follow = desk.parse(marks, token, query.channels)
         if b"text/event-stream" in request.headers.get(b"accept", b""):
-            return self._stream(request, query, client, expires, (desk, who, follow == "1"))
-        outcome, gone = desk.poll(query, timeout, who, client, follow == "1")
+            return self._stream(request, query, client, expires, (desk, who, follow))
+        outcome, gone = desk.poll(query, timeout, who, client, follow)
         if isinstance(outcome, bytes):
             return Response(200, outcome)
         if isinstance(outcome, Delivery):
@@ -480,11 +479,19 @@ _CLIENT_JS = Response(200, files("pushup.http").joinpath("static/pushup.js").rea
                       b"text/javascript; charset=utf-8")
 
 
-def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, str | None]]:
-    def parse(raw: bytes) -> tuple[Query, float, str | None]:
+# A subscribe's parameters for presence: presence, client, user (with --presence)
+Marks = tuple[str | None, str | None, str | None]
+Parsed = tuple[Query, float, str | None, Marks | None]
+
+
+def _parse_subscribe(config: Config, presence: bool) -> Callable[[bytes], Parsed]:
+    def parse(raw: bytes) -> Parsed:
         args = query_args(raw)
         query, timeout = subscribe_query(args, config)
-        return query, timeout, Args(args).get("token")
+        given = Args(args)
+        marks = (given.get("presence"), given.get("client"), given.get("user")) \
+            if presence else None
+        return query, timeout, given.get("token"), marks
     return parse
 
 

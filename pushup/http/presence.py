@@ -32,7 +32,7 @@ from pushup.core.clock import Alarm, DelayedCall
 from pushup.core.cursor import Cursor
 from pushup.core.hub import Waiter
 from pushup.core.model import Now, Query, Result, check_channel_list, dumps
-from pushup.core.presence import Change, Presence
+from pushup.core.presence import Change, Join, Leave, Presence
 from pushup.core.roster import Event, Roster
 from pushup.core.service import Delivery, Service
 from pushup.http.exchange import Response
@@ -96,17 +96,30 @@ class PresenceDesk:
         self._woken: set[str] = set()  # channels with events for followers, this turn
         self._wake: DelayedCall | None = None
         self._claims: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
-        self._anonymous = 0
+        self._counting: DelayedCall | None = None  # the counts that moved, said next turn
         self._alarm = Alarm(service.clock, self._expire)
 
     # -- who ---------------------------------------------------------------
 
-    def who(self, args: Args, token: str | None, channels: tuple[str, ...]) -> Who:
-        """The identity of a subscribe (its token already verified, if any)."""
-        user, info = self._claims_of(token) if self.tokens else (args.get("user"), None)
+    def parse(self, marks: tuple[str | None, str | None, str | None], token: str | None,
+              channels: tuple[str, ...]) -> tuple[Who, bool]:
+        """Who a subscribe is, and whether it follows presence (``presence=1``),
+        from its ``presence``, ``client`` and ``user`` parameters (parsed, and
+        cached, with the rest of its query by the handler); 400 for a bad one."""
+        follow, client, user = marks
+        if follow is None and client is None and (user if not self.tokens else token) is None:
+            return ANONYMOUS, False  # (most polls, where nobody asks for presence: no work)
+        if follow not in (None, "0", "1"):
+            raise errors.BadRequest("presence is 0 or 1")
+        return self.who(client, user, token, channels), follow == "1"
+
+    def who(self, client: str | None, given: str | None, token: str | None,
+            channels: tuple[str, ...]) -> Who:
+        """The identity of a subscribe (its token already verified, if any):
+        the token's user on a node with tokens, else ``user=`` (``given``)."""
+        user, info = self._claims_of(token) if self.tokens else (given, None)
         if user is not None and not 0 < len(user) <= 200:
             raise errors.BadRequest("a user is 1 to 200 characters")
-        client = args.get("client")
         if client is not None and not _CLIENT_ID.fullmatch(client):
             raise errors.BadRequest("client is 1 to 64 letters, digits, _ or -")
         base = f"c:{client}" if client else (f"u:{user}:{token}" if user else None)
@@ -140,18 +153,25 @@ class PresenceDesk:
 
     # -- the hooks: a subscription starts and ends -------------------------
 
-    def hold(self, who: Who, channels: tuple[str, ...]) -> str:
-        """A poll or stream starts; the key to ``release`` it with."""
-        key = who.key
-        if key is None:
-            self._anonymous += 1
-            key = f"a:{self._anonymous}"
-        self._local(self.local.hold(key, who.user, who.info, channels))
-        return key
+    def hold(self, who: Who, channels: tuple[str, ...]) -> None:
+        """A poll or stream starts (``release`` it with the same ``who``)."""
+        if who.key is None:
+            self.local.hold_anonymous(channels)
+            if self._counting is None:
+                self._counting = self.service.clock.callLater(0, self._say_counts)
+        else:
+            self._local(self.local.hold(who.key, who.user, who.info, channels))
 
-    def release(self, key: str, who: Who) -> None:
+    def release(self, who: Who, channels: tuple[str, ...]) -> None:
+        """A poll or stream ended: an anonymous one leaves the count at once,
+        a keyed one lingers for the window."""
+        if who.key is None:
+            self.local.release_anonymous(channels)
+            if self._counting is None:
+                self._counting = self.service.clock.callLater(0, self._say_counts)
+            return
         now = self.service.now()
-        self._local(self.local.release(key, now, linger=who.key is not None))
+        self.local.release(who.key, now)
         self._alarm.set(self.local.next_deadline(), now)
 
     def _expire(self, deadline: int) -> None:
@@ -159,9 +179,22 @@ class PresenceDesk:
         self._local(self.local.expire(now))
         self._alarm.set(self.local.next_deadline(), now)
 
-    def _local(self, changes: list[Change]) -> None:
-        if not changes:
-            return
+    def _local(self, changes: list[Join | Leave]) -> None:
+        """Membership changes are said at once, after the counts that moved
+        (in that order: a channel is occupied before its first member);
+        counts alone on the next turn, once for every poll of this one."""
+        if changes:
+            self._say(self.local.take_counts() + changes)
+        elif self._counting is None and self.local.counts_moved:
+            self._counting = self.service.clock.callLater(0, self._say_counts)
+
+    def _say_counts(self) -> None:
+        self._counting = None
+        counts = self.local.take_counts()
+        if counts:
+            self._say(list(counts))
+
+    def _say(self, changes: list[Change]) -> None:
         for listener in self.local_listeners:
             listener(changes)
         self._events(self.roster.apply(self.node, changes))
@@ -231,16 +264,24 @@ class PresenceDesk:
              follow: bool) -> tuple[Delivery | Waiter | bytes, Callable[[], None]]:
         """A long poll starts: the service's outcome (or, following, the
         whole body of an answer now) and what to call if the client goes."""
-        key = self.hold(who, query.channels)
-        poll = _Poll(self, client, key, who, query, timeout, follow)
+        self.hold(who, query.channels)
+        if not follow:  # the common case, kept short: counted while held
+            counted = _Counted(self, client, who, query.channels)
+            outcome = self.service.subscribe(query, timeout, counted)
+            if isinstance(outcome, Delivery):
+                counted.end()
+            else:
+                counted.waiter = outcome
+            return outcome, counted.gone
+        poll = _Poll(self, client, who, query, timeout, follow)
         return poll.start(), poll.gone
 
     def stream(self, who: Who, channels: tuple[str, ...], client: StreamClient,
                follow: bool) -> _Stream:
         """An event stream starts: the client to give it (it tells us when
         the stream ends; with ``follow``, the stream gets ``event: presence``)."""
-        key = self.hold(who, channels)
-        return _Stream(self, client, key, who, channels, follow)
+        self.hold(who, channels)
+        return _Stream(self, client, who, channels, follow)
 
     # -- GET /presence --------------------------------------------------------
 
@@ -293,19 +334,53 @@ def presence_query(args: Args, max_channels: int) -> tuple[tuple[str, ...], bool
     return check_channel_list(names.split(","), max_channels), members == "1"
 
 
+ANONYMOUS = Who(None, None, None)
+
+
+class _Counted:
+    """A long poll that does not follow presence: counted while it is held."""
+
+    __slots__ = ("channels", "client", "desk", "done", "waiter", "who")
+
+    def __init__(self, desk: PresenceDesk, client: HeldAnswer, who: Who,
+                 channels: tuple[str, ...]) -> None:
+        self.desk = desk
+        self.client = client
+        self.who = who
+        self.channels = channels
+        self.waiter: Waiter | None = None
+        self.done = False
+
+    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
+        if not self.done:
+            self.done = True
+            self.desk.release(self.who, self.channels)
+        return self.client.respond(delivery, hold)
+
+    def gone(self) -> None:
+        if self.waiter is not None:
+            self.desk.service.forget(self.waiter)
+            self.waiter = None
+        self.end()
+
+    def end(self) -> None:
+        if not self.done:
+            self.done = True
+            self.desk.release(self.who, self.channels)
+
+
 class _Poll:
     """One long poll, counted while held (and for the window after)."""
 
-    def __init__(self, desk: PresenceDesk, client: HeldAnswer, key: str, who: Who,
+    def __init__(self, desk: PresenceDesk, client: HeldAnswer, who: Who,
                  query: Query, timeout: float, follow: bool) -> None:
         self.desk = desk
         self.client = client
-        self.key = key
         self.who = who
         self.follow = follow
         self.timeout = timeout
         since, self.seq, self.held = desk.position(query.since)
-        self.query = replace(query, since=since)
+        self.query = query if since is query.since else replace(query, since=since)
         self.waiter: Waiter | None = None
         self.done = False
 
@@ -371,7 +446,7 @@ class _Poll:
                     held.discard(self)
                     if not held:
                         del self.desk._polls[name]
-        self.desk.release(self.key, self.who)
+        self.desk.release(self.who, self.query.channels)
 
 
 class _Stream:
@@ -379,11 +454,10 @@ class _Stream:
     it is sent each membership change of its channels as ``event: presence``
     (all of them as they stand first)."""
 
-    def __init__(self, desk: PresenceDesk, client: StreamClient, key: str, who: Who,
+    def __init__(self, desk: PresenceDesk, client: StreamClient, who: Who,
                  channels: tuple[str, ...], follow: bool) -> None:
         self.desk = desk
         self.client = client
-        self.key = key
         self.who = who
         self.channels = channels
         self.follow = follow
@@ -427,5 +501,5 @@ class _Stream:
                 held.discard(self)
                 if not held:
                     del self.desk._streams[name]
-        self.desk.release(self.key, self.who)
+        self.desk.release(self.who, self.channels)
 

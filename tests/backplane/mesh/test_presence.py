@@ -23,7 +23,8 @@ class Desk:
         self.told: list[tuple] = []
 
     def hold(self, key: str, user: str, channel: str) -> None:
-        changes = self.local.hold(key, user, None, (channel,))
+        joins = self.local.hold(key, user, None, (channel,))
+        changes = self.local.take_counts() + joins  # as the desk says them
         for listener in self.local_listeners:
             listener(changes)
 
