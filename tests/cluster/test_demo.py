@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -180,6 +181,14 @@ def test_the_subscribe_token_is_renewed_before_it_expires():
         wait_shown([ann], ["ann: still here"])
         # the renewed tokens' subscriptions go on with who is online
         assert ann.execute_script("return window.online") == ["ann"]
+        # the front sends GET /presence to PushUp (not to the chat's backend):
+        # it wants a subscribe token, as a subscribe does
+        try:
+            urllib.request.urlopen(demo.url + "presence?channels=chat:lobby", timeout=10)
+        except urllib.error.HTTPError as e:
+            assert e.code == 401 and json.loads(e.read())["error"]["code"] == "unauthorized"
+        else:
+            raise AssertionError("GET /presence without a token was not refused")
     finally:
         ann.quit()
         demo.stop()
