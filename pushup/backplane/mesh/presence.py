@@ -85,9 +85,11 @@ class MeshPresence:
         self._heard: dict[str, _Heard] = {}
         self._loop = task.LoopingCall(self._tick)
         self._loop.clock = clock
+        self._ticked = 0.0  # when the loop last ran
         desk.local_listeners.append(self._changed)
 
     def start(self) -> None:
+        self._ticked = self.clock.seconds()
         self._loop.start(TICK_S, now=False)
 
     def stop(self) -> None:
@@ -106,6 +108,11 @@ class MeshPresence:
             if not out.busy:
                 self._send(out)
         now = self.clock.seconds()
+        late = now - self._ticked - TICK_S
+        self._ticked = now
+        if late > TICK_S:  # this node stalled: its peers' silence meanwhile says nothing
+            for heard in self._heard.values():
+                heard.at += late
         for node, heard in list(self._heard.items()):
             if now - heard.at > DEAD_S:
                 del self._heard[node]

@@ -110,3 +110,13 @@ def test_a_malformed_message_is_400():
                  json.dumps({"node": "n2.b", "boot": "n2.b", "seq": 1, "state": {}}).encode()):
         with pytest.raises(BadRequest):
             mb.receive(body)
+
+
+def test_a_node_that_stalled_does_not_take_its_peers_for_dead():
+    clock, a, b, to_b, ma, mb = pair()
+    clock.advance(TICK_S)
+    ma.stop()  # a says nothing while b's loop is stalled...
+    clock.advance(DEAD_S + 1)  # ...for seconds: b's next turn comes that late
+    ma.start()
+    clock.advance(TICK_S)
+    assert [t for t in b.told if t[0] == "gone"] == []
