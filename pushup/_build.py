@@ -102,6 +102,12 @@ INTERPRETED = {
                                 "compiled yet",
     "pushup.http.upgrade": "runs once per peer link",
     "pushup.http.seams": "typing Protocols only: nothing runs",
+    "pushup.core.presence": "presence (issue 38, only with --presence): once per poll "
+                            "counted; not measured compiled yet",
+    "pushup.core.roster": "presence (issue 38): once per membership change and once per "
+                          "turn for the counts; not measured compiled yet",
+    "pushup.http.presence": "presence (issue 38): PyJWT reads a token's claims; once per "
+                            "poll counted; not measured compiled yet",
 }
 PURE_ENV = "PUSHUP_PURE"
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds ``pushup/``
