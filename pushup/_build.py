@@ -108,6 +108,8 @@ INTERPRETED = {
                           "turn for the counts; not measured compiled yet",
     "pushup.http.presence": "presence (issue 38): PyJWT reads a token's claims; once per "
                             "poll counted; not measured compiled yet",
+    "pushup.http.presence_followers": "presence (issue 38): the polls and streams counted, "
+                                      "once per poll; not measured compiled yet",
 }
 PURE_ENV = "PUSHUP_PURE"
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds ``pushup/``

@@ -53,7 +53,8 @@ from pushup.http.params import (
     subscribe_query,
     ttl_of,
 )
-from pushup.http.presence import PresenceDesk, Who, presence_query
+from pushup.http.presence import PresenceDesk, presence_query
+from pushup.http.presence_followers import Who
 from pushup.http.render import poll_body
 from pushup.http.sse import EventStream, StreamClient, closed_in
 from pushup.http.streams import PREFIX as STREAMS_PREFIX

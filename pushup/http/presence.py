@@ -8,7 +8,8 @@ and merges the result with the other nodes' (the engine's replicator calls
 ``node_changes`` / ``node_state`` / ``node_gone``) in one
 :class:`~pushup.core.roster.Roster`. Each of the roster's events goes to the
 listeners (the webhook sender) and wakes the ``presence=1`` polls and streams
-of its channel, on a later turn. A ``presence=1`` poll keeps its place in
+of its channel, on a later turn (those are :mod:`pushup.http.presence_followers`'s).
+A ``presence=1`` poll keeps its place in
 the roster's events in its cursor, as an origin of its own per node
 (``_presence-<hash>.p``), which the store never sees. Nothing here reads a
 socket; time is the service's clock.
@@ -21,8 +22,6 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import replace
-from typing import Protocol
 
 import jwt
 from twisted.logger import Logger
@@ -37,6 +36,16 @@ from pushup.core.roster import Event, Roster
 from pushup.core.service import Delivery, Service
 from pushup.http.exchange import Response
 from pushup.http.params import Args
+from pushup.http.presence_followers import (
+    ANONYMOUS,
+    Counted,
+    HeldAnswer,
+    Poll,
+    Stream,
+    Who,
+    event_json,
+    member_json,
+)
 from pushup.http.render import poll_body
 from pushup.http.sse import StreamClient
 
@@ -45,27 +54,6 @@ MAX_INFO_BYTES = 1024  # a token's info claim, as JSON
 _CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KEPT_CLAIMS = 4096  # tokens whose (sub, info) are remembered
 POSITION_PREFIX = "_presence-"  # a cursor's origin that holds a presence position
-
-
-class HeldAnswer(Protocol):
-    """What a ``presence=1`` poll is answered through (the HTTP protocol)."""
-
-    def respond(self, delivery: Delivery, hold: bool = False) -> bool: ...
-
-    def answer_held(self, response: Response) -> bool: ...
-
-
-class Who:
-    """Who a subscribe is: its user and info (from the token, or ``user=``
-    on a node without subscriber tokens) and the key its subscription is
-    counted under (None: recognisable by nothing, counted while held only)."""
-
-    __slots__ = ("info", "key", "user")
-
-    def __init__(self, key: str | None, user: str | None, info: str | None) -> None:
-        self.key = key
-        self.user = user
-        self.info = info
 
 
 class PresenceDesk:
@@ -91,8 +79,8 @@ class PresenceDesk:
             service.store.origin_name.encode(), digest_size=8).hexdigest() + ".p"
         self.listeners: list[Callable[[list[Event]], None]] = []  # the cluster's events
         self.local_listeners: list[Callable[[list[Change]], None]] = []  # this node's
-        self._polls: dict[str, set[_Poll]] = {}  # presence=1 polls held, by channel
-        self._streams: dict[str, set[_Stream]] = {}  # presence=1 streams, by channel
+        self.polls: dict[str, set[Poll]] = {}  # presence=1 polls held, by channel
+        self.streams: dict[str, set[Stream]] = {}  # presence=1 streams, by channel
         self._woken: set[str] = set()  # channels with events for followers, this turn
         self._wake: DelayedCall | None = None
         self._claims: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
@@ -229,11 +217,11 @@ class PresenceDesk:
     def _wake_followers(self) -> None:
         self._wake = None
         channels, self._woken = self._woken, set()
-        polls: set[_Poll] = set()
-        streams: set[_Stream] = set()
+        polls: set[Poll] = set()
+        streams: set[Stream] = set()
         for name in channels:
-            polls.update(self._polls.get(name, ()))
-            streams.update(self._streams.get(name, ()))
+            polls.update(self.polls.get(name, ()))
+            streams.update(self.streams.get(name, ()))
         for poll in polls:
             poll.wake()
         for stream in streams:
@@ -266,22 +254,22 @@ class PresenceDesk:
         whole body of an answer now) and what to call if the client goes."""
         self.hold(who, query.channels)
         if not follow:  # the common case, kept short: counted while held
-            counted = _Counted(self, client, who, query.channels)
+            counted = Counted(self, client, who, query.channels)
             outcome = self.service.subscribe(query, timeout, counted)
             if isinstance(outcome, Delivery):
                 counted.end()
             else:
                 counted.waiter = outcome
             return outcome, counted.gone
-        poll = _Poll(self, client, who, query, timeout, follow)
+        poll = Poll(self, client, who, query, timeout, follow)
         return poll.start(), poll.gone
 
     def stream(self, who: Who, channels: tuple[str, ...], client: StreamClient,
-               follow: bool) -> _Stream:
+               follow: bool) -> Stream:
         """An event stream starts: the client to give it (it tells us when
         the stream ends; with ``follow``, the stream gets ``event: presence``)."""
         self.hold(who, channels)
-        return _Stream(self, client, who, channels, follow)
+        return Stream(self, client, who, channels, follow)
 
     # -- GET /presence --------------------------------------------------------
 
@@ -311,18 +299,6 @@ class PresenceDesk:
                 "presence_sender": int(self.leads())}
 
 
-def member_json(user: str, info: str | None) -> bytes:
-    head = b'{"user":' + dumps(user)
-    return head + (b"}" if info is None else b',"info":' + info.encode() + b"}")
-
-
-def event_json(event: Event) -> bytes:
-    """``{"channel":…,"event":"member_added","user":…,"info":{…}}`` (info when there is one)."""
-    assert event.user is not None
-    head = b'{"channel":' + dumps(event.channel) + b',"event":"' + event.name.encode() + b'"'
-    return head + b"," + member_json(event.user, event.info)[1:]
-
-
 def presence_query(args: Args, max_channels: int) -> tuple[tuple[str, ...], bool]:
     """``GET /presence`` parameters: the channels, and whether to list members."""
     names = args.get("channels")
@@ -332,174 +308,3 @@ def presence_query(args: Args, max_channels: int) -> tuple[tuple[str, ...], bool
     if members not in (None, "0", "1"):
         raise errors.BadRequest("members is 0 or 1")
     return check_channel_list(names.split(","), max_channels), members == "1"
-
-
-ANONYMOUS = Who(None, None, None)
-
-
-class _Counted:
-    """A long poll that does not follow presence: counted while it is held."""
-
-    __slots__ = ("channels", "client", "desk", "done", "waiter", "who")
-
-    def __init__(self, desk: PresenceDesk, client: HeldAnswer, who: Who,
-                 channels: tuple[str, ...]) -> None:
-        self.desk = desk
-        self.client = client
-        self.who = who
-        self.channels = channels
-        self.waiter: Waiter | None = None
-        self.done = False
-
-    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
-        if not self.done:
-            self.done = True
-            self.desk.release(self.who, self.channels)
-        return self.client.respond(delivery, hold)
-
-    def gone(self) -> None:
-        if self.waiter is not None:
-            self.desk.service.forget(self.waiter)
-            self.waiter = None
-        self.end()
-
-    def end(self) -> None:
-        if not self.done:
-            self.done = True
-            self.desk.release(self.who, self.channels)
-
-
-class _Poll:
-    """One long poll, counted while held (and for the window after)."""
-
-    def __init__(self, desk: PresenceDesk, client: HeldAnswer, who: Who,
-                 query: Query, timeout: float, follow: bool) -> None:
-        self.desk = desk
-        self.client = client
-        self.who = who
-        self.follow = follow
-        self.timeout = timeout
-        since, self.seq, self.held = desk.position(query.since)
-        self.query = query if since is query.since else replace(query, since=since)
-        self.waiter: Waiter | None = None
-        self.done = False
-
-    def start(self) -> Delivery | Waiter | bytes:
-        service = self.desk.service
-        if self.follow:
-            events = self.desk.roster.since(self.query.channels, self.seq)
-            if events:
-                query = self._resolved()
-                self._end()
-                return self.desk.render(Delivery(query, service.read(query)), events,
-                                        self.held)
-        outcome = service.subscribe(self.query, self.timeout, self)
-        if isinstance(outcome, Delivery):
-            self._end()
-            if self.follow:
-                return self.desk.render(outcome, [], self.held)
-            return outcome
-        self.waiter = outcome
-        self.query = outcome.query  # since=now resolved
-        if self.follow:
-            for name in self.query.channels:
-                self.desk._polls.setdefault(name, set()).add(self)
-        return outcome
-
-    def _resolved(self) -> Query:
-        if isinstance(self.query.since, Now):
-            return replace(self.query, since=self.desk.service.store.end(self.query.channels))
-        return self.query
-
-    def respond(self, delivery: Delivery, hold: bool = False) -> bool:
-        """The service answers (see ``service.Subscriber``)."""
-        self.waiter = None
-        self._end()
-        if not self.follow:
-            return self.client.respond(delivery, hold)
-        events = self.desk.roster.since(self.query.channels, self.seq)
-        return self.client.answer_held(
-            Response(200, self.desk.render(delivery, events, self.held)))
-
-    def wake(self) -> None:
-        """The roster changed on a channel of this held ``presence=1`` poll."""
-        if self.waiter is None or self.done:
-            return
-        self.desk.service.forget(self.waiter)
-        self.respond(Delivery(self.query, self.desk.service.read(self.query)))
-
-    def gone(self) -> None:
-        """The client went away before its answer."""
-        if self.waiter is not None:
-            self.desk.service.forget(self.waiter)
-            self.waiter = None
-        self._end()
-
-    def _end(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.follow:
-            for name in self.query.channels:
-                held = self.desk._polls.get(name)
-                if held is not None:
-                    held.discard(self)
-                    if not held:
-                        del self.desk._polls[name]
-        self.desk.release(self.who, self.query.channels)
-
-
-class _Stream:
-    """An event stream's client, counted while it is open; with ``follow``,
-    it is sent each membership change of its channels as ``event: presence``
-    (all of them as they stand first)."""
-
-    def __init__(self, desk: PresenceDesk, client: StreamClient, who: Who,
-                 channels: tuple[str, ...], follow: bool) -> None:
-        self.desk = desk
-        self.client = client
-        self.who = who
-        self.channels = channels
-        self.follow = follow
-        self.seq: int | None = None
-        self.done = False
-        if follow:
-            for name in channels:
-                desk._streams.setdefault(name, set()).add(self)
-
-    def send_since(self) -> None:
-        if self.done:
-            return
-        events = self.desk.roster.since(self.channels, self.seq)
-        self.seq = self.desk.roster.seq
-        if events and not self.client.send_events(b"".join(
-                b"event: presence\ndata: " + event_json(e) + b"\n\n" for e in events)):
-            self.end()
-
-    def send_events(self, data: bytes) -> bool:
-        first = self.follow and self.seq is None
-        sent = self.client.send_events(data)
-        if first and sent:  # after the stream names its position
-            self.send_since()
-        return sent
-
-    def end_stream(self) -> None:
-        self.end()
-        self.client.end_stream()
-
-    def when_writable(self, callback: Callable[[], None]) -> None:
-        self.client.when_writable(callback)
-
-    def end(self) -> None:
-        """The stream ended (or its client went): once."""
-        if self.done:
-            return
-        self.done = True
-        for name in self.channels:
-            held = self.desk._streams.get(name)
-            if held is not None:
-                held.discard(self)
-                if not held:
-                    del self.desk._streams[name]
-        self.desk.release(self.who, self.channels)
-
