@@ -1,21 +1,25 @@
 """A node that restarts (SIGTERM, then started again) does not say again who
-was there all along: on 3 real mesh nodes behind HAProxy, the webhook
-receiver sees a member that stayed on another node added once, not again
-when the restarted node (the webhooks' sender) comes back."""
+was there all along: on 3 real nodes behind HAProxy, on the mesh and on one
+redis-server, the webhook receiver sees a member that stayed on another node
+added once, not again when the restarted node (the webhooks' sender) comes
+back."""
 from __future__ import annotations
 
 import signal
 import time
 from collections import Counter
 
+import pytest
+
 from deploy.launch import LocalCluster
 from tests.cluster.test_presence import SECRET, get, names, poll, until, view
 from tests.webhook_receiver import Receiver
 
 
-def test_a_restarted_sender_does_not_announce_members_again():
+@pytest.mark.parametrize("engine", ["mesh", "redis"])
+def test_a_restarted_sender_does_not_announce_members_again(engine):
     hook = Receiver(SECRET)
-    cluster = LocalCluster(nodes=3, haproxy=True, node_args=[
+    cluster = LocalCluster(nodes=3, haproxy=True, engine=engine, node_args=[
         "--presence", "--presence-window", "1", "--webhook-url", hook.url],
         node_env={"PUSHUP_WEBHOOK_SECRET": SECRET})
     cluster.start()
