@@ -95,6 +95,23 @@ class Config:
     def subscribers_need_tokens(self) -> bool:
         return bool(self.subscribe_secret or self.subscribe_jwks)
 
+    # Presence, occupancy and webhooks (docs/api.md, "Presence"); a webhook URL implies presence
+    presence: bool = False
+    presence_window: float = 0.0  # 0: max_timeout + 5 s
+    presence_members: int = 100  # members GET /presence lists per channel at most
+    webhook_url: tuple[str, ...] = ()
+    webhook_secret: str = ""
+    webhook_queue: int = 10_000  # events queued per URL; past it the oldest are dropped
+
+    @property
+    def presence_on(self) -> bool:
+        return self.presence or bool(self.webhook_url)
+
+    @property
+    def presence_linger(self) -> float:
+        """Seconds a released subscription stays counted."""
+        return self.presence_window or self.max_timeout + 5.0
+
 
 REACTORS = ("epoll", "poll", "select")
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -175,6 +192,17 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "drain_window": ("at SIGTERM, end the open event streams spread over this many "
                      "seconds, jittered, instead of all at once (held long polls are "
                      "answered at once either way; 0: all at once)", "SECONDS"),
+    "presence": ("count each channel's subscribers and members (GET /presence, "
+                 "subscribe presence=1); implied by --webhook-url", None),
+    "presence_window": ("seconds a subscriber counts after its poll or stream ended "
+                        "(0: --max-timeout + 5)", "SECONDS"),
+    "presence_members": ("members GET /presence lists per channel at most (the count stays "
+                         "exact)", "N"),
+    "webhook_url": ("POST presence events to this URL, batched and signed (repeatable)",
+                    "URL"),
+    "webhook_secret": ("HMAC-SHA256 secret the webhooks are signed with", "S"),
+    "webhook_queue": ("webhook events queued per URL while its receiver is slow or down; "
+                      "past it the oldest are dropped (counted in /metrics)", "N"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # The settings that are byte sizes: bytes, or a number with a unit (256MiB; sizes.py).
@@ -259,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         text = f"{text} [{shown}env PUSHUP_{name.upper()}]"
         if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
-        elif name in ("peer", "cors_origin"):
+        elif name in ("peer", "cors_origin", "webhook_url"):
             serve.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
         else:
             serve.add_argument(flag, default=None, metavar=metavar, help=text)
@@ -279,7 +307,8 @@ def load(
     for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
         if value is not None:
-            from_env[name] = value.split(",") if name in ("peer", "cors_origin") else value
+            listed = name in ("peer", "cors_origin", "webhook_url")
+            from_env[name] = value.split(",") if listed else value
     from_flags = {name: args[name] for name in _OPTIONS if args.get(name) is not None}
     raw: dict[str, Any] = {}
     for layer, name_of in ((from_file, lambda o: f"config file {config_path}, key {o}"),
@@ -367,7 +396,7 @@ def _convert(name: str, value: Any, spelled: str) -> Any:
     try:
         if kind == "bool":
             return _to_bool(value)
-        if name in ("peer", "cors_origin"):
+        if name in ("peer", "cors_origin", "webhook_url"):
             items = [value] if isinstance(value, str) else list(value)
             if name == "cors_origin":  # each item may be a comma list
                 items = [part for v in items for part in str(v).split(",")]
@@ -472,6 +501,14 @@ def validate(c: Config) -> Config:
              f"{spelled('engine')} find each other through Redis")
     need(0 <= c.drain_window <= MAX_DRAIN_WINDOW,
          f"--drain-window must be from 0 to {MAX_DRAIN_WINDOW:g} seconds")
+    need(c.presence_window >= 0, "--presence-window must be 0 or more")
+    need(c.presence_members >= 0, "--presence-members must be 0 or more")
+    for url in c.webhook_url:
+        need(url.startswith(("http://", "https://")),
+             f"--webhook-url {url!r} is not an http URL")
+    need(c.webhook_queue >= 50, "--webhook-queue must be at least 50 (one batch)")
+    need(not c.webhook_url or bool(c.webhook_secret),
+         f"{spelled('webhook_url')} needs {spelled('webhook_secret')}: webhooks are signed")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(1 <= c.redis_partitions <= 1024, "--redis-partitions must be from 1 to 1024")
     need(not c.peer or bool(c.cluster_secret),

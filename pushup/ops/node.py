@@ -13,7 +13,7 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
@@ -31,6 +31,7 @@ from pushup.backplane.mesh.dial import http_agent, http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
 from pushup.backplane.mesh.owners import advertised
+from pushup.backplane.mesh.presence import MeshPresence
 from pushup.backplane.mesh.relay import Relay
 from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
 from pushup.backplane.stream_engine import LocalStreams, StreamEngine
@@ -45,6 +46,7 @@ from pushup.http.exchange import Writer
 from pushup.http.front import Front
 from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
+from pushup.http.presence import PresenceDesk
 from pushup.http.sse import max_event_id
 from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
@@ -52,6 +54,10 @@ from pushup.ops.fleet import Fleet
 from pushup.ops.jwks import subscribe_verifier
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.timing import Timed, Timings
+from pushup.ops.webhooks import Webhooks
+
+if TYPE_CHECKING:  # (Redis's modules are imported only with --engine redis://)
+    from pushup.backplane.redis.presence import RedisPresence
 
 log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
@@ -60,6 +66,9 @@ DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit w
 # past --drain-window: the most a stream's end (its last page) may take to go out
 DRAIN_WINDOW_GRACE = 1.0
 STREAM_IDLE_CONNECTIONS = 8  # idle connections kept to each peer for streams handed on
+# a node that starts says no presence event before it heard the others' (their
+# records expire in 3 s: pushup.backplane.{mesh,redis}.presence)
+SETTLE_S = 4.0
 STREAM_ANSWER_S = 10.0  # the most a stream's owner may take to answer (past a long poll's hold)
 
 
@@ -101,13 +110,26 @@ class Node:
             self.backplane = Durable(self.service, self.data, reactor)
         else:
             self.backplane = Alone(self.service)
-        endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
+        # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
+        clustered = (self.mesh is not None and bool(self.mesh.links)) or config.engine != "mesh"
+        self.presence = None if not config.presence_on else PresenceDesk(
+            self.service, config.presence_linger, config.presence_members,
+            tokens=bool(config.subscribe_secret), settle=SETTLE_S if clustered else 0.0)
+        self.webhooks: Webhooks | None = None
+        self.spreads: MeshPresence | RedisPresence | None = None  # presence to the others
+        if self.presence is not None:
+            self.spreads = self._presence_spread(self.presence, origin.name)
+            if config.webhook_url:
+                self.webhooks = self._webhooks(self.presence, origin.name)
+        endpoints = None if self.mesh is None else MeshEndpoints(
+            self.mesh, self.spreads if isinstance(self.spreads, MeshPresence) else None)
         streams = new_streams(config)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
                                  stream_engine=self._stream_engine(streams),
-                                 tokens=subscribe_verifier(config, reactor))
+                                 tokens=subscribe_verifier(config, reactor),
+                                 presence=self.presence)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -130,6 +152,35 @@ class Node:
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def _presence_spread(self, desk: PresenceDesk,
+                         boot: str) -> MeshPresence | RedisPresence | None:
+        """How this node's presence reaches the others': peer to peer on the
+        mesh, a record each in Redis; alone, nowhere."""
+        if self.mesh is not None and self.mesh.links:
+            return MeshPresence(desk, self.mesh.links, self.reactor, boot)
+        if self.config.engine != "mesh":
+            from pushup.backplane.redis.engine import RedisEngine
+            from pushup.backplane.redis.presence import RedisPresence
+
+            assert isinstance(self.backplane, RedisEngine)
+            return RedisPresence(desk, self.backplane.shards, self.reactor, boot,
+                                 self.backplane.timeout)
+        return None
+
+    def _webhooks(self, desk: PresenceDesk, ids: str) -> Webhooks:
+        """The sender of ``--webhook-url``: on the cluster's one sender (the
+        lowest node id the roster holds), each batch to every URL."""
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent
+
+        # a connection per request (at most 4 a second per URL): a kept one the
+        # receiver closed meanwhile would fail a POST, which is not retried
+        http = HTTPClient(Agent(self.reactor))  # type: ignore[no-untyped-call]
+        hooks = Webhooks(self.config.webhook_url, self.config.webhook_secret, self.reactor,
+                         http, ids, queue=self.config.webhook_queue, sends=desk.leads)
+        desk.listeners.append(hooks.events)
+        return hooks
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
         """Where the Durable Streams of ``streams`` (the core's) are decided:
@@ -210,6 +261,8 @@ class Node:
         """Join the cluster (catch up from a peer, or load the engine's log)."""
         d: defer.Deferred[None] = self.backplane.start()
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
+        if self.spreads is not None:
+            self.spreads.start()
         return d
 
     def stats(self) -> dict[str, Any]:
@@ -221,6 +274,8 @@ class Node:
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
+                **({} if self.presence is None else {"presence": self.presence.figures()}),
+                **({} if self.webhooks is None else {"webhooks": self.webhooks.stats()}),
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 
@@ -292,6 +347,8 @@ class Node:
                 log.warn("drain: {n} event streams had not ended by the window's end; "
                          "closing them", n=len(streams))
         started = self.reactor.seconds()
+        if self.spreads is not None:  # (on Redis, this node's record goes)
+            yield self.spreads.stop()
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()
