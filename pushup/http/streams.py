@@ -42,7 +42,7 @@ from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
-from pushup.http.stream_sse import Feed
+from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
 
 PREFIX = b"/v1/stream/"
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
@@ -159,6 +159,10 @@ class StreamEndpoints:
                 self.streams.sweep_due(self.service.now())
             source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
             paths = [path] if source is None else [source.decode("latin-1"), path]
+            if request.method == b"GET" and b"live=sse" in request.query:
+                # another node's event stream reaches the reader in whole events
+                client = WholeEvents(client,  # type: ignore[arg-type]
+                                     EVENT_BOUND_BUDGETS * self.config.max_response_bytes)
             return _outcome(self.engine.serve(
                 paths, lambda: handler(request, (path,), client), request, client))
         except PushUpError as e:
