@@ -115,6 +115,7 @@ class StreamEndpoints:
         self.draining = False
         # the held long polls, answered together (pushup.http.stream_polls)
         self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
+        self.feeds: set[Feed] = set()  # the SSE responses served here (ended: pruned)
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
@@ -124,6 +125,13 @@ class StreamEndpoints:
     def long_polls(self) -> int:
         """Long polls held now (/stats ``stream_long_polls``)."""
         return self.polls.held
+
+    @property
+    def sse_readers(self) -> int:
+        """SSE responses this node serves now (/stats ``stream_sse_readers``;
+        one relayed from another node is that node's)."""
+        self.feeds = {feed for feed in self.feeds if not feed.ended}
+        return len(self.feeds)
 
     def drain(self) -> None:
         """The node stops: every held long poll is answered now (204), every
@@ -344,6 +352,10 @@ class StreamEndpoints:
                     cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
                     fields=h.COMMON)
         feed.start()
+        if not feed.ended:
+            if len(self.feeds) >= 64:  # pruned as it grows, not only when /stats asks
+                self.feeds = {held for held in self.feeds if not held.ended}
+            self.feeds.add(feed)
         return Held(feed.stop)
 
 

@@ -216,6 +216,7 @@ class Node:
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
+                "stream_sse_readers": self.handlers.streams.sse_readers,
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 
