@@ -42,6 +42,7 @@ from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
+from pushup.http.stream_retention import retention_asked, retention_fields
 from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
 
 PREFIX = b"/v1/stream/"
@@ -58,7 +59,6 @@ _FORKED_FROM, _CONTENT_TYPE, _TTL, _EXPIRES_AT = (
 _FORK_OFFSET, _FORK_SUB_OFFSET, _CLOSED, _SEQ = (
     h.key(n) for n in (h.FORK_OFFSET, h.FORK_SUB_OFFSET, h.CLOSED, h.SEQ))
 _HOST, _IF_NONE_MATCH = h.key(h.HOST), h.key(h.IF_NONE_MATCH)
-_RETENTION_AGE, _RETENTION_BYTES = h.key(h.RETENTION_AGE), h.key(h.RETENTION_BYTES)
 _PRODUCER = tuple(h.key(n) for n in (h.PRODUCER_ID, h.PRODUCER_EPOCH, h.PRODUCER_SEQ))
 Headers = h.Headers
 
@@ -92,18 +92,6 @@ def _answer(status: int, body: bytes | None = None, content_type: bytes | None =
 
 def _error(e: PushUpError) -> Response:
     return _answer(e.status, error_body(e), headers=h.error_fields(e))
-
-
-def _retained(stream: Stream) -> Headers:
-    """A stream's retention, and the earliest offset it keeps, as HEAD says them."""
-    if not stream.retains:
-        return ()
-    fields: Headers = ((h.EARLIEST_OFFSET, stream.earliest.offset.encode()),)
-    if stream.retention_age is not None:
-        fields += ((h.RETENTION_AGE, b"%d" % stream.retention_age),)
-    if stream.retention_bytes is not None:
-        fields += ((h.RETENTION_BYTES, b"%d" % stream.retention_bytes),)
-    return fields
 
 
 def _closed(stream: Stream) -> Headers:
@@ -217,7 +205,7 @@ class StreamEndpoints:
             request.header(_CLOSED).lower() == "true", request.body,
             None if forked_from is None else forked_from.decode("latin-1"), offset,
             0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)),
-            *self._retention(request, forked_from is not None))
+            *retention_asked(request, self.config, fork=forked_from is not None))
         stream, created = self.streams.create(params[0], asked, self.service.now())
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
@@ -250,25 +238,6 @@ class StreamEndpoints:
         new_data = producer is not None and not done.duplicate and bool(request.body)
         return _answer(200 if new_data else 204, headers=headers)
 
-    def _retention(self, request: Request, fork: bool) -> tuple[int | None, int | None]:
-        """A creation's retention (age seconds, bytes): its headers, else the
-        node's defaults (``--stream-retention-age``/``-bytes``; never a
-        fork's, which reads its source below its fork point); 400 for one not
-        a whole number from 1, or given to a fork."""
-        given = []
-        for key, name, default in (
-                (_RETENTION_AGE, h.RETENTION_AGE, self.config.stream_retention_age),
-                (_RETENTION_BYTES, h.RETENTION_BYTES, self.config.stream_retention_bytes)):
-            text = request.headers.get(key)
-            if text is not None and fork:
-                raise BadRequest(f"{_name(name)} is not given to a fork: it reads its "
-                                 "source below its fork point")
-            value = (None if text is None else decimal(text.decode("latin-1"), _name(name)))
-            if value == 0:
-                raise BadRequest(f"{_name(name)}: 0 would keep nothing; give at least 1")
-            given.append(value if value is not None else None if fork else default or None)
-        return given[0], given[1]
-
     def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         self.streams.delete(params[0], self.service.now())
         return _answer(204)
@@ -283,7 +252,7 @@ class StreamEndpoints:
             headers += ((h.TTL, b"%d" % stream.ttl),)
         if stream.expires_at is not None:
             headers += ((h.EXPIRES_AT, stream.expires_at.encode()),)
-        return _answer(200, b"", stream.content_type.encode(), headers + _retained(stream))
+        return _answer(200, b"", stream.content_type.encode(), headers + retention_fields(stream))
 
     def read(self, request: Request, params: tuple[str, ...], client: object,
              ) -> Response | Held | Pending:
