@@ -69,3 +69,14 @@ def test_a_data_dir_node_killed_keeps_what_retention_kept_and_let_go(fresh_clust
     assert earliest_and_gone(c.node_url(0), path, offsets[2]) == (offsets[7], 410, offsets[7])
     status, _, body = request("GET", stream_url(c.node_url(0), path) + "?offset=-1")
     assert (status, body[:3], len(body)) == (200, b"008", 200)
+
+
+def test_on_the_mesh_the_owner_keeps_the_retention_asked_through_another_node(fresh_cluster):
+    from tests.cluster.test_streams_mesh import path_owned_by
+
+    c = fresh_cluster(2, haproxy=False)
+    path = path_owned_by(c, 0)
+    put_kept(c.bases[1], path, 250)  # handed on to its owner, headers and all
+    offsets = [post(c.bases[i % 2], path, b"%03d" % i + b"." * 97) for i in range(10)]
+    for base in c.bases:
+        assert earliest_and_gone(base, path, offsets[2]) == (offsets[7], 410, offsets[7])

@@ -34,3 +34,18 @@ def test_a_page_reloaded_20_times_mid_answer_shows_every_token_once_in_order():
                 driver.quit()
     finally:
         assert node.stop() == 0
+
+
+def test_the_readme_section_runs_the_example_as_this_test_does():
+    """The README's commands are the ones the tests run: the page's origin in
+    the node's --cors-origin, the bundle built, the backend started, on the
+    ports the backend takes by default (make run's node on 8080)."""
+    from tests.e2e.ai_answers import EXAMPLE
+    from tests.e2e.test_readme import block
+
+    commands = block("### Resumable AI answers", "sh")
+    assert "PUSHUP_CORS_ORIGIN=http://127.0.0.1:3000 make run &" in commands
+    assert "cd examples/ai_answers && npm install && npm run build" in commands
+    assert "npm start" in commands
+    server = (EXAMPLE / "server.mjs").read_text()
+    assert '"http://127.0.0.1:8080"' in server and "process.env.PORT ?? 3000" in server
