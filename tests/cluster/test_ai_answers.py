@@ -25,14 +25,18 @@ from tests.e2e.ai_answers import (
     reload_at_random_points,
     wait_for,
 )
+from tests.toolkit import wait_until
 
 
 def serving_the_page(c: LocalCluster) -> int:
-    """The node that serves the page's SSE response now."""
-    readers = [get_json(c.node_url(i) + "/stats")[1]["stream_sse_readers"]
-               for i in range(len(c.node_ports))]
-    assert readers.count(1) == 1 and sum(readers) == 1, readers
-    return readers.index(1)
+    """The node that serves the page's SSE response now (once the response
+    of the page before its last reload has ended on its node)."""
+    def readers() -> list[int]:
+        return [get_json(c.node_url(i) + "/stats")[1]["stream_sse_readers"]
+                for i in range(len(c.node_ports))]
+
+    wait_until(lambda: sum(readers()) == 1, 10, 0.05, "one SSE response, the page's")
+    return readers().index(1)
 
 
 @pytest.mark.timeout(180)
