@@ -64,7 +64,15 @@ $(NPM_STREAMS)/node_modules/.installed: $(NPM_STREAMS)/package.json $(NPM_STREAM
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
 	npm ci --prefix $(NPM_STREAMS) --no-audit --no-fund --loglevel=error
 	touch $@
-npm-clients: $(NPM_CLIENTS)/node_modules/.installed $(NPM_STREAMS)/node_modules/.installed
+# The resumable AI answers example (examples/ai_answers: @durable-streams/client and
+# esbuild, which bundles its page), installed the same way for its tests.
+NPM_AI := examples/ai_answers
+$(NPM_AI)/node_modules/.installed: $(NPM_AI)/package.json $(NPM_AI)/package-lock.json
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
+	npm ci --prefix $(NPM_AI) --no-audit --no-fund --loglevel=error
+	touch $@
+npm-clients: $(NPM_CLIENTS)/node_modules/.installed $(NPM_STREAMS)/node_modules/.installed \
+	$(NPM_AI)/node_modules/.installed
 
 # nginx with the nchan module, which `make bench` measures PushUp against (only the
 # benchmark needs it), installed only when missing (deploy/system_packages.py). The

@@ -100,6 +100,8 @@ INTERPRETED = {
     "pushup.http.stream_polls": "a Durable Stream's held long polls (issue 30): once per "
                                 "group of polls and once per poll answered; not measured "
                                 "compiled yet",
+    "pushup.http.stream_retention": "a Durable Stream's retention headers (issue 39): once "
+                                    "per creation or HEAD",
     "pushup.http.upgrade": "runs once per peer link",
     "pushup.http.stream_drain": "the open event streams' set, and their ends spread once "
                                 "per drain (issue 40)",

@@ -75,6 +75,8 @@ class Config:
     max_cached_bytes: int = 256 * 1024 * 1024
     max_connections: int = 16000
     max_response_bytes: int = 1024 * 1024
+    stream_retention_age: int = 0  # a PUT without Stream-Retention-Age gets this (0: none)
+    stream_retention_bytes: int = 0  # and its Stream-Retention-Bytes (0: none)
     header_timeout: float = 10.0
     keepalive_timeout: float = 60.0
     send_timeout: float = 30.0
@@ -166,6 +168,10 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "max_connections": ("open connections before answering 503 overloaded", "N"),
     "max_response_bytes": ("message bytes in one subscribe answer (more: cut, like limit)",
                            "SIZE"),
+    "stream_retention_age": ("seconds a Durable Stream keeps each append when its creation "
+                             "gives no Stream-Retention-Age (0: all)", "SECONDS"),
+    "stream_retention_bytes": ("bytes of appends a Durable Stream keeps when its creation "
+                               "gives no Stream-Retention-Bytes (0: all)", "SIZE"),
     "header_timeout": ("seconds a request's line and headers may take to arrive",
                        "SECONDS"),
     "keepalive_timeout": ("seconds an idle keep-alive connection is kept", "SECONDS"),
@@ -481,6 +487,8 @@ def validate(c: Config) -> Config:
                  "max_messages_per_channel", "max_cached_bytes", "max_connections",
                  "max_response_bytes", "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("stream_retention_age", "stream_retention_bytes"):
+        need(getattr(c, name) >= 0, f"--{name.replace('_', '-')} must be 0 (none) or more")
     need(c.max_message_bytes <= c.max_cached_bytes,
          f"{spelled('max_message_bytes')} must not exceed {spelled('max_cached_bytes')}")
     for origin in c.cors_origin:

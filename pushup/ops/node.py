@@ -276,6 +276,7 @@ class Node:
                 "stream_long_polls": self.handlers.streams.long_polls,
                 **({} if self.presence is None else {"presence": self.presence.figures()}),
                 **({} if self.webhooks is None else {"webhooks": self.webhooks.stats()}),
+                "stream_sse_readers": self.handlers.streams.sse_readers,
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 
