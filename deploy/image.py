@@ -221,7 +221,8 @@ def compose_haproxy_config() -> str:
               "# HAProxy's environment variables, which the compose file sets.\n")
     return header + "global\n" + body.format(
         front='"${PUSHUP_FRONT_HOST}:${PUSHUP_FRONT_PORT}"', servers=servers,
-        web_backend="", default_backend="pushup", errors="/etc/pushup/errors").rstrip() + "\n"
+        web_backend="", default_backend="pushup", errors="/etc/pushup/errors",
+        bind_tls="").rstrip() + "\n"
 
 
 def main(argv: Sequence[str]) -> int:
