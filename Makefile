@@ -5,18 +5,19 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: build run test demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
+.PHONY: build run test image demo bench bench-packages cluster cluster-packages loadtest experiments lint setup system-packages \
         npm-clients conformance conformance-streams conformance-streams-cluster clean
 
 # `make run` installs only what running needs; tests, benchmarks and load tests
 # add their tools.
-# Each step a fresh checkout takes says so in one line first (the install and
-# compile run quietly for about a minute); once set up, nothing runs.
+# Each step a fresh checkout takes says so in one line first; the quiet install
+# and compile (1 to 3 minutes) say every 20 s which phase they are in
+# (deploy/setup_progress.py) and how long they took; once set up, nothing runs.
 $(RUN_STAMP): pyproject.toml setup.py
 	@test -x $(PY) || echo "pushup: creating the virtual environment $(VENV)/ (first run only)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "pushup: installing Python packages into $(VENV)/ and compiling the core with mypyc where a C compiler exists (first run only, about a minute)..."
-	$(PY) -m pip install -q --disable-pip-version-check -e .
+	@echo "pushup: installing Python packages into $(VENV)/ and compiling the core with mypyc where a C compiler exists (first run only, 1 to 3 minutes)..."
+	$(PYTHON) deploy/setup_progress.py --every 20 -- $(PY) -m pip install -q --disable-pip-version-check -e .
 	mkdir -p build && touch $(RUN_STAMP) $(BUILT)
 
 $(STAMP): pyproject.toml setup.py
@@ -63,7 +64,15 @@ $(NPM_STREAMS)/node_modules/.installed: $(NPM_STREAMS)/package.json $(NPM_STREAM
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
 	npm ci --prefix $(NPM_STREAMS) --no-audit --no-fund --loglevel=error
 	touch $@
-npm-clients: $(NPM_CLIENTS)/node_modules/.installed $(NPM_STREAMS)/node_modules/.installed
+# The resumable AI answers example (examples/ai_answers: @durable-streams/client and
+# esbuild, which bundles its page), installed the same way for its tests.
+NPM_AI := examples/ai_answers
+$(NPM_AI)/node_modules/.installed: $(NPM_AI)/package.json $(NPM_AI)/package-lock.json
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory system-packages
+	npm ci --prefix $(NPM_AI) --no-audit --no-fund --loglevel=error
+	touch $@
+npm-clients: $(NPM_CLIENTS)/node_modules/.installed $(NPM_STREAMS)/node_modules/.installed \
+	$(NPM_AI)/node_modules/.installed
 
 # nginx with the nchan module, which `make bench` measures PushUp against (only the
 # benchmark needs it), installed only when missing (deploy/system_packages.py). The
@@ -95,6 +104,15 @@ cluster-packages: $(RUN_STAMP)
 	@for tool in $(CLUSTER_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; \
 	  done; [ -z "$$missing" ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+
+# The container image of a node, localhost/pushup:latest (deploy/Containerfile; README,
+# "Container image"), built by podman with mypyc compiling the core inside; where no
+# image registry is reachable, deploy/image.py first makes its Debian base images
+# (mmdebstrap, once: podman keeps them). BASE= and BUILD_BASE= name public ones instead.
+# podman, runc and mmdebstrap are installed when missing (deploy/system_packages.py).
+image:
+	@$(PYTHON) deploy/system_packages.py install image
+	$(PYTHON) deploy/image.py build
 
 # The lint (ruff, mypy --strict over the package) runs first: a layer or type
 # error fails the tests as surely as a broken test does.

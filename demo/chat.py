@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from http.cookies import SimpleCookie
 from pathlib import Path
 
-from pushup.http.tokens import issue
+import jwt
 
 CHANNEL = "chat:lobby"
 PAGE_KEY = re.compile(r"[A-Za-z0-9_-]{8,64}")  # the key a page gives each line it sends
@@ -133,7 +133,10 @@ def handler_for(chat: Chat) -> type[http.server.BaseHTTPRequestHandler]:
                 user = chat.user(self.headers.get("Cookie"))
                 if user is None:
                     return self._send(401, b'{"error":"sign in first"}')
-                token = issue(chat.subscribe_secret, [CHANNEL], time.time() + chat.token_seconds)
+                # sub: who the page is, for presence (the page shows who is online)
+                token = jwt.encode({"channels": [CHANNEL], "sub": user,
+                                    "exp": int(time.time() + chat.token_seconds)},
+                                   chat.subscribe_secret, algorithm="HS256")
                 return self._send(200, json.dumps({
                     "token": token, "user": user, "channel": CHANNEL,
                     "expires_in": chat.token_seconds}).encode())

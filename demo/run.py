@@ -31,7 +31,8 @@ class Demo:
         publish_token = secrets.token_urlsafe(24)
         subscribe_secret = secrets.token_urlsafe(32)
         self.cluster = LocalCluster(nodes, front_port, workdir=workdir, node_env={
-            "PUSHUP_PUBLISH_TOKEN": publish_token, "PUSHUP_SUBSCRIBE_SECRET": subscribe_secret})
+            "PUSHUP_PUBLISH_TOKEN": publish_token, "PUSHUP_SUBSCRIBE_SECRET": subscribe_secret,
+            "PUSHUP_PRESENCE": "1"})  # the page shows who is online
         urls = [self.cluster.node_url(i) for i in range(nodes)]
         self.chat = Chat(urls, publish_token, subscribe_secret, secrets.token_bytes(32),
                          token_seconds=token_seconds)

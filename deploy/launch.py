@@ -5,6 +5,7 @@
                             [--logs DIR]
                             [--balance roundrobin|channel|sticky]
                             [--leave-dead] [--web-backend 127.0.0.1:5000]
+                            [--tls [CERT_AND_KEY.pem]]
                             [-- extra pushup flags]
 
 ``--engine redis`` starts a redis-server of its own (on a free loopback port,
@@ -18,7 +19,10 @@ meanwhile); the cluster keeps serving.
 Logs go to ``--logs`` (default ``.cluster/`` in the repository, replaced by
 each run); nothing is left in the temporary directory. Secrets reach the
 nodes in their environment, never on a command line (``ps`` shows those).
-Ctrl-C (or SIGTERM) stops everything. The same ``LocalCluster`` class runs
+``--tls``: HAProxy terminates TLS and offers HTTP/2 (``alpn h2,http/1.1``),
+with the PEM given (certificate then key) or, without one, a self-signed
+certificate for 127.0.0.1 and localhost made by ``openssl`` in the logs
+directory. Ctrl-C (or SIGTERM) stops everything. The same ``LocalCluster`` class runs
 the cluster tests and benchmarks, so what the tests prove is what ``make
 cluster`` starts.
 """
@@ -32,6 +36,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -58,8 +63,12 @@ BALANCES = ("roundrobin", "channel", "sticky")
 
 
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",
-                   host: str = "127.0.0.1", balance: str = "roundrobin") -> str:
+                   host: str = "127.0.0.1", balance: str = "roundrobin",
+                   tls_pem: str = "") -> str:
     """The HAProxy configuration for these nodes (see haproxy.cfg.template).
+
+    ``tls_pem``: the front terminates TLS with this certificate and key (one
+    PEM file) and offers HTTP/2 first (ALPN ``h2,http/1.1``).
 
     ``balance="channel"``: a subscribe goes to a node chosen by a consistent
     hash of its ``channels`` parameter (so a channel's pollers share a node,
@@ -78,9 +87,10 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
                         for i, p in enumerate(node_ports))
     web = (f"backend web\n    server web1 {web_backend}\n" if web_backend else "")
     default = "web" if web_backend else "pushup"
+    bind_tls = f" ssl crt {tls_pem} alpn h2,http/1.1" if tls_pem else ""
     text = TEMPLATE.read_text().format(front=f"{host}:{front_port}", servers=servers,
                                        web_backend=web, default_backend=default,
-                                       errors=ERRORS)
+                                       errors=ERRORS, bind_tls=bind_tls)
     if balance == "channel":
         head, backend = text.split("\nbackend pushup\n", 1)
         backend, _, rest = backend.partition("\n\n")
@@ -124,9 +134,25 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+def self_signed_pem(directory: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key, in one
+    PEM file in ``directory`` (as HAProxy's ``crt`` reads it), made by openssl."""
+    cert, key, pem = (directory / n for n in ("front-cert.pem", "front-key.pem", "front.pem"))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "30",
+                    "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    pem.write_bytes(cert.read_bytes() + key.read_bytes())
+    key.unlink()
+    pem.chmod(0o600)
+    return pem
+
+
+def get_json(url: str, timeout: float = 5.0,
+             context: ssl.SSLContext | None = None) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -139,7 +165,11 @@ class LocalCluster:
                  node_args: Sequence[str] = (), web_backend: str = "",
                  secret: str = "", workdir: str | None = None, haproxy: bool = True,
                  engine: str = "mesh", node_env: dict[str, str] | None = None,
-                 balance: str = "roundrobin", data_dirs: bool = False) -> None:
+                 balance: str = "roundrobin", data_dirs: bool = False,
+                 tls: bool | str = False) -> None:
+        """``tls``: HAProxy's front terminates TLS and offers h2 (``True``: with a
+        self-signed certificate made in ``workdir``, see ``certificate``; a
+        path: that PEM of certificate and key)."""
         self.node_ports = [free_port() for _ in range(nodes)]
         self.balance = balance  # HAProxy's: roundrobin, channel or sticky (haproxy_config)
         self.data_dirs = data_dirs  # each mesh node a --data-dir of its own, in workdir
@@ -160,10 +190,29 @@ class LocalCluster:
         self.engine = engine
         self.redis: RedisServer | None = None
         self.redis_cluster: RedisCluster | None = None
+        self.tls = tls
+        self.tls_pem = tls if isinstance(tls, str) else ""  # made at start when tls is True
 
     @property
     def front_url(self) -> str:
-        return f"http://127.0.0.1:{self.front_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.front_port}"
+
+    @property
+    def certificate(self) -> str:
+        """The front's PEM (certificate and key): a client trusts it to reach the
+        TLS front."""
+        return self.tls_pem
+
+    @property
+    def client_certificate(self) -> str:
+        """The front's certificate alone, without its key (what to hand clients,
+        e.g. ``curl --cacert``): the one made at start, else the PEM given."""
+        made = Path(self.tls_pem).with_name("front-cert.pem")
+        return str(made) if self.tls is True and made.exists() else self.tls_pem
+
+    def front_context(self) -> ssl.SSLContext | None:
+        """TLS that trusts the front's certificate (None: the front is plain HTTP)."""
+        return ssl.create_default_context(cafile=self.tls_pem) if self.tls else None
 
     def node_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.node_ports[i]}"
@@ -257,14 +306,17 @@ class LocalCluster:
                                    for p in self.node_ports]
             self.start_nodes(timeout, taken)
             if self.haproxy_procs:
+                if self.tls is True and not self.tls_pem:
+                    self.tls_pem = str(self_signed_pem(self.workdir))
                 cfg = self.workdir / "haproxy.cfg"
                 cfg.write_text(haproxy_config(self.front_port, self.node_ports,
-                                              self.web_backend, balance=self.balance))
+                                              self.web_backend, balance=self.balance,
+                                              tls_pem=self.tls_pem))
                 for k in range(self.haproxy_procs):
                     self.haproxies.append(self.spawn_haproxy(k))
                 try:
                     wait_healthy(self.front_url, time.monotonic() + timeout,
-                                 self.haproxies[0])
+                                 self.haproxies[0], self.front_context())
                 except RuntimeError:
                     raise RuntimeError("haproxy did not start: " + last_line(
                         self.workdir / "haproxy1.log")) from None
@@ -292,12 +344,14 @@ class LocalCluster:
     def wait_backends_up(self, timeout: float = 30.0) -> None:
         """Until HAProxy's health checks see every running node (round-robin hits all)."""
         want = {f"node{i + 1}" for i, p in enumerate(self.nodes) if p is not None}
+        context = self.front_context()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             seen = set()
             for _ in range(len(want) * 3):
                 try:
-                    node_id = get_json(self.front_url + "/health", 1.0)[1].get("node_id", "")
+                    node_id = get_json(self.front_url + "/health", 1.0,
+                                       context)[1].get("node_id", "")
                 except (OSError, ValueError):
                     continue
                 # a node of --workers answers as one of its workers: node1-0, node1-1...
@@ -562,7 +616,7 @@ def prepare_logs(path: Path) -> Path:
     a directory of other things too)."""
     path.mkdir(parents=True, exist_ok=True)
     for old in [*path.glob("node[0-9]*.log"), *path.glob("haproxy[0-9]*.log"),
-                path / "haproxy.cfg"]:
+                path / "haproxy.cfg", *path.glob("front*.pem")]:
         old.unlink(missing_ok=True)
     return path
 
@@ -589,6 +643,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(default .cluster/ in the repository)")
     parser.add_argument("--leave-dead", action="store_true",
                         help="leave a node that dies dead (default: restart it)")
+    parser.add_argument("--tls", nargs="?", const=True, default=False, metavar="PEM",
+                        help="HAProxy terminates TLS and offers HTTP/2 (ALPN h2,http/1.1), "
+                             "with this PEM of certificate and key, or without one a "
+                             "self-signed certificate made in the logs directory")
     parser.add_argument("extra", nargs="*", help="flags passed to every node (after --)")
     args = parser.parse_args(argv)
     why = refuse(args.port, f"make cluster PORT={args.port + 1}")
@@ -601,10 +659,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     cluster = LocalCluster(args.nodes, args.port, args.haproxy_procs, args.extra,
                            args.web_backend, workdir=str(prepare_logs(Path(args.logs))),
-                           engine=args.engine, balance=args.balance)
+                           engine=args.engine, balance=args.balance, tls=args.tls)
 
     def banner() -> list[str]:
         lines = [f"front: {cluster.front_url}"]
+        if cluster.tls:
+            lines.append(f"front: HTTP/2 and HTTP/1.1 over TLS; its certificate for "
+                         f"clients: {cluster.client_certificate}")
         if cluster.engine != "mesh":
             lines.append(f"engine: {cluster.engine_url}")
         return [*lines, *node_lines(cluster), *redis_lines(cluster), "Ctrl-C stops everything"]

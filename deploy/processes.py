@@ -16,6 +16,7 @@ import os
 import re
 import selectors
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -68,15 +69,17 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: floa
 
 
 def wait_healthy(url: str, deadline: float, proc: subprocess.Popen[bytes] | None = None,
-                 ) -> None:
+                 context: ssl.SSLContext | None = None) -> None:
     """Until ``url``'s /health answers 200 (a node may load its peers' cache or its
     data first); RuntimeError if ``proc`` exits meanwhile, TimeoutError at
-    ``deadline`` (``time.monotonic()``)."""
+    ``deadline`` (``time.monotonic()``). ``context``: an https URL's TLS (e.g.
+    one that trusts a front's self-signed certificate)."""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{url}: process exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=1.0) as response:
+            with urllib.request.urlopen(url + "/health", timeout=1.0,
+                                        context=context) as response:
                 if response.status == 200:
                     return
         except OSError:  # not listening yet, or 503 (an HTTPError) while it loads

@@ -47,8 +47,20 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("tc", "iproute2"),
         ("redis-server", "redis-server"),
         ("openssl", "openssl"),
+        ("curl", "curl"),  # --http2 through the TLS fronts (tests/cluster/test_h2_fronts.py)
         ("/usr/bin/prometheus", "prometheus"),
         ("systemd-analyze", "systemd"),
+        # podman, with runc (crun refuses this machine's cgroups) and mmdebstrap
+        # for the base images, for the container image's test (tests/e2e/test_image.py)
+        ("podman", "podman"),
+        ("runc", "runc"),
+        ("mmdebstrap", "mmdebstrap"),
+    ),
+    # What `make image` needs: the same three.
+    "image": (
+        ("podman", "podman"),
+        ("runc", "runc"),
+        ("mmdebstrap", "mmdebstrap"),
     ),
     # nginx with the nchan module, which `make bench` measures PushUp against.
     "bench": (

@@ -100,8 +100,20 @@ INTERPRETED = {
     "pushup.http.stream_polls": "a Durable Stream's held long polls (issue 30): once per "
                                 "group of polls and once per poll answered; not measured "
                                 "compiled yet",
+    "pushup.http.stream_retention": "a Durable Stream's retention headers (issue 39): once "
+                                    "per creation or HEAD",
     "pushup.http.upgrade": "runs once per peer link",
+    "pushup.http.stream_drain": "the open event streams' set, and their ends spread once "
+                                "per drain (issue 40)",
     "pushup.http.seams": "typing Protocols only: nothing runs",
+    "pushup.core.presence": "presence (issue 38, only with --presence): once per poll "
+                            "counted; not measured compiled yet",
+    "pushup.core.roster": "presence (issue 38): once per membership change and once per "
+                          "turn for the counts; not measured compiled yet",
+    "pushup.http.presence": "presence (issue 38): PyJWT reads a token's claims; once per "
+                            "poll counted; not measured compiled yet",
+    "pushup.http.presence_followers": "presence (issue 38): the polls and streams counted, "
+                                      "once per poll; not measured compiled yet",
 }
 PURE_ENV = "PUSHUP_PURE"
 ROOT = Path(__file__).resolve().parent.parent  # the folder that holds ``pushup/``

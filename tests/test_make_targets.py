@@ -41,7 +41,7 @@ def test_make_run_says_each_setup_step_once_and_nothing_once_set_up():
     steps = [line for line in fresh.splitlines() if line.startswith("echo \"pushup: ")]
     assert steps == [
         'echo "pushup: installing Python packages into .venv/ and compiling the core with '
-        'mypyc where a C compiler exists (first run only, about a minute)..."',
+        'mypyc where a C compiler exists (first run only, 1 to 3 minutes)..."',
         'echo "pushup: compiling the core with mypyc again (a compiled source changed; '
         'about a minute)..."'], fresh
     assert 'echo "pushup: creating the virtual environment .venv/ (first run only)"' in fresh

@@ -1,6 +1,6 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,interest,scale,capacity,workers,faults,soak,streams] [--quick] [--budget CORES]
-[--worker-budget CORES] [--soak-minutes M] [--interest-widths W,...]
+engines,interest,scale,capacity,workers,faults,soak,streams,sse_latency] [--quick]
+[--budget CORES] [--worker-budget CORES] [--soak-minutes M] [--interest-widths W,...]
 [--capacity-workload CxP,...] [--capacity-nodes K,...] [--capacity-step S]`.
 
 Runs the selected benchmarks against fresh `pushup serve` processes, prints a
@@ -36,7 +36,10 @@ cores, the generator outside (workerscale.py): what a core per worker buys.
 subscribers on 50 channels, a publish per channel a second, the server's RSS a
 line per minute and its slope over the last half (soak.py). `streams` is issue
 30's: a Durable Stream's catch-up read and long-poll wake-up against the same
-through /subscribe on one node, with their ratios (streams.py).
+through /subscribe on one node, with their ratios (streams.py). `sse_latency` is
+issue 40's: one event's latency on an event stream straight from a node, through
+the shipped HAProxy (plain and TLS) and through the shipped nginx TLS site, the
+fronts taking turns against one node (sse_latency.py; needs haproxy and nginx).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -67,6 +70,7 @@ from . import (
     report,
     scenarios,
     soak,
+    sse_latency,
     streams,
     workerscale,
 )
@@ -76,7 +80,8 @@ from .server import raise_nofile
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
-           "engines", "interest", "scale", "capacity", "workers", "faults", "soak", "streams"]
+           "engines", "interest", "scale", "capacity", "workers", "faults", "soak", "streams",
+           "sse_latency"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -90,7 +95,7 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "soak_minutes": soak.MINUTES, "capacity": capacity.Settings(),
         "interest": interest.Settings(),
         "streams_sizes": [10, 1000], "streams_read_seconds": 3.0, "streams_read_reps": 3,
-        "streams_holds": [1000, 10000], "streams_rounds": 20}
+        "streams_holds": [1000, 10000], "streams_rounds": 20, "sse_latency_events": 300}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
@@ -106,7 +111,7 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
              max_steps=2),
          "interest": interest.Settings(widths=(20, 2000), duration_s=4.0),
          "streams_sizes": [20], "streams_read_seconds": 0.5, "streams_read_reps": 1,
-         "streams_holds": [200], "streams_rounds": 2}
+         "streams_holds": [200], "streams_rounds": 2, "sse_latency_events": 40}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 CAPACITY_WATCHDOG_S = 2400  # ... and after this much more when it measures capacity
 
@@ -338,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("streams", lambda: streams.bench_streams(
                 ctx, cfg["streams_sizes"], cfg["streams_read_seconds"], cfg["streams_read_reps"],
                 cfg["streams_holds"], cfg["streams_rounds"], cfg["round_timeout"])))
+        if "sse_latency" in args.only:
+            plan.append(("sse_latency", lambda: sse_latency.bench_sse_latency(
+                ctx, cfg["sse_latency_events"])))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -398,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(durable, dict) and "wake_up" in durable:
         print()
         print(streams.table(durable))
+    latency = results.get("sse_latency")
+    if isinstance(latency, dict) and "fronts" in latency:
+        print()
+        print(sse_latency.table(latency))
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

@@ -1,6 +1,8 @@
 """`python -m loadtest.bench.inprocess [N] [ROUNDS] [--gc] [--profile]`: one delivery plus
 its re-poll, in process, on a real ``Node`` (a ``task.Clock``, string transports,
 no sockets, no reactor). `... --publish [N] [--gc] [--profile]`: keep-alive publishes instead.
+`--presence`: the node runs with ``--presence``; `--members`: each client names a
+``client`` and a ``user`` of its own (so no two re-polls share a query string).
 
 N held polls on one channel; each round one publish answers them all and each
 client re-polls with its new cursor (held again). Prints the process CPU time
@@ -40,8 +42,8 @@ PUBLISH_BODY = b'{"channels":["c"],"data":{"n":1}}'
 PUBLISHERS = 8  # --publish: keep-alive connections, one publish each per reactor turn
 
 
-def poll(cursor: str) -> bytes:
-    return (f"GET /subscribe?channels=c&since={cursor}&timeout=50 HTTP/1.1\r\n"
+def poll(cursor: str, who: str = "") -> bytes:
+    return (f"GET /subscribe?channels=c&since={cursor}&timeout=50{who} HTTP/1.1\r\n"
             f"Host: x\r\n\r\n").encode()
 
 
@@ -112,7 +114,14 @@ def main(argv: list[str]) -> None:
     n, rounds = (numbers + [2000, 10][len(numbers):])[:2]
     clock = Clock()
     clock.advance(1_763_800_000.0)
-    node = Node(Config(), reactor=clock)
+    # --presence: the node counts who subscribes; --members: each client is a user
+    # with a client id of its own (as the JS client's presence polls are), so no
+    # two re-polls are alike
+    node = Node(Config(presence="--presence" in argv), reactor=clock)
+    members = "--members" in argv
+
+    def who(i: int) -> str:
+        return f"&client=c{i}&user=u{i}" if members else ""
 
     def connect(port: int) -> tuple[StringTransport, object]:
         transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", port))
@@ -124,9 +133,9 @@ def main(argv: list[str]) -> None:
     publisher_t, publisher = connect(39999)
     publish = (b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % len(PUBLISH_BODY)) + PUBLISH_BODY
-    first = poll(node.service.store.end().encode())
-    for _, protocol in clients:
-        protocol.dataReceived(first)  # type: ignore[attr-defined]
+    first = node.service.store.end().encode()
+    for i, (_, protocol) in enumerate(clients):
+        protocol.dataReceived(poll(first, who(i)))  # type: ignore[attr-defined]
     clock.advance(0)
 
     def run(times: int) -> None:
@@ -136,10 +145,11 @@ def main(argv: list[str]) -> None:
             clock.advance(0)
             clock.advance(0)
             answer = json.loads(clients[0][0].value().split(b"\r\n\r\n", 1)[1])
-            again = poll(answer["cursor"])
-            for transport, protocol in clients:
+            cursor = answer["cursor"]
+            again = poll(cursor)
+            for i, (transport, protocol) in enumerate(clients):
                 transport.clear()
-                protocol.dataReceived(again)  # type: ignore[attr-defined]
+                protocol.dataReceived(poll(cursor, who(i)) if members else again)  # type: ignore[attr-defined]
             clock.advance(0)
 
     run(3)

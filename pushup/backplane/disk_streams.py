@@ -80,9 +80,13 @@ class StreamsFile:
         return [(stream, bool(states[uid]["mapped"])) for uid, stream in streams.items()]
 
     def saved(self, stream: Stream, entries: Sequence[Entry], mapped: bool) -> None:
+        """``stream``'s state and ``entries`` kept; the appends its retention
+        let go of (below its earliest offset) gone from the file."""
         self._write([
             ("INSERT OR REPLACE INTO streams (uid, state) VALUES (?, ?)",
              (stream.uid, json.dumps(state_of(stream, mapped)))),
+            *((("DELETE FROM entries WHERE uid = ? AND size < ?",
+                (stream.uid, stream.earliest.size)),) if stream.earliest.size else ()),
             *(("INSERT OR REPLACE INTO entries (uid, appends, size, data, lengths) "
                "VALUES (?, ?, ?, ?, ?)",
                (stream.uid, e.begins.appends, e.begins.size, e.data,

@@ -30,6 +30,7 @@ from pushup.config.redis_url import REDIS_PORT as REDIS_PORT
 from pushup.config.redis_url import RedisURL as RedisURL
 from pushup.config.redis_url import parse_seeds as parse_seeds
 from pushup.config.redis_url import parse_url as parse_url
+from pushup.config.sizes import parse_size
 from pushup.core.model import check_node_id
 
 
@@ -52,6 +53,13 @@ class Config:
     cluster_secret: str = ""
     publish_token: str = ""
     subscribe_secret: str = ""
+    # Subscriber tokens of the ecosystem (docs/api.md, Security): a previous HS256
+    # secret during a rotation, public keys from a JWKS, and the iss / aud required.
+    subscribe_secret_previous: str = ""
+    subscribe_jwks: str = ""  # a JWKS file, or an http(s) URL fetched and refreshed
+    subscribe_jwks_refresh: float = 60.0
+    subscribe_issuer: str = ""
+    subscribe_audience: str = ""
     reactor: str = "epoll"
     workers: int = 1
     message_ttl: float = 3600.0
@@ -67,6 +75,8 @@ class Config:
     max_cached_bytes: int = 256 * 1024 * 1024
     max_connections: int = 16000
     max_response_bytes: int = 1024 * 1024
+    stream_retention_age: int = 0  # a PUT without Stream-Retention-Age gets this (0: none)
+    stream_retention_bytes: int = 0  # and its Stream-Retention-Bytes (0: none)
     header_timeout: float = 10.0
     keepalive_timeout: float = 60.0
     send_timeout: float = 30.0
@@ -79,11 +89,36 @@ class Config:
     data_dir: str = ""  # empty: the cache lives in memory only
     admin_port: int = 0  # 0: /stats and /metrics on the client port
     admin_host: str = "127.0.0.1"
+    # Drain (docs/operations.md, "Draining without a reconnect storm"): event
+    # streams end spread over this many seconds after SIGTERM (0: all at once)
+    drain_window: float = 0.0
+
+    @property
+    def subscribers_need_tokens(self) -> bool:
+        return bool(self.subscribe_secret or self.subscribe_jwks)
+
+    # Presence, occupancy and webhooks (docs/api.md, "Presence"); a webhook URL implies presence
+    presence: bool = False
+    presence_window: float = 0.0  # 0: max_timeout + 5 s
+    presence_members: int = 100  # members GET /presence lists per channel at most
+    webhook_url: tuple[str, ...] = ()
+    webhook_secret: str = ""
+    webhook_queue: int = 10_000  # events queued per URL; past it the oldest are dropped
+
+    @property
+    def presence_on(self) -> bool:
+        return self.presence or bool(self.webhook_url)
+
+    @property
+    def presence_linger(self) -> float:
+        """Seconds a released subscription stays counted."""
+        return self.presence_window or self.max_timeout + 5.0
 
 
 REACTORS = ("epoll", "poll", "select")
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
 PUBLISH_ACKS = ("peer", "all", "local")
+MAX_DRAIN_WINDOW = 3600.0  # an hour: past that a drain is a stuck shutdown
 # Every option: (help, metavar). Types come from the Config annotations.
 _HELP: dict[str, tuple[str, str | None]] = {
     "host": ("address to listen on", "HOST"),
@@ -106,6 +141,16 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "publish_token": ("bearer token required to publish and manage channels", "T"),
     "subscribe_secret": ("HS256 secret of the JWTs subscribers must present (pushup token)",
                          "S"),
+    "subscribe_secret_previous": ("the previous --subscribe-secret, still accepted during a "
+                                  "rotation (tokens signed with either verify)", "S"),
+    "subscribe_jwks": ("public keys of RS256, ES256 and EdDSA subscriber tokens, by kid: a "
+                       "JWKS file (read at start) or an http(s) URL (fetched, cached, "
+                       "refreshed)", "FILE_OR_URL"),
+    "subscribe_jwks_refresh": ("seconds the keys of a --subscribe-jwks URL are kept before "
+                               "a fetch; a token of an unknown kid fetches at most once "
+                               "per this time", "SECONDS"),
+    "subscribe_issuer": ("subscriber tokens must carry this iss claim", "ISS"),
+    "subscribe_audience": ("subscriber tokens must carry this aud claim", "AUD"),
     "reactor": ("event loop: epoll, poll or select", "NAME"),
     "workers": ("processes sharing the port (a number, or auto)", "N"),
     "message_ttl": ("seconds a message is kept", "SECONDS"),
@@ -114,15 +159,19 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "cors_origin": ("answer CORS for this origin, e.g. http://localhost:3000 (repeatable, or "
                     "a comma list; * for any)", "ORIGIN"),
     "allow_open_publish": ("allow publishing without a token on a public address", None),
-    "max_body_bytes": ("largest request body", "BYTES"),
-    "max_message_bytes": ("largest message data (serialised JSON)", "BYTES"),
+    "max_body_bytes": ("largest request body", "SIZE"),
+    "max_message_bytes": ("largest message data (serialised JSON)", "SIZE"),
     "max_channels": ("most channels per subscribe or per message", "N"),
     "max_limit": ("most messages in one subscribe response", "N"),
     "max_messages_per_channel": ("messages cached per channel (oldest evicted)", "N"),
-    "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "BYTES"),
+    "max_cached_bytes": ("bytes of messages cached in all (oldest evicted)", "SIZE"),
     "max_connections": ("open connections before answering 503 overloaded", "N"),
     "max_response_bytes": ("message bytes in one subscribe answer (more: cut, like limit)",
-                           "BYTES"),
+                           "SIZE"),
+    "stream_retention_age": ("seconds a Durable Stream keeps each append when its creation "
+                             "gives no Stream-Retention-Age (0: all)", "SECONDS"),
+    "stream_retention_bytes": ("bytes of appends a Durable Stream keeps when its creation "
+                               "gives no Stream-Retention-Bytes (0: all)", "SIZE"),
     "header_timeout": ("seconds a request's line and headers may take to arrive",
                        "SECONDS"),
     "keepalive_timeout": ("seconds an idle keep-alive connection is kept", "SECONDS"),
@@ -146,12 +195,29 @@ _HELP: dict[str, tuple[str, str | None]] = {
                    "and no longer on the client port (0: on the client port)", "PORT"),
     "admin_host": ("address of --admin-port (keep it private: /stats names the peers)",
                    "HOST"),
+    "drain_window": ("at SIGTERM, end the open event streams spread over this many "
+                     "seconds, jittered, instead of all at once (held long polls are "
+                     "answered at once either way; 0: all at once)", "SECONDS"),
+    "presence": ("count each channel's subscribers and members (GET /presence, "
+                 "subscribe presence=1); implied by --webhook-url", None),
+    "presence_window": ("seconds a subscriber counts after its poll or stream ended "
+                        "(0: --max-timeout + 5)", "SECONDS"),
+    "presence_members": ("members GET /presence lists per channel at most (the count stays "
+                         "exact)", "N"),
+    "webhook_url": ("POST presence events to this URL, batched and signed (repeatable)",
+                    "URL"),
+    "webhook_secret": ("HMAC-SHA256 secret the webhooks are signed with", "S"),
+    "webhook_queue": ("webhook events queued per URL while its receiver is slow or down; "
+                      "past it the oldest are dropped (counted in /metrics)", "N"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
+# The settings that are byte sizes: bytes, or a number with a unit (256MiB; sizes.py).
+SIZES = tuple(name for name, (_, metavar) in _HELP.items() if metavar == "SIZE")
 # Secrets can also be read from a file (no secret in argv, ps or a unit file):
 # the file option's name -> the setting it fills, and its help text.
 SECRET_FILES = {"cluster_secret_file": "cluster_secret", "publish_token_file": "publish_token",
-                "subscribe_secret_file": "subscribe_secret"}
+                "subscribe_secret_file": "subscribe_secret",
+                "subscribe_secret_previous_file": "subscribe_secret_previous"}
 _FILE_HELP = {
     "cluster_secret_file": ("read the cluster secret from this file (trailing newline ignored)",
                             "FILE"),
@@ -159,6 +225,8 @@ _FILE_HELP = {
                            "FILE"),
     "subscribe_secret_file": ("read the subscribe secret from this file (trailing newline "
                               "ignored)", "FILE"),
+    "subscribe_secret_previous_file": ("read the previous subscribe secret from this file",
+                                       "FILE"),
 }
 _OPTIONS = (*_HELP, *_FILE_HELP)
 INTERNAL_ENV_PREFIX = "PUSHUP_WORKER_"  # what a supervisor hands its workers
@@ -208,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a node in the foreground")
     # listed for --help; `pushup token` and `pushup help` are run by the CLI before parsing
-    commands.add_parser("token", help="print a subscriber token for --subscribe-secret",
+    commands.add_parser("token", help="print a subscriber token (HS256 for --subscribe-secret, "
+                        "or signed with --key-file for --subscribe-jwks) or a key's JWKS",
                         add_help=False)
     commands.add_parser("help", help="show this help, or a command's (pushup help serve)",
                         add_help=False)
@@ -219,10 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
         default = defaults.get(name)
         shown = "" if default in ("", (), None, False) or "secret" in name or "token" in name \
             else f"default {default}; "
+        if name in SIZES:
+            text += " in bytes, or with a unit: 64KiB, 256MiB, 1GB"
         text = f"{text} [{shown}env PUSHUP_{name.upper()}]"
         if _TYPES.get(name) == "bool":
             serve.add_argument(flag, action="store_const", const="true", default=None, help=text)
-        elif name in ("peer", "cors_origin"):
+        elif name in ("peer", "cors_origin", "webhook_url"):
             serve.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
         else:
             serve.add_argument(flag, default=None, metavar=metavar, help=text)
@@ -242,7 +313,8 @@ def load(
     for name in _OPTIONS:
         value = environ.get("PUSHUP_" + name.upper())
         if value is not None:
-            from_env[name] = value.split(",") if name in ("peer", "cors_origin") else value
+            listed = name in ("peer", "cors_origin", "webhook_url")
+            from_env[name] = value.split(",") if listed else value
     from_flags = {name: args[name] for name in _OPTIONS if args.get(name) is not None}
     raw: dict[str, Any] = {}
     for layer, name_of in ((from_file, lambda o: f"config file {config_path}, key {o}"),
@@ -330,11 +402,16 @@ def _convert(name: str, value: Any, spelled: str) -> Any:
     try:
         if kind == "bool":
             return _to_bool(value)
-        if name in ("peer", "cors_origin"):
+        if name in ("peer", "cors_origin", "webhook_url"):
             items = [value] if isinstance(value, str) else list(value)
             if name == "cors_origin":  # each item may be a comma list
                 items = [part for v in items for part in str(v).split(",")]
             return tuple(str(v).strip() for v in items if str(v).strip())
+        if name in SIZES:
+            try:
+                return parse_size(value)
+            except ValueError as e:
+                raise ConfigError(f"{spelled}: {e}") from None
         if name == "workers" and str(value).strip() == "auto":
             return os.cpu_count() or 1
         if kind == "int":
@@ -410,6 +487,8 @@ def validate(c: Config) -> Config:
                  "max_messages_per_channel", "max_cached_bytes", "max_connections",
                  "max_response_bytes", "peer_queue"):
         need(getattr(c, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("stream_retention_age", "stream_retention_bytes"):
+        need(getattr(c, name) >= 0, f"--{name.replace('_', '-')} must be 0 (none) or more")
     need(c.max_message_bytes <= c.max_cached_bytes,
          f"{spelled('max_message_bytes')} must not exceed {spelled('max_cached_bytes')}")
     for origin in c.cors_origin:
@@ -428,6 +507,16 @@ def validate(c: Config) -> Config:
             raise ConfigError(f"--engine: {e}") from None
         need(not c.peer, f"{spelled('peer')} is for the mesh; nodes on a Redis "
              f"{spelled('engine')} find each other through Redis")
+    need(0 <= c.drain_window <= MAX_DRAIN_WINDOW,
+         f"--drain-window must be from 0 to {MAX_DRAIN_WINDOW:g} seconds")
+    need(c.presence_window >= 0, "--presence-window must be 0 or more")
+    need(c.presence_members >= 0, "--presence-members must be 0 or more")
+    for url in c.webhook_url:
+        need(url.startswith(("http://", "https://")),
+             f"--webhook-url {url!r} is not an http URL")
+    need(c.webhook_queue >= 50, "--webhook-queue must be at least 50 (one batch)")
+    need(not c.webhook_url or bool(c.webhook_secret),
+         f"{spelled('webhook_url')} needs {spelled('webhook_secret')}: webhooks are signed")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(1 <= c.redis_partitions <= 1024, "--redis-partitions must be from 1 to 1024")
     need(not c.peer or bool(c.cluster_secret),
@@ -439,6 +528,14 @@ def validate(c: Config) -> Config:
     need(not c.data_dir or c.engine == "mesh",
          f"{spelled('data_dir')} is for a single node: on a Redis {spelled('engine')}, "
          "Redis keeps the log")
+    need(c.subscribe_jwks_refresh > 0, "--subscribe-jwks-refresh must be more than 0")
+    need(not c.subscribe_secret_previous or bool(c.subscribe_secret),
+         f"{spelled('subscribe_secret_previous')} needs {spelled('subscribe_secret')}: "
+         "the previous secret is kept beside the current one")
+    for name in ("subscribe_issuer", "subscribe_audience"):
+        need(not getattr(c, name) or c.subscribers_need_tokens,
+             f"{spelled(name)} needs {spelled('subscribe_secret')} or "
+             f"{spelled('subscribe_jwks')}: it checks subscriber tokens")
     need(is_loopback(c.host) or bool(c.publish_token) or c.allow_open_publish,
          f"refusing to listen on {c.host} with publishing open: set "
          f"{spelled('publish_token')} or {spelled('allow_open_publish')}")

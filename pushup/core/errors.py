@@ -135,6 +135,14 @@ class StreamGone(PushUpError, status=410, code="stream_gone"):
     """410: the stream was deleted while forks still read it."""
 
 
+class OffsetGone(PushUpError, status=410, code="offset_gone"):
+    """410: the offset is before the earliest one the stream's retention keeps."""
+
+    def __init__(self, message: str, earliest: str) -> None:
+        super().__init__(message)
+        self.earliest = earliest
+
+
 class StreamsFull(PushUpError, status=507, code="streams_full"):
     """507: the node holds as many stream bytes as it may (``budget``)."""
 

@@ -256,9 +256,12 @@ class Service:
 
     # -- subscribing -------------------------------------------------------
 
-    def subscribe(self, query: Query, timeout: float, who: Subscriber) -> Delivery | Waiter:
+    def subscribe(self, query: Query, timeout: float, who: Subscriber,
+                  through_drain: bool = False) -> Delivery | Waiter:
         """Answer now (returns the ``Delivery``; ``who`` is not called) or hold
-        (returns the Waiter to ``forget``; ``who.respond`` is called later)."""
+        (returns the Waiter to ``forget``; ``who.respond`` is called later).
+        A draining node answers at once, unless ``through_drain`` (an event
+        stream the drain lets live a while, see :meth:`drain`)."""
         now = self.now()
         self._retain(now)
         if isinstance(query.since, Now):
@@ -269,7 +272,8 @@ class Service:
             self._sweeper.set(self._next_sweep(), now)
         result = self.store.query(query)
         past_until = query.until is not None and query.until < now
-        if result.messages or result.gap or timeout <= 0 or self.draining or past_until:
+        draining = self.draining and not through_drain
+        if result.messages or result.gap or timeout <= 0 or draining or past_until:
             self.counters.delivered += len(result.messages)
             return Delivery(query, result)
         waiter = Waiter(query, now + micros(min(timeout, self.max_timeout)), who)
@@ -417,15 +421,26 @@ class Service:
 
     # -- shutting down -----------------------------------------------------
 
-    def drain(self) -> None:
-        """Refuse new work and answer every held subscriber now."""
+    def drain(self, keep: Callable[[object], bool] | None = None) -> None:
+        """Refuse new work and answer every held subscriber now, but those
+        whose target ``keep`` names (event streams ended later, spread over
+        the drain window): they stay held, are answered as before, and may
+        hold again (``subscribe(..., through_drain=True)``)."""
         self.draining = True
-        if self._arriving is not None and self._arriving.active():
-            self._arriving.cancel()  # everyone is answered below, with the store as it is
-        self._arriving, self._arrivals = None, []
-        self._answer(self.hub.take_all())
+        answered: list[Waiter] = []
+        kept: list[Waiter] = []
+        for waiter in self.hub.take_all():
+            (kept if keep is not None and keep(waiter.target) else answered).append(waiter)
+        if kept:  # held on: arrivals on their way still wake them, next turn
+            for waiter in kept:
+                self.hub.add(waiter)
+        else:
+            if self._arriving is not None and self._arriving.active():
+                self._arriving.cancel()  # everyone is answered below, with the store as it is
+            self._arriving, self._arrivals = None, []
+        self._answer(answered)
         self._flush(everything=True)
-        self._timeouts.set(None, self.now())
+        self._timeouts.set(self.hub.next_deadline(), self.now())
         self._sweeper.set(None, self.now())
 
     # -- figures -----------------------------------------------------------

@@ -12,11 +12,11 @@ A fork chain is walked by loops, never by recursion.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pushup.core.errors import BadRequest
+from pushup.core.errors import BadRequest, OffsetGone
 from pushup.core.stream_values import (
     JSON_TYPE,
     START,
@@ -38,7 +38,14 @@ MAX_FORK_DEPTH = 64
 # everything but what identifies it (path, uid), its appends and its source link.
 _STATE = ("content_type", "ttl", "expires_at", "deadline", "closed", "closed_by",
           "forked_at", "fork_request", "tail", "forks", "deleted", "producers",
-          "writer_seq", "charged")
+          "writer_seq", "charged", "retention_age", "retention_bytes", "earliest",
+          "marks")
+
+# Age retention keeps, instead of each append's time, marks of (time, tail): all
+# before the tail was appended by then, one mark per 1/MARKS_PER_AGE of the age.
+# An append goes once between the age and (1 + 1/MARKS_PER_AGE) of it old, and a
+# stream keeps at most MARKS_PER_AGE + 1 marks.
+MARKS_PER_AGE = 16
 
 
 @dataclass(eq=False)
@@ -65,6 +72,13 @@ class Stream:
     producers: dict[str, Producer] = field(default_factory=dict)
     writer_seq: str | None = None
     charged: int = 0  # bytes counted against ``Streams.budget`` for this stream
+    # retention (docs/api.md, "Retention"): what is kept of the appends, and the
+    # earliest position kept (an offset before it is 410); marks: (µs, tail appends, size)
+    retention_age: int | None = None
+    retention_bytes: int | None = None
+    earliest: Position = START
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+    dropped: int = 0  # appends this object let go of below ``earliest`` (a cache's count)
     # the readers waiting for a change: through wait, stop_waiting and wake only
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
@@ -80,6 +94,8 @@ class Stream:
     def _segments(self, at: Position) -> Iterator[Entry]:
         """The entries at or after ``at`` (the first cut to begin there): a
         fork's sources' first, each up to where the stream above forked it."""
+        if at.size < self.earliest.size:
+            at = self.earliest
         levels: list[tuple[Stream, Position | None]] = [(self, None)]
         stream = self
         while stream.source is not None and at.size < stream.forked_at.size:
@@ -113,6 +129,10 @@ class Stream:
         at = parse_offset(offset)
         if at.size > self.tail.size:
             raise BadRequest("offset is past the stream's tail")
+        if at.size < self.earliest.size:
+            raise OffsetGone(f"offset {offset[:80]!r} is before the earliest this stream's "
+                             f"retention keeps ({self.earliest.offset}): read from there, "
+                             "or from -1", self.earliest.offset)
         if not self.issued(at):
             raise BadRequest(f"offset {offset[:80]!r} is not an offset this stream issued "
                              "(none of its appends begins or ends there)")
@@ -126,7 +146,7 @@ class Stream:
         stream = self
         while stream.source is not None and at.size < stream.forked_at.size:
             stream = stream.source
-        if at == stream.tail or at == stream.forked_at:
+        if at == stream.tail or at == stream.forked_at or at == stream.earliest:
             return True
         i = bisect_right(stream.begins, at.size) - 1
         return i >= 0 and stream.entries[i].begins == at
@@ -158,6 +178,53 @@ class Stream:
             messages = tuple(m for e in taken for m in e.messages or ())
             return Read(b"", messages, after, not more)
         return Read(b"".join([e.data for e in taken]), None, after, not more)
+
+    # -- retention ---------------------------------------------------------------
+
+    @property
+    def retains(self) -> bool:
+        """Whether this stream lets its oldest appends go (it has a retention)."""
+        return self.retention_age is not None or self.retention_bytes is not None
+
+    def mark(self, now: int) -> None:
+        """An append was just made at ``now``: the tail is marked as all
+        appended by ``now``, in one mark per share of the age
+        (``MARKS_PER_AGE``), so an append is marked at most a share late."""
+        if self.retention_age is None:
+            return
+        share = max(1, self.retention_age * 1_000_000 // MARKS_PER_AGE)
+        mark = (now, self.tail.appends, self.tail.size)
+        if self.marks and self.marks[-1][0] // share == now // share:
+            self.marks[-1] = mark
+        else:
+            self.marks.append(mark)
+
+    def trim(self, now: int) -> list[Entry]:
+        """Let go of the appends the retention no longer keeps, the newest
+        always kept; ``earliest`` moves to the first kept (never back, so an
+        offset is never served again once gone). The appends let go of."""
+        if not self.retains or self.source is not None or self.forks or not self.entries:
+            return []  # a fork reads its source below its fork point: both keep all
+        cut = 0
+        if self.retention_age is not None:
+            horizon = now - self.retention_age * 1_000_000
+            old = [m for m in self.marks if m[0] <= horizon]
+            if old:  # every append before the newest old mark's tail is older than the age
+                cut = bisect_left(self.begins, old[-1][2])
+                self.marks = self.marks[len(old) - 1:]
+        if self.retention_bytes is not None:
+            kept = self.tail.size - self.begins[cut] if cut < len(self.entries) else 0
+            while cut < len(self.entries) - 1 and kept > self.retention_bytes:
+                kept -= len(self.entries[cut].data)
+                cut += 1
+        cut = min(cut, len(self.entries) - 1)  # the newest append stays
+        if cut <= 0:
+            return []
+        gone = self.entries[:cut]
+        del self.entries[:cut], self.begins[:cut]
+        self.dropped += cut
+        self.earliest = self.entries[0].begins
+        return gone
 
     def next_entry(self, at: Position) -> Entry | None:
         return next(self._segments(at), None)
@@ -209,15 +276,30 @@ class Stream:
         appends and source link kept (readers hold this object)."""
         for name in _STATE:
             setattr(self, name, getattr(fresh, name))
+        self.marks = list(fresh.marks)
+        self._let_go_below_earliest()
+
+    def _let_go_below_earliest(self) -> None:
+        """The appends held below ``earliest`` (another node's retention let
+        them go) are let go of here too."""
+        cut = bisect_left(self.begins, self.earliest.size)
+        if cut:
+            del self.entries[:cut], self.begins[:cut]
+            self.dropped += cut
 
     def add_entry(self, entry: Entry) -> None:
-        """An append as kept, after the last held (a log read back)."""
+        """An append as kept, after the last held (a log read back); one
+        below ``earliest`` is counted as let go of, not held."""
+        if entry.begins.size < self.earliest.size:
+            self.dropped += 1
+            return
         self.entries.append(entry)
         self.begins.append(entry.begins.size)
 
     def forget_entries(self) -> None:
         """Its appends dropped (to be read whole again); its state kept."""
         del self.entries[:], self.begins[:]
+        self.dropped = 0
 
     def mark_deleted(self) -> None:
         """The stream is deleted (by another node, or gone from the store)."""

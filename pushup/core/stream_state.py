@@ -26,6 +26,9 @@ def state_of(stream: Stream, mapped: bool) -> dict[str, Any]:
         "deleted": stream.deleted, "mapped": mapped,
         "producers": {name: [p.epoch, p.last_seq] for name, p in stream.producers.items()},
         "writer_seq": stream.writer_seq, "charged": stream.charged,
+        "retention": [stream.retention_age, stream.retention_bytes,
+                      [stream.earliest.appends, stream.earliest.size],
+                      [list(mark) for mark in stream.marks]],
     }
 
 
@@ -42,7 +45,18 @@ def stream_of(uid: str, state: dict[str, Any]) -> Stream:
         tail=Position(*state["tail"]), forks=state["forks"], deleted=state["deleted"],
         producers={name: Producer(epoch, seq) for name, (epoch, seq)
                    in state["producers"].items()},
-        writer_seq=state["writer_seq"], charged=state["charged"])
+        writer_seq=state["writer_seq"], charged=state["charged"],
+        **_retention_of(state))
+
+
+def _retention_of(state: dict[str, Any]) -> dict[str, Any]:
+    """A kept state's retention (none in a state kept before retention was)."""
+    kept = state.get("retention")
+    if kept is None:
+        return {}
+    age, size, earliest, marks = kept
+    return {"retention_age": age, "retention_bytes": size, "earliest": Position(*earliest),
+            "marks": [(m[0], m[1], m[2]) for m in marks]}
 
 
 def entry_of(begins: Position, data: bytes, lengths: str | None) -> Entry:

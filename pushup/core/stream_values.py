@@ -145,6 +145,8 @@ class Creation:
     forked_from: str | None = None
     fork_offset: str | None = None
     fork_sub_offset: int = 0
+    retention_age: int | None = None  # seconds an append is kept (at least)
+    retention_bytes: int | None = None  # bytes of appends kept (the newest always)
 
 
 @dataclass(frozen=True, slots=True)

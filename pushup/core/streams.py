@@ -174,7 +174,19 @@ class Streams:
             raise NotFound(f"no stream at {path[:200]}")
         if stream.deleted:
             raise StreamGone(f"the stream at {path[:200]} was deleted")
+        if stream.retention_age is not None and self._let_go(stream, now):
+            self._saved(stream)  # its earliest offset moved
         return stream
+
+    def _let_go(self, stream: Stream, now: int) -> bool:
+        """What ``stream``'s retention no longer keeps goes (``Stream.trim``)
+        and is no longer charged; whether any went."""
+        gone = stream.trim(now)
+        if gone:
+            freed = min(stream.charged, sum(append_cost(e.data, e.messages) for e in gone))
+            stream.charged -= freed
+            self.held -= freed
+        return bool(gone)
 
     def exists(self, path: str, now: int) -> bool:
         try:
@@ -219,6 +231,9 @@ class Streams:
         if existing is not None and existing.deadline is not None and now >= existing.deadline:
             self._remove(existing)
             existing = None
+        for value, what in ((asked.retention_age, "age"), (asked.retention_bytes, "size")):
+            if value is not None and value < 1:
+                raise BadRequest(f"a retention {what} must be at least 1")
         if existing is not None:
             if existing.deleted:
                 raise StreamConflict("a stream deleted while forks still read it keeps "
@@ -231,6 +246,9 @@ class Streams:
                   Stream(path, self._uid(), asked.content_type or "application/octet-stream",
                          asked.ttl, asked.expires_at))
         _set_deadline(stream, now)
+        if asked.forked_from is None:
+            stream.retention_age, stream.retention_bytes = (asked.retention_age,
+                                                            asked.retention_bytes)
         messages = json_messages(asked.body, True) if asked.body and stream.is_json else None
         stored = bool(asked.body) and (messages is None or bool(messages))  # ``[]``: empty
         self._charge(stream, stream_cost(stream)
@@ -238,6 +256,7 @@ class Streams:
                      + (append_cost(asked.body, messages) if stored else 0))
         if stored:
             stream.append(asked.body, messages)
+            stream.mark(now)
         stream.closed = asked.closed
         if stream.source is not None:
             stream.source.forks += 1
@@ -319,6 +338,8 @@ class Streams:
             + max(0, len(asked.writer_seq or "") - len(stream.writer_seq or "")))
         if asked.body:
             stream.append(asked.body, messages)
+            stream.mark(now)
+            self._let_go(stream, now)
         if producer is not None and state is not None:
             stream.producers[producer[0]] = state
             self.producers += new_producer
@@ -402,7 +423,9 @@ def _same(stream: Stream, asked: Creation) -> bool:
     return (asked.forked_from is None
             and media_type(wanted_type) == media_type(stream.content_type)
             and asked.ttl == stream.ttl and asked.expires_at == stream.expires_at
-            and asked.closed == stream.closed)
+            and asked.closed == stream.closed
+            and (asked.retention_age, asked.retention_bytes) == (stream.retention_age,
+                                                                 stream.retention_bytes))
 
 
 def _set_deadline(stream: Stream, now: int) -> None:

@@ -106,13 +106,17 @@ class Front(Factory):
         for protocol in held:
             protocol.release()
 
-    def close_all(self, upgraded: bool = True) -> defer.Deferred[None]:
+    def close_all(self, upgraded: bool = True, streaming: bool = True) -> defer.Deferred[None]:
         """Close every connection once its pending output is sent; those
         upgraded to another protocol (a peer's replication stream) only with
-        ``upgraded`` (a draining node takes what its peers flush to it first)."""
+        ``upgraded`` (a draining node takes what its peers flush to it first),
+        those holding an event stream only with ``streaming`` (a drain window
+        ends them one by one)."""
         self.draining = True
         for protocol in list(self.protocols):
-            if upgraded or protocol.answering is not Answering.UPGRADED:
+            answering = protocol.answering
+            if ((upgraded or answering is not Answering.UPGRADED)
+                    and (streaming or answering is not Answering.STREAMING)):
                 protocol.close()
         d: defer.Deferred[None] = defer.Deferred()
         if self.protocols:

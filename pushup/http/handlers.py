@@ -53,8 +53,11 @@ from pushup.http.params import (
     subscribe_query,
     ttl_of,
 )
+from pushup.http.presence import PresenceDesk, presence_query
+from pushup.http.presence_followers import Who
 from pushup.http.render import poll_body
 from pushup.http.sse import EventStream, StreamClient, closed_in
+from pushup.http.stream_drain import OpenStreams
 from pushup.http.streams import PREFIX as STREAMS_PREFIX
 from pushup.http.streams import StreamEndpoints
 from pushup.http.tokens import Verifier
@@ -65,6 +68,9 @@ class Client(Subscriber, StreamClient, Protocol):
 
     def open_stream(self) -> None:
         """Answer 200 ``text/event-stream``; events follow."""
+
+    def answer_held(self, response: Response) -> bool:
+        """Answer the held request with ``response``; False if it is gone."""
 
 
 Outcome = Response | Held | Pending
@@ -79,20 +85,31 @@ class Handlers:
                  metrics: Callable[[], tuple[bytes, bytes]],
                  backplane: Backplane, mount: Mount | None = None,
                  figures: bool = True, streams: Streams | None = None,
-                 stream_engine: StreamEngine | None = None) -> None:
+                 stream_engine: StreamEngine | None = None,
+                 tokens: Verifier | None = None,
+                 presence: PresenceDesk | None = None) -> None:
         """``figures``: answer /stats and /metrics (else they are only on the
         admin port, and 404 here); ``streams`` and ``stream_engine``: the
-        Durable Streams' service and engine (by default, this node's alone)."""
+        Durable Streams' service and engine (by default, this node's alone);
+        ``tokens``: the subscriber tokens' verifier (pushup.ops.jwks builds the
+        node's; by default, one of --subscribe-secret's, when it is set);
+        ``presence``: who subscribes, with ``--presence`` (else nothing is counted)."""
         self.service = service
+        self.presence = presence
         self.config = config
         self.backplane = backplane
         # The engine's own endpoints (the mesh's), every path under its prefix.
         self.mount = mount
         self._stats = stats
         self._metrics = metrics
-        self._parse_subscribe = _parse_subscribe(config)
-        self.parsed_queries: ParsedQueries[tuple[Query, float, str | None]] = ParsedQueries()
-        self._tokens = Verifier(config.subscribe_secret) if config.subscribe_secret else None
+        self._parse_subscribe = _parse_subscribe(config, presence is not None)
+        self.parsed_queries: ParsedQueries[Parsed] = ParsedQueries()
+        if tokens is None and config.subscribe_jwks:  # never open by omission
+            raise ValueError("--subscribe-jwks needs its verifier (pushup.ops.jwks)")
+        self._tokens = tokens if tokens is not None else Verifier(
+            config.subscribe_secret, config.subscribe_secret_previous,
+            issuer=config.subscribe_issuer, audience=config.subscribe_audience,
+        ) if config.subscribe_secret else None
         self._routes: dict[tuple[bytes, ...], dict[bytes, Handler]] = {
             (b"publish",): {b"POST": self.publish},
             (b"",): {b"GET": self.index, b"HEAD": self.index},
@@ -105,11 +122,14 @@ class Handlers:
             (b"stats",): {b"GET": self.stats, b"HEAD": self.stats},
             (b"metrics",): {b"GET": self.metrics, b"HEAD": self.metrics},
             (b"pushup.js",): {b"GET": self.client_js, b"HEAD": self.client_js},
+            (b"presence",): {b"GET": self.presence_info},
         }
         if not figures:
             del self._routes[(b"stats",)], self._routes[(b"metrics",)]
         # Durable Streams, /v1/stream/{path}: every method (pushup.http.streams)
         self.streams = StreamEndpoints(service, config, self._authorize, streams, stream_engine)
+        # open event streams (/subscribe's SSE): a drain spreads their ends
+        self.event_streams = OpenStreams()
         # The routes without a parameter by their whole path (b"/publish"): one
         # lookup for nearly every request, before _route splits the path.
         self._fixed = {b"/" + b"/".join(key): handlers for key, handlers in self._routes.items()
@@ -267,24 +287,38 @@ class Handlers:
         self._ready()
         cached = self.parsed_queries.get(request.query)
         parsed = cached or self._parse_subscribe(request.query)
-        query, timeout, token = parsed
+        query, timeout, token, marks = parsed
         expires = None
         if self._tokens is not None:
             if token is None:
                 bearer = request.header(b"authorization")
                 token = bearer[7:] if bearer.startswith("Bearer ") else None
-            expires = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+            checked = self._tokens.check(token, query.channels, self.service.now() / 1e6)
+            if isinstance(checked, defer.Deferred):  # its key is looked up first (a JWKS URL)
+                later = checked.addCallback(lambda expires: _answer_of(
+                    self._authorized(request, parsed, cached, client, expires, token)))
+                return Pending(later.addErrback(_error_answer))
+            expires = checked
+        return self._authorized(request, parsed, cached, client, expires, token)
+
+    def _authorized(self, request: Request, parsed: Parsed, cached: object, client: Client,
+                    expires: float | None, token: str | None,
+                    ) -> Response | Held | Pending:
+        """:meth:`subscribe` once its token (if one is needed) is good."""
+        query, timeout, _, marks = parsed
         if cached is None:  # kept only once authorised
             self.parsed_queries.put(request.query, parsed)
         cold = self.backplane.prepare(query.channels)
         if cold is not None:  # this node reads the channels first (the Redis engine)
             later: defer.Deferred[Any] = cold.addCallback(
-                lambda _: self._subscribe(request, query, timeout, client, expires))
+                lambda _: self._subscribe(request, query, timeout, client, expires, token,
+                                          marks))
             return Pending(later.addErrback(_error_answer))
-        return self._subscribe(request, query, timeout, client, expires)
+        return self._subscribe(request, query, timeout, client, expires, token, marks)
 
     def _subscribe(self, request: Request, query: Query, timeout: float, client: Client,
-                   expires: float | None) -> Response | Held:
+                   expires: float | None, token: str | None = None,
+                   marks: Marks | None = None) -> Response | Held:
         """:meth:`subscribe` once this node holds what its channels need."""
         if request.method == b"HEAD":
             # the head a GET would get now: never held, nothing counted as
@@ -292,6 +326,11 @@ class Handlers:
             if isinstance(query.since, Now):
                 query = replace(query, since=self.service.store.end(query.channels))
             return Response(200, poll_body(Delivery(query, self.service.read(query))))
+        if self.presence is not None and marks is not None:
+            return self._counted(request, query, timeout, client, expires, token, marks,
+                                 self.presence)
+        if b"presence" in request.query and Args(query_args(request.query)).get("presence"):
+            raise errors.BadRequest("presence is off on this node (pushup serve --presence)")
         if b"text/event-stream" in request.headers.get(b"accept", b""):
             return self._stream(request, query, client, expires)
         outcome = self.service.subscribe(query, timeout, client)
@@ -299,8 +338,24 @@ class Handlers:
             return Response(200, poll_body(outcome))
         return Held(partial(self.service.forget, outcome))
 
+    def _counted(self, request: Request, query: Query, timeout: float, client: Client,
+                 expires: float | None, token: str | None, marks: Marks,
+                 desk: PresenceDesk) -> Response | Held:
+        """:meth:`_subscribe` with ``--presence``: the subscription is
+        counted, and with ``presence=1`` it follows membership changes."""
+        who, follow = desk.parse(marks, token, query.channels)
+        if b"text/event-stream" in request.headers.get(b"accept", b""):
+            return self._stream(request, query, client, expires, (desk, who, follow))
+        outcome, gone = desk.poll(query, timeout, who, client, follow)
+        if isinstance(outcome, bytes):
+            return Response(200, outcome)
+        if isinstance(outcome, Delivery):
+            return Response(200, poll_body(outcome))
+        return Held(gone)
+
     def _stream(self, request: Request, query: Query, client: Client,
-                expires: float | None) -> Response | Held:
+                expires: float | None,
+                counted: tuple[PresenceDesk, Who, bool] | None = None) -> Response | Held:
         """SSE: a reconnect's Last-Event-ID (an id we issued) wins over since,
         and the channels an id says were closed stay closed. 204 when there is
         nothing to stream (every channel closed, or until past and nothing
@@ -310,13 +365,32 @@ class Handlers:
             query = replace(query, since=decode_cursor(last))
         elif isinstance(query.since, Cursor):
             last = Args(query_args(request.query)).get("since") or ""
-        stream = EventStream(self.service, query, client, closed=closed_in(last),
-                             expires=expires)
+        if counted is None:
+            stream = EventStream(self.service, query, client, closed=closed_in(last),
+                                 expires=expires, on_stop=self.event_streams.discard)
+            if stream.has_nothing_to_send():
+                return _NO_CONTENT
+            client.open_stream()
+            self.event_streams.add(stream)
+            stream.start()
+            return Held(stream.stop)
+        desk, who, follow = counted
+        # a presence position in a cursor is not the store's
+        query = replace(query, since=desk.position(query.since)[0])
+        watched = desk.stream(who, query.channels, client, follow)
+        stream = EventStream(self.service, query, watched, closed=closed_in(last),
+                             expires=expires, on_stop=self.event_streams.discard)
         if stream.has_nothing_to_send():
+            watched.end()
             return _NO_CONTENT
         client.open_stream()
+        self.event_streams.add(stream)
         stream.start()
-        return Held(stream.stop)
+
+        def stop() -> None:
+            stream.stop()
+            watched.end()
+        return Held(stop)
 
     def create_channel(self, request: Request, _: tuple[str, ...], __: Client,
                        ) -> Response | Pending:
@@ -359,6 +433,22 @@ class Handlers:
         info = {"channel": channel.name, "messages": channel.count,
                 "subscribers": self.service.hub.waiting_on(channel.name)}
         return Response(200, _channel_json(channel, info))
+
+    def presence_info(self, request: Request, _: tuple[str, ...], __: Client) -> Response:
+        """``GET /presence?channels=A,B[&members=1]``: authorised as a
+        subscribe of those channels, or with the publish token."""
+        if self.presence is None:
+            raise errors.NotFound("presence is off on this node (pushup serve --presence)")
+        args = Args(query_args(request.query))
+        channels, members = presence_query(args, self.config.max_channels)
+        given = request.header(b"authorization")
+        token = self.config.publish_token
+        publisher = bool(token) and given.startswith("Bearer ") and hmac.compare_digest(
+            given[7:].encode(), token.encode())
+        if self._tokens is not None and not publisher:
+            subscriber = args.get("token") or (given[7:] if given.startswith("Bearer ") else None)
+            self._tokens.check(subscriber, channels, self.service.now() / 1e6)
+        return self.presence.answer(channels, members)
 
     def health(self, request: Request, _: tuple[str, ...], __: Client,
                ) -> Response | Pending:
@@ -415,11 +505,19 @@ _CLIENT_JS = Response(200, files("pushup.http").joinpath("static/pushup.js").rea
                       b"text/javascript; charset=utf-8")
 
 
-def _parse_subscribe(config: Config) -> Callable[[bytes], tuple[Query, float, str | None]]:
-    def parse(raw: bytes) -> tuple[Query, float, str | None]:
+# A subscribe's parameters for presence: presence, client, user (with --presence)
+Marks = tuple[str | None, str | None, str | None]
+Parsed = tuple[Query, float, str | None, Marks | None]
+
+
+def _parse_subscribe(config: Config, presence: bool) -> Callable[[bytes], Parsed]:
+    def parse(raw: bytes) -> Parsed:
         args = query_args(raw)
         query, timeout = subscribe_query(args, config)
-        return query, timeout, Args(args).get("token")
+        given = Args(args)
+        marks = (given.get("presence"), given.get("client"), given.get("user")) \
+            if presence else None
+        return query, timeout, given.get("token"), marks
     return parse
 
 
@@ -440,6 +538,11 @@ def _when(acknowledged: defer.Deferred[Any], answer: Callable[[Any], Response],
             return error_response(done[0].value)
         done[0].raiseException()
     return answer(done[0])
+
+
+def _answer_of(outcome: Outcome) -> Response | Held | defer.Deferred[Response | Held]:
+    """What a Deferred of a ``Pending`` fires with: a later outcome's answer."""
+    return outcome.answer if isinstance(outcome, Pending) else outcome
 
 
 def _error_answer(failure: Failure) -> Response:

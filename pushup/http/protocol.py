@@ -110,6 +110,12 @@ class HTTPProtocol(Protocol):
     def connectionMade(self) -> None:
         # The one narrowing of Twisted's Optional[ITransport]: a TCP server transport.
         self.conn = cast(Connection, self.transport)
+        # Each answer and each event is written whole, once: Nagle's algorithm
+        # would hold the next one back until the client's (delayed, up to 40 ms)
+        # ACK of the last. (A worker's private Unix socket has no such option.)
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            no_delay(True)
         self.conn.registerProducer(self, True)
         self._stamp = self._clock.seconds()
         self._flow.arm(self._stamp + self.front.keepalive_timeout)

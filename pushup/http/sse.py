@@ -8,8 +8,10 @@ there. It reads history a page at a time (a long poll's ``limit`` and
 taken the last one; when nothing is left it holds in the service like a long
 poll, and a hold that times out becomes a heartbeat comment. Every step after
 the first runs on a later reactor turn. It ends after ``until``, when every
-channel it follows is closed, when its token expires, and at drain. It parses
-no HTTP and reads the clock only through the service.
+channel it follows is closed, when its token expires, and at drain: at once,
+or at the time the drain gives it (``end_within``, the drain window spread by
+:mod:`pushup.http.stream_drain`), served as before until then. It parses no
+HTTP and reads the clock only through the service.
 """
 
 from __future__ import annotations
@@ -95,16 +97,19 @@ class EventStream:
     - It ends, once, with ``end_stream``: after ``event: end`` when ``until``
       is past and nothing before it is left; after ``event: closed`` once
       every channel it follows is closed; after ``event: expired`` when the
-      token expires; after a last ``event: cursor`` at the drain.
+      token expires; after a last ``event: cursor`` at the drain (at once,
+      or ``end_within``'s delay after it, until when it is served as before).
     - ``stop`` (the client went away, or the stream ended) is final and may
       be called more than once: the hold and the expiry timer are forgotten,
       nothing more is written.
     - Messages sent are counted in ``counters.delivered`` once each.
+    - ``on_stop`` is called once, at the first ``stop``.
     """
 
     def __init__(self, service: Service, query: Query, client: StreamClient, *,
                  closed: frozenset[bytes] = frozenset(), expires: float | None = None,
-                 heartbeat: float = HEARTBEAT_S) -> None:
+                 heartbeat: float = HEARTBEAT_S,
+                 on_stop: Callable[[EventStream], None] | None = None) -> None:
         self.service = service
         self.client = client
         self.heartbeat = heartbeat
@@ -116,6 +121,10 @@ class EventStream:
         self.stopped = False
         self._expires = expires
         self._expiry: DelayedCall | None = None
+        self._on_stop = on_stop
+        # a drain's time to end this stream (end_within): served as before until then
+        self._lingering = False
+        self._linger: DelayedCall | None = None
 
     def _position(self, query: Query, channels: tuple[str, ...]) -> Cursor:
         """``since`` as a cursor: ``now`` is the end; a time is the cursor just
@@ -159,14 +168,37 @@ class EventStream:
         self.client.when_writable(self._step)
 
     def stop(self) -> None:
-        """The client went away: forget its hold and its timer."""
+        """The client went away: forget its hold and its timers."""
+        first = not self.stopped
         self.stopped = True
         if self.waiter is not None:
             self.service.forget(self.waiter)
             self.waiter = None
-        if self._expiry is not None and self._expiry.active():
-            self._expiry.cancel()
-        self._expiry = None
+        for timer in (self._expiry, self._linger):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._expiry = self._linger = None
+        self._lingering = False
+        if first and self._on_stop is not None:
+            self._on_stop(self)
+
+    def end_within(self, delay: float) -> None:
+        """The node drains: end this stream ``delay`` seconds from now, as a
+        drain ends it (a last ``event: cursor``), serving it as before until
+        then. Call it before ``Service.drain``, which keeps the stream held
+        when it is ``lingering``."""
+        if self.stopped or self._lingering:
+            return
+        self._lingering = True
+        self._linger = self.service.clock.callLater(delay, self._drained)
+
+    @property
+    def lingering(self) -> bool:
+        """Whether a drain lets this stream live on until its time (``end_within``)."""
+        return self._lingering
+
+    def _ends_at_drain(self) -> bool:
+        return self.service.draining and not self._lingering
 
     def respond(self, delivery: Delivery, hold: bool = False) -> bool:
         """The service answered the current hold (see ``service.Subscriber``):
@@ -183,8 +215,8 @@ class EventStream:
         page = self._events(delivery.result)
         if closed:
             page.append(self._mark(b"closed", self.cursor, json.dumps(closed).encode()))
-        if self.service.draining or not self.query.channels:
-            if self.service.draining:
+        if self._ends_at_drain() or not self.query.channels:
+            if self._ends_at_drain():
                 page.append(self._mark(b"cursor", self.cursor))
             self._finish(page)
         elif self.client.send_events(b"".join(page) or HEARTBEAT):
@@ -204,7 +236,7 @@ class EventStream:
             return
         until = self.query.until
         now = self.service.now()
-        if self.service.draining:
+        if self._ends_at_drain():
             self._finish([self._mark(b"cursor", self.cursor)])
             return
         if until is not None and until < now:
@@ -213,7 +245,8 @@ class EventStream:
         timeout = self.heartbeat
         if until is not None:  # wake just after until, to end the stream
             timeout = min(timeout, (until + 1 - now) / 1e6)
-        outcome = self.service.subscribe(self.query, timeout, self)
+        outcome = self.service.subscribe(self.query, timeout, self,
+                                         through_drain=self._lingering)
         if isinstance(outcome, Waiter):
             self.waiter = outcome
         else:  # answered at once (the drain began, or until passed): see next turn
@@ -252,6 +285,18 @@ class EventStream:
         self.query = replace(self.query, channels=tuple(
             name for name in self.query.channels if name not in self.closed))
 
+    def _drained(self) -> None:
+        """The drain's time for this stream: what is left of a page, the
+        position, the end (a reconnect elsewhere resumes from there)."""
+        self._linger = None
+        self._lingering = False
+        if self.stopped:
+            return
+        if self.waiter is not None:
+            self.service.forget(self.waiter)
+            self.waiter = None
+        self._finish([*self._page(), self._mark(b"cursor", self.cursor)])
+
     def _expire(self) -> None:
         self._expiry = None
         if self.stopped:
@@ -265,8 +310,10 @@ class EventStream:
     def _finish(self, parts: list[bytes]) -> None:
         if parts:
             self.client.send_events(b"".join(parts))
-        self.stop()
+        # ended before ``stop`` tells ``on_stop``: the last stream's end may
+        # let the drain close every connection there and then
         self.client.end_stream()
+        self.stop()
 
     # -- rendering -----------------------------------------------------------
 

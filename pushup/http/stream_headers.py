@@ -27,6 +27,9 @@ SEQ = b"Stream-Seq"
 FORKED_FROM = b"Stream-Forked-From"
 FORK_OFFSET = b"Stream-Fork-Offset"
 FORK_SUB_OFFSET = b"Stream-Fork-Sub-Offset"
+RETENTION_AGE = b"Stream-Retention-Age"  # PushUp's: seconds an append is kept
+RETENTION_BYTES = b"Stream-Retention-Bytes"  # PushUp's: bytes of appends kept
+EARLIEST_OFFSET = b"Stream-Earliest-Offset"  # PushUp's: the first offset kept (a 410)
 PRODUCER_ID = b"Producer-Id"
 PRODUCER_EPOCH = b"Producer-Epoch"
 PRODUCER_SEQ = b"Producer-Seq"
@@ -51,7 +54,7 @@ def key(name: bytes) -> bytes:
 
 _EXPOSED = (NEXT_OFFSET, CURSOR, UP_TO_DATE, CLOSED, TTL, EXPIRES_AT, SSE_DATA_ENCODING,
             PRODUCER_EPOCH, PRODUCER_SEQ, PRODUCER_EXPECTED_SEQ, PRODUCER_RECEIVED_SEQ, ETAG,
-            LOCATION)
+            LOCATION, RETENTION_AGE, RETENTION_BYTES, EARLIEST_OFFSET)
 # What every answer on a stream path carries besides its own.
 COMMON: Headers = ((b"Cross-Origin-Resource-Policy", b"cross-origin"),
                    (b"Access-Control-Expose-Headers", b", ".join(_EXPOSED)))
@@ -63,7 +66,7 @@ PREFLIGHT: Headers = (
     (b"Access-Control-Allow-Headers", b", ".join((
         AUTHORIZATION, CONTENT_TYPE, IF_NONE_MATCH, TTL, EXPIRES_AT, CLOSED, SEQ,
         FORKED_FROM, FORK_OFFSET, FORK_SUB_OFFSET, PRODUCER_ID, PRODUCER_EPOCH,
-        PRODUCER_SEQ))),
+        PRODUCER_SEQ, RETENTION_AGE, RETENTION_BYTES))),
     (b"Access-Control-Max-Age", b"86400"))
 
 
@@ -81,6 +84,8 @@ def error_fields(e: PushUpError) -> Headers:
                 (PRODUCER_RECEIVED_SEQ, b"%d" % e.received))
     if isinstance(e, errors.StaleEpoch):
         return ((PRODUCER_EPOCH, b"%d" % e.current),)
+    if isinstance(e, errors.OffsetGone):
+        return ((EARLIEST_OFFSET, e.earliest.encode()),)
     if isinstance(e, errors.MethodNotAllowed):
         return ((ALLOW, ", ".join(e.allowed).encode()),)
     return ()

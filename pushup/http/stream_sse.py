@@ -6,6 +6,12 @@ offset, the cursor, up-to-date, closed), then holds on the stream until it
 grows. It ends once the stream is closed and sent whole, deleted, when the
 node drains, or after ``SSE_LIFETIME_S``. It parses no HTTP; time is the
 injected clock's.
+
+A ``WholeEvents`` stands between the front and an event stream another node
+serves (the mesh hands it on): it writes it to the reader only up to the end
+of its last whole control event, so the reader holds each data event with its
+control event, as a ``Feed`` writes them, wherever the relaying node's reads
+of the serving node fell.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from pushup.core.stream import Stream
 from pushup.core.stream_values import JSON_TYPE, Position, media_type
 from pushup.http import stream_headers as h
 
+# How much of another node's event stream ``WholeEvents`` holds back at most, in
+# read budgets: one data event of a budget's text, all line ends (each byte a
+# "data:" line of its own), and its control event. Past it, written as it is.
+EVENT_BOUND_BUDGETS = 6
 SSE_LIFETIME_S = 60.0  # an SSE response ends after this (protocol §10.2), the client resumes
 _LINES = re.compile(rb"\r\n|\r|\n")
 Headers = tuple[tuple[bytes, bytes], ...]
@@ -129,3 +139,59 @@ class Feed:
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
 
+
+
+class WholeEvents:
+    """The front's end of an event stream another node serves, written to
+    the reader (``client``) only up to the end of its last whole control
+    event; the rest waits for the next piece. Each write of a ``Feed`` ends
+    with a control event, so the reader gets them as the serving node wrote
+    them, not where the relaying node's reads cut them (a reader that stops
+    at the first blank line after a line ``event: control``, which a data
+    line may hold, then never holds a data event without its control
+    event). At most ``bound`` bytes wait; past that they are written as they
+    are. ``end_stream`` writes what waits first."""
+
+    def __init__(self, client: StreamClient, bound: int) -> None:
+        self.client = client
+        self.bound = bound
+        self.waiting = b""
+        self.scanned = 0  # where in ``waiting`` the first event not yet whole begins
+
+    def open_stream(self, content_type: bytes = b"text/event-stream",
+                    fields: Headers = ()) -> None:
+        self.client.open_stream(content_type, fields)
+
+    def send_events(self, data: bytes) -> bool:
+        """Write what ``data`` completes; False if the client is gone (True
+        while all of it waits: the client is asked at the next write)."""
+        held = self.waiting + data if self.waiting else data
+        cut = self._through_last_control(held)
+        if not cut:
+            if len(held) <= self.bound:
+                self.waiting = held
+                return True
+            cut = self.scanned = len(held)
+        self.waiting = held[cut:]
+        self.scanned -= cut
+        return self.client.send_events(held[:cut])
+
+    def _through_last_control(self, held: bytes) -> int:
+        """The end of the last whole control event in ``held`` (0: none);
+        moves ``scanned`` past the whole events."""
+        at, cut = self.scanned, 0
+        while (end := held.find(b"\n\n", at)) >= 0:
+            if held.startswith(b"event: control\n", at):
+                cut = end + 2
+            at = end + 2
+        self.scanned = at
+        return cut
+
+    def end_stream(self) -> None:
+        if self.waiting:
+            self.client.send_events(self.waiting)
+            self.waiting = b""
+        self.client.end_stream()
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        self.client.when_writable(callback)

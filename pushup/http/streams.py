@@ -42,7 +42,8 @@ from pushup.http import stream_headers as h
 from pushup.http.exchange import JSON, Held, Pending, Request, Response, error_body
 from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
-from pushup.http.stream_sse import Feed
+from pushup.http.stream_retention import retention_asked, retention_fields
+from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
 
 PREFIX = b"/v1/stream/"
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
@@ -115,6 +116,7 @@ class StreamEndpoints:
         self.draining = False
         # the held long polls, answered together (pushup.http.stream_polls)
         self.polls = LongPolls(service.clock, self._answer_held, self._timed_out)
+        self.feeds: set[Feed] = set()  # the SSE responses served here (ended: pruned)
         self.routes: dict[bytes, Callable[[Request, tuple[str, ...], object], Response | Held
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
@@ -124,6 +126,13 @@ class StreamEndpoints:
     def long_polls(self) -> int:
         """Long polls held now (/stats ``stream_long_polls``)."""
         return self.polls.held
+
+    @property
+    def sse_readers(self) -> int:
+        """SSE responses this node serves now (/stats ``stream_sse_readers``;
+        one relayed from another node is that node's)."""
+        self.feeds = {feed for feed in self.feeds if not feed.ended}
+        return len(self.feeds)
 
     def drain(self) -> None:
         """The node stops: every held long poll is answered now (204), every
@@ -146,7 +155,7 @@ class StreamEndpoints:
             if self.engine.internal(request):
                 pass  # a node's own question to another: no client's request
             elif request.method in (b"GET", b"HEAD"):
-                if self.config.subscribe_secret and self.config.publish_token:
+                if self.config.subscribers_need_tokens and self.config.publish_token:
                     self._authorize(request)
             else:
                 self._authorize(request)
@@ -159,6 +168,10 @@ class StreamEndpoints:
                 self.streams.sweep_due(self.service.now())
             source = request.headers.get(_FORKED_FROM) if request.method == b"PUT" else None
             paths = [path] if source is None else [source.decode("latin-1"), path]
+            if request.method == b"GET" and b"live=sse" in request.query:
+                # another node's event stream reaches the reader in whole events
+                client = WholeEvents(client,  # type: ignore[arg-type]
+                                     EVENT_BOUND_BUDGETS * self.config.max_response_bytes)
             return _outcome(self.engine.serve(
                 paths, lambda: handler(request, (path,), client), request, client))
         except PushUpError as e:
@@ -191,7 +204,8 @@ class StreamEndpoints:
             content_type or None, ttl, expires_at,
             request.header(_CLOSED).lower() == "true", request.body,
             None if forked_from is None else forked_from.decode("latin-1"), offset,
-            0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)))
+            0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)),
+            *retention_asked(request, self.config, fork=forked_from is not None))
         stream, created = self.streams.create(params[0], asked, self.service.now())
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
@@ -238,7 +252,7 @@ class StreamEndpoints:
             headers += ((h.TTL, b"%d" % stream.ttl),)
         if stream.expires_at is not None:
             headers += ((h.EXPIRES_AT, stream.expires_at.encode()),)
-        return _answer(200, b"", stream.content_type.encode(), headers)
+        return _answer(200, b"", stream.content_type.encode(), headers + retention_fields(stream))
 
     def read(self, request: Request, params: tuple[str, ...], client: object,
              ) -> Response | Held | Pending:
@@ -340,6 +354,10 @@ class StreamEndpoints:
                     cursor=lambda: self._cursor(cursor), draining=lambda: self.draining,
                     fields=h.COMMON)
         feed.start()
+        if not feed.ended:
+            if len(self.feeds) >= 64:  # pruned as it grows, not only when /stats asks
+                self.feeds = {held for held in self.feeds if not held.ended}
+            self.feeds.add(feed)
         return Held(feed.stop)
 
 

@@ -1,5 +1,5 @@
 """``pushup serve``: parse the configuration, install the reactor first, run.
-Also ``pushup token`` (a subscriber token) and ``pushup --version``.
+Also ``pushup token`` (a subscriber token, or its key's JWKS) and ``pushup --version``.
 
 Invalid configuration, or a data directory that cannot be used, is one line
 on stderr and exit code 2. The reactor is installed before anything imports
@@ -59,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"pushup: error: {e}", file=sys.stderr)
         return 2
+    from pushup.ops.jwks import jwks_problem
+
+    problem = jwks_problem(config)  # a JWKS file is read now: a bad one stops the start
+    if problem:
+        print(f"pushup: error: {problem}", file=sys.stderr)
+        return 2
     short = short_secret(config.subscribe_secret)
     worker = any(key.startswith(INTERNAL_ENV_PREFIX) for key in os.environ)
     if short and not worker:  # a worker's supervisor has said it, once
@@ -72,30 +78,65 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """``pushup token --channels a,room:* [--ttl SECONDS]``: print a subscriber token
-    signed with the subscribe secret (``--secret-file``, or PUSHUP_SUBSCRIBE_SECRET
-    or PUSHUP_SUBSCRIBE_SECRET_FILE in the environment)."""
+    signed HS256 with the subscribe secret (``--secret-file``, or PUSHUP_SUBSCRIBE_SECRET
+    or PUSHUP_SUBSCRIBE_SECRET_FILE in the environment), or with ``--key-file``'s
+    private key (RS256, ES256 or EdDSA, named by ``--kid``); ``--jwks`` prints
+    that key's public JWKS instead, for ``--subscribe-jwks``."""
+    import json
     import time
 
     from pushup.http.tokens import issue
+    from pushup.ops.jwks import private_key, public_jwks
 
     parser = CommandParser(
         prog="pushup token",
-        description="Print a subscriber token (a JWT) for the given channels, signed with "
-                    "the subscribe secret: from --secret-file, or from "
+        description="Print a subscriber token (a JWT) for the given channels, signed HS256 "
+                    "with the subscribe secret (from --secret-file, or from "
                     "PUSHUP_SUBSCRIBE_SECRET_FILE or PUSHUP_SUBSCRIBE_SECRET in the "
-                    "environment.")
-    parser.add_argument("--channels", required=True, metavar="NAMES",
+                    "environment), or with a private key (--key-file, --kid) for a node "
+                    "started with --subscribe-jwks.")
+    parser.add_argument("--channels", metavar="NAMES",
                         help="comma-separated channel names, or prefixes ending in *, "
-                             "e.g. news,room:*")
+                             "e.g. news,room:* (required but with --jwks)")
     parser.add_argument("--ttl", type=float, default=TOKEN_TTL, metavar="SECONDS",
                         help=f"lifetime of the token in seconds (default {TOKEN_TTL:g})")
     parser.add_argument("--secret-file", metavar="FILE",
-                        help="file holding the subscribe secret")
+                        help="file holding the subscribe secret (HS256)")
+    parser.add_argument("--key-file", metavar="PEM",
+                        help="sign with this unencrypted PEM private key instead: RS256 for "
+                             "an RSA key, ES256 for EC P-256, EdDSA for Ed25519")
+    parser.add_argument("--kid", metavar="KID",
+                        help="the key's id, in the token's header (needed with --key-file: "
+                             "the node picks the key of its --subscribe-jwks by it)")
+    parser.add_argument("--issuer", metavar="ISS", help="the iss claim (--subscribe-issuer)")
+    parser.add_argument("--audience", metavar="AUD",
+                        help="the aud claim (--subscribe-audience)")
+    parser.add_argument("--jwks", action="store_true",
+                        help="print the public JWKS of --key-file under --kid (a file for "
+                             "--subscribe-jwks) instead of a token")
     try:
         opts = parser.parse_args(argv)
     except ConfigError as e:
         print(f"pushup token: error: {e}", file=sys.stderr)
         return 2
+    problem = key_problem(opts)
+    if problem is None and not opts.jwks:
+        problem = channels_problem(opts.channels, opts.ttl)
+    if problem:
+        print(f"pushup token: error: {problem}", file=sys.stderr)
+        return 2
+    if opts.key_file:
+        try:
+            key, algorithm = private_key(opts.key_file)
+        except ValueError as e:
+            print(f"pushup token: error: --key-file: {e}", file=sys.stderr)
+            return 2
+        if opts.jwks:
+            print(json.dumps(public_jwks(key, algorithm, opts.kid), indent=2))
+            return 0
+        print(issue(key, opts.channels.split(","), time.time() + opts.ttl, algorithm=algorithm,
+                    kid=opts.kid, issuer=opts.issuer or "", audience=opts.audience or ""))
+        return 0
     secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
     try:
         secret = (read_secret(secret_file, "--secret-file") if secret_file
@@ -110,8 +151,22 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     short = short_secret(secret)
     if short:
         print(f"pushup token: warning: {short}", file=sys.stderr)
-    print(issue(secret, opts.channels.split(","), time.time() + opts.ttl))
+    print(issue(secret, opts.channels.split(","), time.time() + opts.ttl, kid=opts.kid,
+                issuer=opts.issuer or "", audience=opts.audience or ""))
     return 0
+
+
+def key_problem(opts: Any) -> str | None:
+    """What is wrong with ``pushup token``'s choice of key, or None."""
+    if opts.key_file and opts.secret_file:
+        return "--key-file and --secret-file are both given; use one"
+    if opts.key_file and not opts.kid:
+        return "--key-file needs --kid: the node picks the key of its JWKS by it"
+    if opts.jwks and not opts.key_file:
+        return "--jwks prints the public keys of --key-file: give it (and --kid)"
+    if not opts.jwks and opts.channels is None:
+        return "--channels is required"
+    return None
 
 
 def short_secret(secret: str) -> str | None:
@@ -134,8 +189,13 @@ def short_secret(secret: str) -> str | None:
 def token_problem(secret: str, channels: str, ttl: float) -> str | None:
     """What is wrong with ``pushup token``'s inputs, naming the input, or None."""
     if not secret:
-        return ("no subscribe secret: give --secret-file, or set PUSHUP_SUBSCRIBE_SECRET_FILE "
-                "or PUSHUP_SUBSCRIBE_SECRET")
+        return ("no subscribe secret: give --secret-file (or --key-file), or set "
+                "PUSHUP_SUBSCRIBE_SECRET_FILE or PUSHUP_SUBSCRIBE_SECRET")
+    return channels_problem(channels, ttl)
+
+
+def channels_problem(channels: str, ttl: float) -> str | None:
+    """What is wrong with a token's ``--channels`` or ``--ttl``, or None."""
     for name in channels.split(","):
         if name == "*":
             continue

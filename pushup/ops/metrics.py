@@ -52,6 +52,25 @@ REDIS_FIGURES = (
      "Times a Redis log was found to have lost what this node read"),
 )
 
+# With --presence (and --webhook-url): under the "presence" and "webhooks" keys.
+PRESENCE_FIGURES = (
+    ("presence_subscriptions", "pushup_presence_subscriptions", "gauge",
+     "Subscriptions counted here (held, open, or within the presence window)"),
+    ("presence_channels", "pushup_presence_channels", "gauge",
+     "Channels someone subscribes to, cluster-wide"),
+    ("presence_nodes", "pushup_presence_nodes", "gauge", "Nodes whose presence is known here"),
+    ("presence_sender", "pushup_presence_sender", "gauge",
+     "1 on the one node that says the cluster's presence events (webhooks)"),
+)
+WEBHOOK_FIGURES = (
+    ("sent", "pushup_webhook_events_sent", "counter",
+     "Webhook events a receiver accepted (per URL)"),
+    ("dropped", "pushup_webhook_events_dropped", "counter",
+     "Webhook events given up on: a receiver's queue full, or retried too long"),
+    ("failures", "pushup_webhook_failures", "counter", "Webhook requests not answered 2xx"),
+    ("queued", "pushup_webhook_events_queued", "gauge", "Webhook events waiting to be sent"),
+)
+
 
 def rss_bytes() -> int:
     """Resident memory of this process (Linux /proc; 0 where unavailable)."""
@@ -76,6 +95,10 @@ class Collector:
             yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
                                                  if k in ("up", "horizon", "followed",
                                                           "lost_epochs")})
+        if "presence" in stats:
+            yield from _families(PRESENCE_FIGURES, stats["presence"])
+        if "webhooks" in stats:
+            yield from _families(WEBHOOK_FIGURES, stats["webhooks"])
         yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
         peers = stats["peers"]

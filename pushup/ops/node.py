@@ -8,11 +8,12 @@ bytes and connections and refuses connections past the limit with a 503).
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
@@ -30,6 +31,7 @@ from pushup.backplane.mesh.dial import http_agent, http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
 from pushup.backplane.mesh.owners import advertised
+from pushup.backplane.mesh.presence import MeshPresence
 from pushup.backplane.mesh.relay import Relay
 from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
 from pushup.backplane.stream_engine import LocalStreams, StreamEngine
@@ -44,18 +46,29 @@ from pushup.http.exchange import Writer
 from pushup.http.front import Front
 from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
+from pushup.http.presence import PresenceDesk
 from pushup.http.sse import max_event_id
 from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
+from pushup.ops.jwks import subscribe_verifier
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.timing import Timed, Timings
+from pushup.ops.webhooks import Webhooks
+
+if TYPE_CHECKING:  # (Redis's modules are imported only with --engine redis://)
+    from pushup.backplane.redis.presence import RedisPresence
 
 log = Logger()
 ADMIN_CONNECTIONS = 64  # scrapers and operators, not clients
 SELECT_CONNECTIONS = 900  # select() cannot watch descriptors past 1023
 DRAIN_LIMIT = 4.0  # seconds a drain may take in all (the README promises exit within 5 s)
+# past --drain-window: the most a stream's end (its last page) may take to go out
+DRAIN_WINDOW_GRACE = 1.0
 STREAM_IDLE_CONNECTIONS = 8  # idle connections kept to each peer for streams handed on
+# a node that starts says no presence event before it heard the others' (their
+# records expire in 3 s: pushup.backplane.{mesh,redis}.presence)
+SETTLE_S = 4.0
 STREAM_ANSWER_S = 10.0  # the most a stream's owner may take to answer (past a long poll's hold)
 
 
@@ -97,12 +110,26 @@ class Node:
             self.backplane = Durable(self.service, self.data, reactor)
         else:
             self.backplane = Alone(self.service)
-        endpoints = None if self.mesh is None else MeshEndpoints(self.mesh)
+        # --presence: who subscribes (docs/api.md, "Presence"); off, nothing is counted
+        clustered = (self.mesh is not None and bool(self.mesh.links)) or config.engine != "mesh"
+        self.presence = None if not config.presence_on else PresenceDesk(
+            self.service, config.presence_linger, config.presence_members,
+            tokens=bool(config.subscribe_secret), settle=SETTLE_S if clustered else 0.0)
+        self.webhooks: Webhooks | None = None
+        self.spreads: MeshPresence | RedisPresence | None = None  # presence to the others
+        if self.presence is not None:
+            self.spreads = self._presence_spread(self.presence, origin.name)
+            if config.webhook_url:
+                self.webhooks = self._webhooks(self.presence, origin.name)
+        endpoints = None if self.mesh is None else MeshEndpoints(
+            self.mesh, self.spreads if isinstance(self.spreads, MeshPresence) else None)
         streams = new_streams(config)
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
-                                 stream_engine=self._stream_engine(streams))
+                                 stream_engine=self._stream_engine(streams),
+                                 tokens=subscribe_verifier(config, reactor),
+                                 presence=self.presence)
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -125,6 +152,35 @@ class Node:
         self.port: IListeningPort | None = None
         self.private_port: IListeningPort | None = None  # a worker's, for its siblings
         self.fleet: Fleet | None = None  # with --workers: the whole node's figures
+
+    def _presence_spread(self, desk: PresenceDesk,
+                         boot: str) -> MeshPresence | RedisPresence | None:
+        """How this node's presence reaches the others': peer to peer on the
+        mesh, a record each in Redis; alone, nowhere."""
+        if self.mesh is not None and self.mesh.links:
+            return MeshPresence(desk, self.mesh.links, self.reactor, boot)
+        if self.config.engine != "mesh":
+            from pushup.backplane.redis.engine import RedisEngine
+            from pushup.backplane.redis.presence import RedisPresence
+
+            assert isinstance(self.backplane, RedisEngine)
+            return RedisPresence(desk, self.backplane.shards, self.reactor, boot,
+                                 self.backplane.timeout)
+        return None
+
+    def _webhooks(self, desk: PresenceDesk, ids: str) -> Webhooks:
+        """The sender of ``--webhook-url``: on the cluster's one sender (the
+        lowest node id the roster holds), each batch to every URL."""
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent
+
+        # a connection per request (at most 4 a second per URL): a kept one the
+        # receiver closed meanwhile would fail a POST, which is not retried
+        http = HTTPClient(Agent(self.reactor))  # type: ignore[no-untyped-call]
+        hooks = Webhooks(self.config.webhook_url, self.config.webhook_secret, self.reactor,
+                         http, ids, queue=self.config.webhook_queue, sends=desk.leads)
+        desk.listeners.append(hooks.events)
+        return hooks
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
         """Where the Durable Streams of ``streams`` (the core's) are decided:
@@ -205,6 +261,8 @@ class Node:
         """Join the cluster (catch up from a peer, or load the engine's log)."""
         d: defer.Deferred[None] = self.backplane.start()
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
+        if self.spreads is not None:
+            self.spreads.start()
         return d
 
     def stats(self) -> dict[str, Any]:
@@ -216,6 +274,9 @@ class Node:
         return {**self.service.snapshot(rss=rss_bytes()), **self.backplane.stats(),
                 "engine_up": self.engine_up(),
                 "stream_long_polls": self.handlers.streams.long_polls,
+                **({} if self.presence is None else {"presence": self.presence.figures()}),
+                **({} if self.webhooks is None else {"webhooks": self.webhooks.stats()}),
+                "stream_sse_readers": self.handlers.streams.sse_readers,
                 "streams": self.stream_figures(),
                 "timings": self.timings.figures()}
 
@@ -243,24 +304,52 @@ class Node:
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
-        """Drain, all within ``DRAIN_LIMIT`` seconds, in this order.
+        """Drain, all within ``DRAIN_LIMIT`` seconds (past ``--drain-window``),
+        in this order.
 
         The public port closes at once (a load balancer's next connection goes
-        to another node); every held subscriber is answered; peers get what
+        to another node); every held long poll is answered; event streams end
+        at once, or with ``--drain-window`` one by one over that window
+        (``pushup.http.stream_drain``), served meanwhile: the node still
+        follows the cluster, and refuses publishes; peers then get what
         they lack for at most ``PEER_FLUSH`` seconds (a worker's private port,
         which its siblings flush to, stays open meanwhile); then connections
         close once their answers are sent, or when the limit is reached.
         """
-        started = self.reactor.seconds()
         if self.port is not None:
             yield self.port.stopListening()
-        log.info("stopped listening; draining: answering {n} waiting subscribers",
-                 n=len(self.service.hub))
-        self.service.drain()
+        window = self.config.drain_window
+        streams = self.handlers.event_streams
+        spread = streams.spread(window, random.Random()) if window > 0 else 0
+        held = len(self.service.hub)
+        self.service.drain(keep=streams.__contains__ if spread else None)
+        log.info("stopped listening; draining: answered {n} waiting subscribers",
+                 n=held - len(self.service.hub))
         self.handlers.streams.drain()  # Durable Streams' held reads, answered too
         # idle and answered connections go now, not after the flush; peers'
-        # streams into us stay until then (they flush to us too)
-        self.front.close_all(upgraded=False)
+        # streams into us stay until then (they flush to us too), and so do
+        # event streams given a time to end
+        self.front.close_all(upgraded=False, streaming=not spread)
+        if spread:
+            log.info("draining: ending {n} event streams spread over {window} s",
+                     n=spread, window=f"{window:g}")
+            ended: defer.Deferred[None] = defer.Deferred()
+
+            def all_ended() -> None:
+                if not ended.called:  # (not after the timeout fired)
+                    ended.callback(None)
+
+            streams.when_empty(all_ended)
+            ended.addTimeout(window + DRAIN_WINDOW_GRACE, self.reactor)
+            try:
+                yield ended
+                log.info("draining: every event stream has ended")
+            except defer.TimeoutError:
+                log.warn("drain: {n} event streams had not ended by the window's end; "
+                         "closing them", n=len(streams))
+        started = self.reactor.seconds()
+        if self.spreads is not None:  # (on Redis, this node's record goes)
+            yield self.spreads.stop()
         yield self.backplane.stop(PEER_FLUSH)
         if self.private_port is not None:
             yield self.private_port.stopListening()

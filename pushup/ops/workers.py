@@ -45,7 +45,8 @@ REUSE_ENV = "PUSHUP_WORKER_REUSE_PORT"
 SIBLINGS_ENV = "PUSHUP_WORKER_SIBLINGS"  # its siblings' private URLs, comma-separated
 RESTART_DELAY = 1.0
 # passed in the environment, never in argv
-SECRETS = ("cluster_secret", "publish_token", "subscribe_secret")
+SECRETS = ("cluster_secret", "publish_token", "subscribe_secret", "subscribe_secret_previous",
+           "webhook_secret")
 
 
 def _private_socket(name: str) -> socket.socket:

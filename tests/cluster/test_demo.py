@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def test_two_people_chat_through_a_node_failure():
         for driver in (ann, bob):  # how many nodes
             until(driver, "return document.getElementById('cluster').textContent"
                           ".startsWith('3 of 3 nodes up: node1 node2 node3')")
+        for driver in (ann, bob):  # who is online (presence): both, on both pages
+            until(driver, "return document.getElementById('online').textContent"
+                          " === '2 online: ann, bob'")
         expected: list[str] = []
         for i in range(3):
             for driver, name in ((ann, "ann"), (bob, "bob")):
@@ -118,6 +122,8 @@ def test_two_people_chat_through_a_node_failure():
             height, view, top = scroll
             assert height > view, scroll  # the log overflows...
             assert top + view >= height - 2, scroll  # ...and shows its newest line
+        for driver in (ann, bob):  # both still online, through the live nodes
+            until(driver, "return window.online.join() === 'ann,bob'")
         for driver in (ann, bob):  # answered by a live node since the kill
             assert re.fullmatch(r"2 of 3 nodes up: node1 node2 node3 · your last poll was "
                                 r"answered by node[23]", cluster_line(driver).strip())
@@ -173,6 +179,16 @@ def test_the_subscribe_token_is_renewed_before_it_expires():
         assert all(r["at"] < r["previousExpiry"] for r in renewals), renewals
         say(ann, "still here")  # past the first token's expiry: still delivered
         wait_shown([ann], ["ann: still here"])
+        # the renewed tokens' subscriptions go on with who is online
+        assert ann.execute_script("return window.online") == ["ann"]
+        # the front sends GET /presence to PushUp (not to the chat's backend):
+        # it wants a subscribe token, as a subscribe does
+        try:
+            urllib.request.urlopen(demo.url + "presence?channels=chat:lobby", timeout=10)
+        except urllib.error.HTTPError as e:
+            assert e.code == 401 and json.loads(e.read())["error"]["code"] == "unauthorized"
+        else:
+            raise AssertionError("GET /presence without a token was not refused")
     finally:
         ann.quit()
         demo.stop()

@@ -6,13 +6,14 @@ idempotent producer, then reads it back over SSE and prints the item."""
 from __future__ import annotations
 
 import queue
+import re
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from tests.e2e.test_readme import block
+from tests.e2e.test_readme import README, block
 from tests.toolkit import ServedNode, wait_healthy
 
 CLIENTS = Path(__file__).resolve().parent / "streams" / "node_modules"
@@ -23,13 +24,18 @@ def test_the_readme_durable_streams_example_writes_and_reads_a_stream(tmp_path: 
     node_js = shutil.which("node")
     assert node_js is not None, "node is not installed: `make setup` installs nodejs"
     assert (CLIENTS / "@durable-streams" / "client").exists(), "`make npm-clients` installs it"
-    example = block("### Durable Streams with the protocol's own client", "js")
+    heading = "### Durable Streams with the protocol's own client"
+    example = block(heading, "js")
     assert README_URL in example
+    # the file name the README says to save it as: an ES module's
+    section = README.read_text().partition(heading)[2].partition("```js")[0]
+    named = re.search(r"save this as `([^`]+)`", section)
+    assert named is not None and named.group(1).endswith(".mjs"), section
     node = ServedNode("--host", "127.0.0.1")
     try:
         wait_healthy(node.url, time.monotonic() + 30, node.proc)
         (tmp_path / "node_modules").symlink_to(CLIENTS)  # as if installed beside it
-        script = tmp_path / "example.mjs"
+        script = tmp_path / named.group(1)
         script.write_text(example.replace(README_URL, node.url))
         reader = subprocess.Popen([node_js, str(script)], cwd=tmp_path, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,

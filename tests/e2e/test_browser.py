@@ -115,3 +115,47 @@ def test_a_page_of_a_foreign_origin_cannot_publish_without_the_token(page_server
         assert node.subscribe([channel], since="0")["messages"] == []
     finally:
         driver.quit()
+
+
+PRESENCE_PAGE = """<!doctype html><meta charset="utf-8"><title>pushup.js presence</title>
+<script type="module">
+  import { subscribe } from '%(node)s/pushup.js';
+  window.seen = { 'long-poll': [], 'sse': [] };
+  const tokens = { 'long-poll': '%(ann)s', 'sse': '%(bob)s' };
+  for (const transport of ['long-poll', 'sse']) {
+    const sub = subscribe('%(node)s', ['%(channel)s'], { since: 'now', transport,
+      token: tokens[transport], presence: true,
+      onPresence: () => {
+        window.seen[transport] = [...sub.members.get('%(channel)s').keys()].sort();
+      } });
+  }
+</script>"""
+
+
+def test_presence_in_the_browser_over_a_long_poll_and_an_event_stream(page_server, start_node):
+    """Each transport with ``presence: true`` shows both users (one per
+    transport): the long poll's ``presence`` list, the stream's ``event: presence``."""
+    import time
+
+    import jwt
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, root = page_server
+    page_origin = f"http://127.0.0.1:{server.server_address[1]}"
+    secret = "a-browser-test-subscribe-secret-32-bytes"
+    node = start_node("--cors-origin", page_origin, "--presence", "--subscribe-secret", secret)
+    driver = chrome()
+    try:
+        channel = "presence-" + os.urandom(4).hex()
+        tokens = {user: jwt.encode({"channels": [channel], "sub": user,
+                                    "exp": int(time.time()) + 600}, secret, algorithm="HS256")
+                  for user in ("ann", "bob")}
+        (root / "presence.html").write_text(PRESENCE_PAGE % {
+            "node": node.url, "channel": channel, **tokens})
+        driver.get(f"{page_origin}/presence.html")
+        both = {"long-poll": ["ann", "bob"], "sse": ["ann", "bob"]}
+        got = WebDriverWait(driver, 30).until(lambda d: (lambda s: s if s == both else None)(
+            d.execute_script("return window.seen")))
+        assert got == both
+    finally:
+        driver.quit()

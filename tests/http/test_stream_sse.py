@@ -9,7 +9,7 @@ from twisted.internet.task import Clock
 
 from pushup.core.stream import Stream
 from pushup.core.stream_values import START
-from pushup.http.stream_sse import Feed
+from pushup.http.stream_sse import Feed, WholeEvents
 
 
 class Writes:
@@ -47,3 +47,34 @@ def test_each_data_event_goes_out_in_one_write_with_its_control_event():
         assert data.startswith(b"event: data\n")
         assert control.startswith(b"event: control\ndata:{\"streamNextOffset\"")
     feed.stop()
+
+
+def test_another_nodes_event_stream_is_written_in_whole_events_wherever_its_reads_fall():
+    # what a Feed of the serving node writes: two reads, each a data event (whose
+    # lines read like a control event) and its control event
+    served = (b"event: data\ndata:safe\ndata:\ndata:event: control\ndata:\n\n"
+              b"event: control\ndata:{\"streamNextOffset\":\"a\"}\n\n"
+              b"event: data\ndata:more\n\n"
+              b"event: control\ndata:{\"streamNextOffset\":\"b\",\"upToDate\":true}\n\n")
+    writes = [served[:i] for i in range(1, len(served))]
+    for first, cut in ((w, len(w)) for w in writes):
+        client = Writes()
+        relayed = WholeEvents(client, bound=1 << 16)
+        relayed.send_events(first)
+        relayed.send_events(served[cut:])
+        assert b"".join(client.writes) == served
+        for write in client.writes:  # each ends with a whole control event
+            assert write.endswith(b"}\n\n") and write.rsplit(b"\n\n", 2)[-2].startswith(
+                b"event: control\n"), (cut, client.writes)
+
+
+def test_what_waits_for_an_events_end_is_bounded_and_written_at_the_end():
+    client = Writes()
+    relayed = WholeEvents(client, bound=12)
+    assert relayed.send_events(b"event: da")  # waits
+    assert client.writes == []
+    relayed.send_events(b"ta\ndata:x")  # past the bound: written as it is
+    assert client.writes == [b"event: data\ndata:x"]
+    relayed.send_events(b"\n\nevent: con")
+    relayed.end_stream()
+    assert client.writes[1:] == [b"\n\nevent: con"]

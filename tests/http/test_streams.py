@@ -256,3 +256,41 @@ def test_a_refused_append_renders_the_values_its_error_carries_as_headers():
     assert (closed.status, header(closed, b"Stream-Closed"),
             header(closed, b"Stream-Next-Offset")) == (
         409, b"true", b"0000000000000001_0000000000000001")
+
+
+def test_stats_count_the_sse_responses_served_until_they_end():
+    clock = Clock()
+    clock.advance(START)
+    whole = Node(Config(node_id="s"), clock)  # type: ignore[arg-type]
+    handlers = whole.handlers
+    answered(ask(handlers, b"PUT", b"/v1/stream/s", b"x", content_type=b"text/plain"))
+    assert whole.stats()["stream_sse_readers"] == 0
+    reader = Feeds()
+    held = ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=sse", client=reader)
+    assert isinstance(held, Held) and whole.stats()["stream_sse_readers"] == 1
+    answered(ask(handlers, b"POST", b"/v1/stream/s", b"y", content_type=b"text/plain",
+                 stream_closed=b"true"))  # read whole and closed: the response ends
+    assert reader.ended and whole.stats()["stream_sse_readers"] == 0
+    ask(handlers, b"GET", b"/v1/stream/s?offset=-1&live=sse", client=Feeds())
+    assert whole.stats()["stream_sse_readers"] == 0  # closed: it ended at once
+
+
+class Feeds:
+    """The front's end of an SSE response (``HTTPProtocol``'s stream methods)."""
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.ended = False
+
+    def open_stream(self, content_type: bytes = b"", fields: object = ()) -> None:
+        pass
+
+    def send_events(self, data: bytes) -> bool:
+        self.events.append(data)
+        return True
+
+    def end_stream(self) -> None:
+        self.ended = True
+
+    def when_writable(self, callback: object) -> None:
+        pass

@@ -25,8 +25,9 @@ def test_token_help_is_plain_text_and_shows_the_ttl_default():
     assert done.returncode == 0 and done.stderr == ""
     text = done.stdout
     assert "`" not in text and "%(" not in text, text
-    assert text.startswith("usage: pushup token [-h] --channels NAMES [--ttl SECONDS] "
-                           "[--secret-file FILE]\n"), text
+    assert " ".join(text.split("\n\n")[0].split()) == (
+        "usage: pushup token [-h] [--channels NAMES] [--ttl SECONDS] [--secret-file FILE] "
+        "[--key-file PEM] [--kid KID] [--issuer ISS] [--audience AUD] [--jwks]"), text
     ttl = " ".join(text.split("--ttl SECONDS", 2)[2].split("\n  --")[0].split())
     assert ttl == "lifetime of the token in seconds (default 3600)", text
 

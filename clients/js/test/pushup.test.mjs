@@ -3,6 +3,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { createHmac } from 'node:crypto';
 import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -290,5 +291,44 @@ test('a hidden page pauses the poll and a visible one resumes it, losing nothing
   } finally {
     sub.close();
     delete globalThis.document;
+  }
+});
+
+// An HS256 subscriber token, as a backend would sign it (pushup token makes them too).
+function hs256(secret, claims) {
+  const part = (v) => Buffer.from(JSON.stringify(v)).toString('base64url');
+  const body = `${part({ alg: 'HS256', typ: 'JWT' })}.${part(claims)}`;
+  return `${body}.${createHmac('sha256', secret).update(body).digest('base64url')}`;
+}
+
+test('presence: each subscription sees who joins and leaves, with their info', { timeout: 20000 }, async () => {
+  const secret = 'a-subscribe-secret-of-32-bytes-at-least';
+  const { url } = await startNode(['--presence', '--presence-window', '1', '--subscribe-secret', secret]);
+  const exp = Math.floor(Date.now() / 1000) + 600;
+  const tokenOf = (sub) => hs256(secret, { channels: ['room'], exp, sub, info: { name: sub.toUpperCase() } });
+  const events = [];
+  const wanted = [];
+  const onPresence = (e) => {
+    events.push(`${e.event} ${e.user}`);
+    for (const w of wanted) if (events.includes(w.what)) w.resolve();
+  };
+  const seen = (what) => (events.includes(what) ? Promise.resolve()
+    : new Promise((resolve) => wanted.push({ what, resolve })));
+  const ann = subscribe(url, ['room'], { token: tokenOf('ann'), presence: true, onPresence });
+  let bob = null;
+  try {
+    await seen('member_added ann'); // ann sees herself first
+    bob = subscribe(url, ['room'], { token: tokenOf('bob'), presence: true });
+    await seen('member_added bob');
+    assert.deepEqual([...ann.members.get('room')].sort(),
+      [['ann', { name: 'ANN' }], ['bob', { name: 'BOB' }]]);
+    bob.close(); // his poll is cut; after the window he leaves
+    await seen('member_removed bob');
+    assert.deepEqual([...ann.members.get('room').keys()], ['ann']);
+    const r = await (await fetch(`${url}/presence?channels=room&token=${tokenOf('ann')}`)).json();
+    assert.deepEqual(r, { channels: { room: { occupancy: 1 } } });
+  } finally {
+    ann.close();
+    if (bob) bob.close();
   }
 });

@@ -18,6 +18,8 @@ from twisted.internet.interfaces import IProtocol
 
 from pushup.backplane import EngineAnswer, EngineRequest
 from pushup.backplane.mesh.mesh import Mesh
+from pushup.backplane.mesh.presence import PATH as PRESENCE_PATH
+from pushup.backplane.mesh.presence import MeshPresence
 from pushup.backplane.mesh.replication import PATH as STREAM_PATH
 from pushup.backplane.mesh.replication import PeerStream
 from pushup.backplane.mesh.wire import PEER_BODY_LIMIT, verify
@@ -38,8 +40,9 @@ class MeshEndpoints:
     prefix = PREFIX
     body_limit = PEER_BODY_LIMIT
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, presence: MeshPresence | None = None) -> None:
         self.mesh = mesh
+        self.presence = presence  # POST /peer/presence, with --presence
 
     def admit(self, method: bytes, path: bytes, headers: Mapping[bytes, bytes]) -> int:
         if path == STREAM_PATH.encode():
@@ -59,13 +62,18 @@ class MeshEndpoints:
         mesh = self.mesh
         method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
         endpoint = (method, path)
-        if endpoint not in (("GET", "/peer/snapshot"), ("POST", "/peer/repair")):
+        presence = self.presence is not None and endpoint == ("POST", PRESENCE_PATH)
+        if endpoint not in (("GET", "/peer/snapshot"), ("POST", "/peer/repair")) \
+                and not presence:
             raise errors.NotFound(f"no such path: {path[:100]}")
         if not (mesh.secret and verify(mesh.secret, method, path,
                                        request.header(b"x-pushup-time"), request.body,
                                        request.header(b"x-pushup-signature"), now)):
             mesh.refused += 1
             raise unsigned()
+        if presence:
+            assert self.presence is not None
+            return self.presence.receive(request.body)
         if endpoint == ("GET", "/peer/snapshot"):
             return EngineAnswer(200, mesh.snapshot())
         batch = mesh.repair(request.body)

@@ -108,7 +108,9 @@ class StreamCache:
         if cached is None:
             return ("", 0, "", "")
         uid = cached.uid
-        return (uid, len(cached.entries), self.versions.get(uid, ""), self.marks.get(uid, ""))
+        # appends let go of by retention count: Redis still lists them
+        return (uid, len(cached.entries) + cached.dropped, self.versions.get(uid, ""),
+                self.marks.get(uid, ""))
 
     @defer.inlineCallbacks
     def _read_path(self, path: str) -> Generator[Any, Any, None]:
@@ -264,7 +266,7 @@ class StreamCache:
         assert stream is not None  # READ sends the state of a stream new to the cache
         if deadline:  # reads renew it in Redis only
             stream.renew_deadline(int(deadline))
-        for item in reply[APPENDS + max(0, len(stream.entries) - first):]:
+        for item in reply[APPENDS + max(0, len(stream.entries) + stream.dropped - first):]:
             entry, mark = unpacked(bytes(item))
             stream.add_entry(entry)
             if mark is not None:

@@ -36,9 +36,9 @@ def diverged(stream: Stream, last_mark: str | None, reply: list[Any], first: int
     holds appends Redis does not: ``reply`` is READ's for a changed stream,
     its appends from index ``first``. Fewer there, or another append where
     the cache's last is."""
-    held = len(stream.entries)
-    if not held:
+    if not stream.entries:
         return False
+    held = len(stream.entries) + stream.dropped  # Redis lists what retention let go of
     if int(reply[COUNT]) < held:
         return True
     if first == held:

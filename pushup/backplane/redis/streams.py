@@ -280,7 +280,9 @@ class SharedStreams(StreamCache):
                             "d": "" if stream.deadline is None else str(stream.deadline),
                             "map": mapping if key else -1, "k": key, "at": known,
                             "ch": channel_of(stream.path, home), "drop": 0, "now": "",
-                            "x": _expiry_ms(stream), "w": mark})
+                            "x": _expiry_ms(stream), "w": mark,
+                            # the appends retention let go of: their bytes freed in Redis
+                            "t": stream.earliest.appends if stream.retains else 0})
             appends.extend(_packed(e, mark) for e in entries)
         for uid, stream in dropped.items():
             home, key, value = self._place(stream)

@@ -11,6 +11,14 @@
 // delivered exactly once across reconnects and across the nodes of a cluster.
 // Network errors and 5xx are retried with full-jitter backoff (0.5 s growing to
 // 20 s, Retry-After as a floor); a 4xx is reported to onError and ends it.
+//
+// Presence (a node started with --presence): `presence: true` follows who is
+// subscribed to the channels, under the same cursor; `onPresence(event)` gets
+// each {channel, event: 'member_added' | 'member_removed', user, info}, and
+// `sub.members` is a Map of channel -> Map of user -> info kept from them
+// (an event may say again what the Map holds: it is idempotent). The
+// subscription names itself with a random `client` id, so its polls count as
+// one subscriber (a user's two tabs are two subscribers, one member).
 
 const SERVER_TIMEOUT = 50; // seconds the server holds a poll
 const ABORT_AFTER = (SERVER_TIMEOUT + 10) * 1000;
@@ -59,7 +67,7 @@ async function httpError(response) {
 export function subscribe(baseUrl, channels, options = {}) {
   const {
     onMessage = noop, onGap = noop, onError = noop, onClosed = noop, onRetry = noop,
-    since, transport = 'long-poll', token,
+    onPresence = noop, since, transport = 'long-poll', token, presence = false,
   } = options;
   const base = String(baseUrl).replace(/\/+$/, '');
   const names = (Array.isArray(channels) ? channels : [channels]).join(',');
@@ -73,6 +81,10 @@ export function subscribe(baseUrl, channels, options = {}) {
   const hasDoc = typeof document !== 'undefined';
   const hasWin = typeof window !== 'undefined' && typeof window.addEventListener === 'function';
   const useSse = transport === 'sse' && typeof EventSource !== 'undefined';
+  const members = new Map(); // channel -> Map(user -> info), with `presence`
+  const client = presence
+    ? Array.from({ length: 16 }, () => Math.floor(Math.random() * 36).toString(36)).join('')
+    : null;
 
   function position() {
     return cursor !== null ? cursor : (since ?? null);
@@ -83,6 +95,7 @@ export function subscribe(baseUrl, channels, options = {}) {
     const p = position();
     if (p !== null) u += `&since=${encodeURIComponent(String(p))}`;
     if (token) u += `&token=${encodeURIComponent(token)}`;
+    if (client) u += `&presence=1&client=${client}`;
     return u + extra;
   }
 
@@ -99,7 +112,16 @@ export function subscribe(baseUrl, channels, options = {}) {
     timer = setTimeout(() => { timer = null; start(); }, delay);
   }
 
+  function changed(event) {
+    let here = members.get(event.channel);
+    if (!here) members.set(event.channel, here = new Map());
+    if (event.event === 'member_added') here.set(event.user, event.info ?? null);
+    else here.delete(event.user);
+    safely(onPresence, event);
+  }
+
   function deliver(body) {
+    for (const event of body.presence || []) changed(event);
     if (body.gap) safely(onGap, body.cursor);
     for (const m of body.messages || []) safely(onMessage, m);
     if (body.closed && body.closed.length) safely(onClosed, body.closed);
@@ -146,6 +168,7 @@ export function subscribe(baseUrl, channels, options = {}) {
     };
     const position = (e) => { if (e.lastEventId) cursor = e.lastEventId; };
     es.addEventListener('cursor', position);
+    es.addEventListener('presence', (e) => changed(JSON.parse(e.data)));
     es.addEventListener('gap', (e) => {
       position(e);
       safely(onGap, e.data);
@@ -234,5 +257,6 @@ export function subscribe(baseUrl, channels, options = {}) {
   return {
     close: stop,
     get cursor() { return position(); },
+    members,
   };
 }

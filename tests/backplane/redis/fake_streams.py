@@ -90,7 +90,13 @@ def write(fake: Any, keys: list[str], argv: list[Any]) -> list[Any]:
             if c["d"] != "" and (b"deadline" not in meta
                                  or int(meta[b"deadline"]) < int(_t(c["d"]))):
                 meta[b"deadline"] = _b(c["d"])
-            data.lists.setdefault(m + ":l", []).extend(_b(a) for a in argv[arg:arg + c["n"]])
+            items = data.lists.setdefault(m + ":l", [])
+            blanked = int(meta.get(b"b", b"0"))
+            for i in range(blanked, min(c.get("t", 0), len(items))):  # retention let go of them
+                items[i] = items[i].partition(b"\n")[0] + b"\n"
+            if c.get("t", 0) > blanked:
+                meta[b"b"] = _b(c["t"])
+            items.extend(_b(a) for a in argv[arg:arg + c["n"]])
             arg += c["n"]
         if c["map"] == 1:
             data.strings[c["k"]] = _b(c["u"])

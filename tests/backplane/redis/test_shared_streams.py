@@ -227,3 +227,25 @@ def test_a_stream_created_again_after_redis_restarted_empty_goes_on_past_the_los
     after = b_streams.at("p").entries[-1].begins  # type: ignore[union-attr]
     assert all(after.appends >= p.appends and after.size >= p.size for p in lost)
     assert len([line for line in lines if "Redis lost stream" in line]) == 1, lines
+
+
+def test_what_one_nodes_retention_let_go_of_another_node_lets_go_of_and_never_misreads(
+        nodes) -> None:
+    """A's appends past B's stream's retention let the oldest go in Redis; B
+    reads the same earliest offset, holds only what is kept, and its cache's
+    count of Redis's appends stays right as both write (no append read twice,
+    none taken for lost)."""
+    a, a_streams = nodes()
+    b, b_streams = nodes()
+    kept = Creation("text/plain", None, None, False, b"", None, None, 0, None, 20)
+    wait_for(a.serve(["r"], lambda: a_streams.create("r", kept, now())))
+    for i in range(6):
+        node, streams = (a, a_streams) if i % 2 else (b, b_streams)
+        wait_for(node.serve(["r"], lambda s=streams, i=i: s.append(
+            "r", Append(None, b"%09d;" % i, False), now())))
+    stream_a = wait_for(a.serve(["r"], lambda: a_streams.get("r", now())))
+    stream_b = wait_for(b.serve(["r"], lambda: b_streams.get("r", now())))
+    assert stream_a.earliest == stream_b.earliest == stream_b.entries[0].begins
+    assert stream_b.read(START, 1 << 20).data == b"000000004;000000005;"
+    assert stream_a.read(START, 1 << 20).data == b"000000004;000000005;"
+    assert len(stream_b.entries) + stream_b.dropped == 6 == len(stream_a.entries) + stream_a.dropped

@@ -6,7 +6,9 @@
 -- in this slot, another stream at the path; or, dropping an expired stream,
 -- a deadline a read has renewed since) refuses them all: {0, i}. GONE is
 -- what a dropping write's notice starts with (pushup.backplane.redis.stream_keys
--- puts its value in before the script is sent).
+-- puts its value in before the script is sent). c.t: the appends before that
+-- index were let go of by the stream's retention; each keeps its head only
+-- (index and mark as before), b in the meta hash saying how many are so.
 local changes = cjson.decode(ARGV[1])
 for i, c in ipairs(changes) do
   local m = c.p .. c.u .. ':m'
@@ -29,6 +31,15 @@ for i, c in ipairs(changes) do
       if not deadline or tonumber(deadline) < tonumber(c.d) then
         redis.call('HSET', m .. ':m', 'deadline', c.d)
       end
+    end
+    if c.t > 0 then  -- appends before index c.t were let go of: keep their heads only
+      local blanked = tonumber(redis.call('HGET', m .. ':m', 'b') or '0')
+      for i = blanked, c.t - 1 do
+        local item = redis.call('LINDEX', m .. ':l', i)
+        local ends = item and string.find(item, '\n', 1, true)
+        if ends and ends < #item then redis.call('LSET', m .. ':l', i, string.sub(item, 1, ends)) end
+      end
+      if c.t > blanked then redis.call('HSET', m .. ':m', 'b', c.t) end
     end
     local last = arg + c.n - 1
     while arg <= last do
