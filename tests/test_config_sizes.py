@@ -47,12 +47,14 @@ def test_a_whole_number_of_any_unit_is_that_many_times_the_unit(number, unit):
 
 def test_every_byte_setting_takes_units_from_flags_the_environment_and_the_file():
     assert set(SIZES) == {"max_body_bytes", "max_message_bytes", "max_cached_bytes",
-                          "max_response_bytes"}
-    config = load(["serve", "--max-body-bytes", "2MiB", "--config", "node.toml"],
+                          "max_response_bytes", "stream_retention_bytes"}
+    config = load(["serve", "--max-body-bytes", "2MiB", "--config", "node.toml",
+                   "--stream-retention-bytes", "64 KiB"],
                   {"PUSHUP_MAX_CACHED_BYTES": "1GiB", "PUSHUP_MAX_MESSAGE_BYTES": "128KiB"},
                   lambda path: b'max_response_bytes = "512KB"\n')
     assert (config.max_body_bytes, config.max_cached_bytes, config.max_message_bytes,
-            config.max_response_bytes) == (2 * 1024 ** 2, 1024 ** 3, 128 * 1024, 512_000)
+            config.max_response_bytes, config.stream_retention_bytes) == (
+        2 * 1024 ** 2, 1024 ** 3, 128 * 1024, 512_000, 64 * 1024)
 
 
 def test_a_toml_integer_is_still_a_number_of_bytes():
