@@ -48,7 +48,36 @@ def held(engine: Any, channel: str) -> list[str]:
     return [m.id for m in engine.store.query(Query((channel,), 0, None, 1000)).messages]
 
 
-class ReaderMachine(RuleBasedStateMachine):
+class RedisTraffic(RuleBasedStateMachine):
+    """What Redis's two connections do, in any order a machine picks (its
+    ``fake``): replies, notifications (out of order too), the subscriber
+    connection dropped and back. Shared by the reader's machines."""
+
+    fake: FakeShards
+
+    @precondition(lambda self: self.fake.replies)
+    @rule()
+    def redis_answers(self) -> None:
+        self.fake.answer()
+
+    @precondition(lambda self: self.fake.pushes)
+    @rule()
+    def a_notification_arrives(self) -> None:
+        self.fake.push()
+
+    @precondition(lambda self: len(self.fake.pushes) >= 2)
+    @rule(data=st.data())
+    def notifications_out_of_order(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.fake.pushes) - 2))
+        self.fake.reorder(i, i + 1)
+
+    @rule()
+    def the_subscriber_connection_drops_and_comes_back(self) -> None:
+        self.fake.drop_subscriber()
+        self.fake.reconnect()
+
+
+class ReaderMachine(RedisTraffic):
     """One partition, followed; Redis's replies, notifications, drops, losses and
     other nodes' publishes in any order the machine picks."""
 
@@ -78,26 +107,6 @@ class ReaderMachine(RuleBasedStateMachine):
     def this_node_publishes(self) -> None:
         self.engine.publish([Draft(("c",), self._data())]).addErrback(lambda _: None)
 
-    @precondition(lambda self: self.fake.replies)
-    @rule()
-    def redis_answers(self) -> None:
-        self.fake.answer()
-
-    @precondition(lambda self: self.fake.pushes)
-    @rule()
-    def a_notification_arrives(self) -> None:
-        self.fake.push()
-
-    @precondition(lambda self: len(self.fake.pushes) >= 2)
-    @rule(data=st.data())
-    def notifications_out_of_order(self, data: st.DataObject) -> None:
-        i = data.draw(st.integers(0, len(self.fake.pushes) - 2))
-        self.fake.reorder(i, i + 1)
-
-    @rule()
-    def the_subscriber_connection_drops_and_comes_back(self) -> None:
-        self.fake.drop_subscriber()
-        self.fake.reconnect()
 
     @precondition(lambda self: self.fake.replies)
     @rule()

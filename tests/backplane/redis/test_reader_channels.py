@@ -14,19 +14,19 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 from twisted.internet.task import Clock
 
 from pushup.core.model import Draft, Query
 from tests.backplane.redis.fake import FakeShards, engine_on, tag_of
-from tests.backplane.redis.test_reader import Client
+from tests.backplane.redis.test_reader import Client, RedisTraffic
 from tests.conftest import START
 
 CHANNELS = ("a", "b", "c", "d")  # one partition (partitions=1)
 LINGER = 10.0
 
 
-class ChannelsMachine(RuleBasedStateMachine):
+class ChannelsMachine(RedisTraffic):
     """One partition; its channels followed and let go as clients come and go."""
 
     @initialize()
@@ -80,33 +80,12 @@ class ChannelsMachine(RuleBasedStateMachine):
             assert channel not in p.channels
             assert self.engine.store.channel(channel) is None  # nothing of it held
 
-    @precondition(lambda self: self.fake.replies)
-    @rule()
-    def redis_answers(self) -> None:
-        self.fake.answer()
-
-    @precondition(lambda self: self.fake.pushes)
-    @rule()
-    def a_notification_arrives(self) -> None:
-        self.fake.push()
-
-    @precondition(lambda self: len(self.fake.pushes) >= 2)
-    @rule(data=st.data())
-    def notifications_out_of_order(self, data: st.DataObject) -> None:
-        i = data.draw(st.integers(0, len(self.fake.pushes) - 2))
-        self.fake.reorder(i, i + 1)
-
     @precondition(lambda self: any(p.kind == "message" for p in self.fake.pushes))
     @rule(data=st.data())
     def a_notification_is_lost(self, data: st.DataObject) -> None:
         """Redis's message never reaches the node, its connection staying up."""
         lost = [i for i, p in enumerate(self.fake.pushes) if p.kind == "message"]
         del self.fake.pushes[data.draw(st.sampled_from(lost))]
-
-    @rule()
-    def the_subscriber_connection_drops_and_comes_back(self) -> None:
-        self.fake.drop_subscriber()
-        self.fake.reconnect()
 
     @rule()
     def time_passes(self) -> None:
