@@ -47,7 +47,11 @@ REDIS_FIGURES = (
     ("horizon", "pushup_redis_horizon", "gauge",
      "How far this node has read the Redis logs it follows (entries, summed)"),
     ("followed", "pushup_redis_partitions_followed", "gauge",
-     "Partitions of the Redis log this node follows (those its clients read)"),
+     "Partitions of the Redis log with a channel this node follows"),
+    ("channels_followed", "pushup_redis_channels_followed", "gauge",
+     "Channels this node follows in the Redis log (those its clients read)"),
+    ("missed", "pushup_redis_notifications_missed", "counter",
+     "Times a notification showed an entry this node never heard of (read back)"),
     ("lost_epochs", "pushup_redis_lost_epochs", "counter",
      "Times a Redis log was found to have lost what this node read"),
 )
@@ -94,6 +98,7 @@ class Collector:
         if "redis" in stats:
             yield from _families(REDIS_FIGURES, {k: int(v) for k, v in stats["redis"].items()
                                                  if k in ("up", "horizon", "followed",
+                                                          "channels_followed", "missed",
                                                           "lost_epochs")})
         if "presence" in stats:
             yield from _families(PRESENCE_FIGURES, stats["presence"])

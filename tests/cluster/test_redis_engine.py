@@ -341,6 +341,8 @@ def test_metrics_show_the_redis_connection_and_how_far_the_log_is_read(fresh_clu
     followed = len({keys_of(ch).tag for ch in channels})
     assert {"pushup_redis_up 1.0", "pushup_redis_horizon 3.0",
             f"pushup_redis_partitions_followed {followed}.0",
+            "pushup_redis_channels_followed 3.0",  # per channel (issue 37)
+            "pushup_redis_notifications_missed_total 0.0",
             "pushup_redis_lost_epochs_total 0.0"} <= lines
 
 
