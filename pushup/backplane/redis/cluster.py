@@ -14,7 +14,6 @@ errors keep exceptions.py's types (``RedisNotSent``, ``RedisGone``, ``RedisTimeo
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,7 +131,7 @@ class Shards:
         owners = self._map.owning()
         if not self._map.known or not owners:
             return defer.fail(RedisNotSent(f"redis {self._name}: topology not known"))
-        slots = Counter(self._map.owners)
+        slots = self._map.slots_owned
 
         def state_of(address: str) -> Deferred[dict[str, Any]]:
             primary = self._pool.primaries[address]

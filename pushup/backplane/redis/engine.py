@@ -181,7 +181,9 @@ class RedisEngine(EnginePart):
         return done
 
     def stats(self) -> dict[str, Any]:
-        followed = [p for p in self.partitions if p.ready]
+        # (partitions with a channel followed: one look each, not a walk of
+        # their channels, as /stats is asked often)
+        followed = [p for p in self.partitions if p.channels and p.epoch]
         return {"engine": self.engine, "peers": [], "redis": {
             "url": ",".join(str(seed) for seed in self.seeds), "up": self.shards.connected,
             "cluster": self.shards.clustered, "primaries": self.shards.primaries(),

@@ -11,6 +11,7 @@ command (``cluster.py`` routes them) and never subscribes (``subscriptions.py``)
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -45,7 +46,11 @@ class SlotMap:
         self._pool = pool
         self._name = name
         self.clustered = False
-        self.owners: list[str | None] = [None] * SLOTS  # primary address by slot
+        # primary address by slot: written only through _own (the owners' set,
+        # read by every /health and /stats, is kept with it)
+        self.owners: list[str | None] = [None] * SLOTS
+        self._owner_set: set[str | None] = {None}
+        self.slots_owned: Counter[str | None] = Counter(self.owners)  # slots per owner
         self._nodes: dict[str, RedisURL] = {}  # every node the last map named, replicas too
         self.known = False  # the map was read at least once
         self.running = False
@@ -84,7 +89,7 @@ class SlotMap:
         self._retry = None
         if self._reading is not None:
             self._reading.cancel()
-        self.owners = [None] * SLOTS
+        self._own([None] * SLOTS)
 
     # -- what it says -----------------------------------------------------------------
 
@@ -94,8 +99,14 @@ class SlotMap:
 
     def owning(self) -> set[str]:
         """The primaries owning slots that the pool holds."""
-        return {owner for owner in set(self.owners) if owner is not None
+        return {owner for owner in self._owner_set if owner is not None
                 and owner in self._pool.primaries}
+
+    def _own(self, owners: list[str | None]) -> None:
+        """Every slot's owner is now as ``owners`` says."""
+        self.owners = owners
+        self._owner_set = set(owners)
+        self.slots_owned = Counter(owners)
 
     @property
     def connected(self) -> bool:
@@ -115,6 +126,7 @@ class SlotMap:
     def moved(self, slot: int, address: str) -> Primary:
         """``slot`` is on ``address`` now: note it, and re-read the rest of the map."""
         self.owners[slot] = address
+        self._own(self.owners)  # (a MOVED: rare)
         primary = self._pool.primary(address)
         self.refresh()
         return primary
@@ -229,13 +241,13 @@ class SlotMap:
         then tell the listeners (each subscription moves to its slot's owner)."""
         before = self.primaries() if self.known else None
         self.clustered = topology.clustered
-        self.owners = list(topology.owners)
+        self._own(list(topology.owners))
         self._nodes = topology.urls
         self.known = True
-        for address in set(self.owners):
+        for address in self._owner_set:
             if address is not None and address not in self._pool.primaries:
                 self._pool.primary(address, topology.urls[address])
-        owning = set(self.owners)
+        owning = self._owner_set
         for address in list(self._pool.primaries):
             if address not in owning:
                 self._pool.drop(address)
