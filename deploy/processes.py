@@ -106,18 +106,22 @@ def first_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return line.decode(errors="replace").strip()
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
-    found = []
+def process_tree() -> dict[int, list[int]]:
+    """Every process's children, by parent pid (Linux /proc; empty elsewhere)."""
+    tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:  # it exited while we looked
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
+            tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return tree
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    return process_tree().get(pid, [])
 
 
 def alive(pid: int) -> bool:

@@ -16,12 +16,13 @@ virtual environment exists.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from processes import process_tree  # deploy/processes.py: this runs as a script, from deploy/
 
 COMPILERS = {"cc", "gcc", "cc1", "as", "ld", "collect2", "x86_64-linux-gnu-gcc",
              "x86_64-linux-gnu-gcc-12", "gcc-12", "clang"}
@@ -36,14 +37,7 @@ PHASES = (  # (how to tell, what to say), the first that holds
 
 def descendants(pid: int) -> list[tuple[str, str]]:
     """(command name, command line) of every process below ``pid``."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:  # it exited while we looked
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    parents = process_tree()
     found, todo = [], list(parents.get(pid, []))
     while todo:
         child = todo.pop()
