@@ -171,9 +171,7 @@ class EventStream:
         """The client went away: forget its hold and its timers."""
         first = not self.stopped
         self.stopped = True
-        if self.waiter is not None:
-            self.service.forget(self.waiter)
-            self.waiter = None
+        self._forget_waiter()
         for timer in (self._expiry, self._linger):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -292,18 +290,20 @@ class EventStream:
         self._lingering = False
         if self.stopped:
             return
+        self._forget_waiter()
+        self._finish([*self._page(), self._mark(b"cursor", self.cursor)])
+
+    def _forget_waiter(self) -> None:
+        """No longer held for the next message (if it was)."""
         if self.waiter is not None:
             self.service.forget(self.waiter)
             self.waiter = None
-        self._finish([*self._page(), self._mark(b"cursor", self.cursor)])
 
     def _expire(self) -> None:
         self._expiry = None
         if self.stopped:
             return
-        if self.waiter is not None:
-            self.service.forget(self.waiter)
-            self.waiter = None
+        self._forget_waiter()
         why = error_body(Unauthorized("the subscribe token has expired"))
         self._finish([self._mark(b"expired", self.cursor, why)])
 
