@@ -31,6 +31,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pushup.backplane.links import SaidOnce
 from pushup.backplane.redis.cluster import Shards
 from pushup.backplane.redis.exceptions import RedisError, RedisGone
 from pushup.backplane.redis.following import (
@@ -71,6 +72,7 @@ class LogReader(EnginePart):
         self.notified_count = 0  # notifications received (of the channels followed)
         self._gone: list[tuple[str, int]] = []  # (origin, held) found gone, not yet said
         self._retries: dict[int, Any] = {}  # partition index -> its failed read's retry
+        self._failing = SaidOnce()  # the last read failure logged (cleared by a read done)
 
     def stop(self) -> None:
         """No read starts or is retried from now on (no retry's timer outlives it)."""
@@ -228,8 +230,10 @@ class LogReader(EnginePart):
         if isinstance(result, Failure):
             if not self.stopped and p.followed:
                 if isinstance(result.value, RedisGone | RedisError):
-                    log.info("redis {tag}: reading its channels failed ({why}); trying again",
-                             tag=p.tag, why=result.getErrorMessage())
+                    why = result.getErrorMessage()
+                    if self._failing.new(why):  # once, not once a partition and retry
+                        log.info("redis: reading channels failed ({why}); trying again every "
+                                 "{retry} s", why=why, retry=RETRY)
                 else:
                     log.failure("redis {tag}: reading its channels failed", result, tag=p.tag)
                 if p.index not in self._retries:  # (one armed already reads it again)
@@ -237,6 +241,7 @@ class LogReader(EnginePart):
             return
         # what a read tells of a channel holds only if its subscription did
         # not change meanwhile
+        self._failing.clear()
         taken = result is not None and p.followed and _complete(p, [
             name for name, (then, moves) in zip(result[0], result[1], strict=True)
             if _unchanged(p, name, then, moves)])

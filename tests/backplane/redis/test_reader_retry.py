@@ -69,3 +69,32 @@ def test_reads_failing_while_a_retry_is_armed_arm_no_other() -> None:
     assert shards.reads == 3 and len(clock.getDelayedCalls()) == 1  # failed again: re-armed
     reader.stop()
     assert clock.getDelayedCalls() == []
+
+
+def test_reads_failing_again_and_again_on_many_partitions_are_said_once() -> None:
+    from twisted.logger import globalLogPublisher
+
+    clock = task.Clock()
+    store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin("n", 1))
+    shards = Unreachable()
+    partitions = [Partition(i, f"p{i}") for i in range(3)]
+    reader = LogReader(Service(store, clock, 60.0), shards, partitions,  # type: ignore[arg-type]
+                       clock, maxlen=1000, timeout=2.0, most=1000, on_abroad=lambda *_: None)
+    said: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "failed" in event.get("log_format", "") and "reading" in event["log_format"]:
+            said.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        for p in partitions:
+            followed = p.channels["c"] = FollowedChannel(0.0)
+            followed.move(Step.CONFIRMED)
+            reader.read_back(p)
+        for _ in range(4):
+            clock.advance(RETRY)  # every partition fails again
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        reader.stop()
+    assert shards.reads == 15 and len(said) == 1
