@@ -64,8 +64,12 @@ BALANCES = ("roundrobin", "channel", "sticky")
 
 def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str = "",
                    host: str = "127.0.0.1", balance: str = "roundrobin",
-                   tls_pem: str = "") -> str:
+                   tls_pem: str = "", longest_poll_s: float = 0) -> str:
     """The HAProxy configuration for these nodes (see haproxy.cfg.template).
+
+    ``longest_poll_s``: HAProxy carries a held poll this long (its client and
+    server timeouts 30 s past it; 0: the template's 150 s, past the node's
+    default --max-timeout of 120 s).
 
     ``tls_pem``: the front terminates TLS with this certificate and key (one
     PEM file) and offers HTTP/2 first (ALPN ``h2,http/1.1``).
@@ -91,6 +95,10 @@ def haproxy_config(front_port: int, node_ports: Sequence[int], web_backend: str 
     text = TEMPLATE.read_text().format(front=f"{host}:{front_port}", servers=servers,
                                        web_backend=web, default_backend=default,
                                        errors=ERRORS, bind_tls=bind_tls)
+    if longest_poll_s:
+        carried = f"{longest_poll_s + 30:.0f}s"
+        text = (text.replace("timeout client 150s", f"timeout client {carried}")
+                .replace("timeout server 150s", f"timeout server {carried}"))
     if balance == "channel":
         head, backend = text.split("\nbackend pushup\n", 1)
         backend, _, rest = backend.partition("\n\n")
@@ -166,10 +174,12 @@ class LocalCluster:
                  secret: str = "", workdir: str | None = None, haproxy: bool = True,
                  engine: str = "mesh", node_env: dict[str, str] | None = None,
                  balance: str = "roundrobin", data_dirs: bool = False,
-                 tls: bool | str = False) -> None:
+                 tls: bool | str = False, longest_poll_s: float = 0) -> None:
         """``tls``: HAProxy's front terminates TLS and offers h2 (``True``: with a
         self-signed certificate made in ``workdir``, see ``certificate``; a
-        path: that PEM of certificate and key)."""
+        path: that PEM of certificate and key). ``longest_poll_s``: see
+        ``haproxy_config``."""
+        self.longest_poll_s = longest_poll_s
         self.node_ports = [free_port() for _ in range(nodes)]
         self.balance = balance  # HAProxy's: roundrobin, channel or sticky (haproxy_config)
         self.data_dirs = data_dirs  # each mesh node a --data-dir of its own, in workdir
@@ -311,7 +321,8 @@ class LocalCluster:
                 cfg = self.workdir / "haproxy.cfg"
                 cfg.write_text(haproxy_config(self.front_port, self.node_ports,
                                               self.web_backend, balance=self.balance,
-                                              tls_pem=self.tls_pem))
+                                              tls_pem=self.tls_pem,
+                                              longest_poll_s=self.longest_poll_s))
                 for k in range(self.haproxy_procs):
                     self.haproxies.append(self.spawn_haproxy(k))
                 try:

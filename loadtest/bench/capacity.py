@@ -9,8 +9,13 @@ CPU shown). A workload (``Workload``) is ``channels`` channels with
 ``per_channel`` long polls each: issue 28's 1,000 x 3 in every mode, issue 37's
 19,000 x 1 (a channel per user) with ``redis-affine`` only (``WORKLOADS``). The
 polls are opened through HAProxy a run of about FOLLOW_CHUNK at a time, each
-run held before the next (bounded), and re-polled on every answer (a timeout
-too: POLL_TIMEOUT). Publishes go
+run held before the next (bounded), and re-polled on every answer. A poll asks
+to be held HOLD_S, longer than a configuration runs (HAProxy carries it as
+long): no poll times out while rates are measured. (With a 100 s timeout,
+19,000 polls opened in 23 s came back as a wave of ~800 re-polls/s for 23 s
+every 100 s, and a configuration's capacity depended on which of its steps the
+wave fell in: a node holding its polls in 76 s met its first wave 24 s into
+its steps, one holding them in 23 s never met it before its last.) Publishes go
 to the nodes directly, round robin over their ports, one channel each (publish
 *g* to channel ``37 g mod channels``), open loop: publish *g* is due at
 ``start + g / rate`` whatever the nodes do, and waits in the generator when
@@ -61,7 +66,7 @@ from .. import cgroups
 from .client import SUBSCRIBER, Conn, Worker, worker_main
 from .cluster import NODE_ARGS, Control, _waiting
 from .dialect import PushUp
-from .nodescale import POLL_TIMEOUT, _cpu, _wait
+from .nodescale import _cpu, _wait
 from .pool import WorkerPool, merge
 from .scenarios import BenchError, Context, percentile
 
@@ -88,6 +93,7 @@ FOLLOW_TOTAL_S = 1200.0  # the longest all of a configuration's polls may take t
 # the kernel spreads connections over processes on one port only roughly evenly
 HAPROXY_POLLS = 7000
 PUBLISHER = 4  # a connection role next to client.SUBSCRIBER / PUBLISHER
+HOLD_S = 1800.0  # what each poll asks the node to hold it for: past a configuration's run
 
 
 @dataclass(frozen=True)
@@ -141,11 +147,10 @@ def haproxies_for(polls: int, per_process: int = HAPROXY_POLLS) -> int:
 
 
 def held_again(held: int, alive: int) -> bool:
-    """Whether the polls are held again before a step: all but 0.5 %. Polls time out
-    (POLL_TIMEOUT) about as fast as they were opened: 19,000 opened in 40 s re-poll
-    at ~475/s for 40 s every 100 s, and a node on 0.1 core has some of them on
-    their way back at every instant. One on its way is not lost: its next poll
-    carries its cursor (the delivery counts, later)."""
+    """Whether the polls are held again before a step: all but 0.5 % (a node on
+    0.1 core has some of the last step's on their way back at every instant).
+    One on its way is not lost: its next poll carries its cursor (the delivery
+    counts, later)."""
     return held >= alive - alive // 200
 
 
@@ -174,7 +179,7 @@ class CapacityWorker(Worker):
         self.step = -1
         self.trips = array("d")  # receipt minus due time, this step
         self.pub: dict[str, Any] | None = None
-        self.hold_s = POLL_TIMEOUT  # what each poll asks the node to hold it for
+        self.hold_s = HOLD_S
 
     # -- subscribers: one channel per connection ------------------------------------
 
@@ -423,7 +428,8 @@ def _one(ctx: Context, pool: CapacityPool, s: Settings, w: Workload, mode: str, 
     n = w.channels * w.per_channel if subscribed else 0
     with cgroups.CpuBudgets(run, cores, log=ctx.log) as budgets, \
             LocalCluster(k, node_args=node_args, workdir=str(workdir), engine=engine,
-                         balance=balance, haproxy_procs=haproxies_for(n)) as c:
+                         balance=balance, haproxy_procs=haproxies_for(n),
+                         longest_poll_s=HOLD_S) as c:
         node_pids = [p.pid for p in c.nodes if p is not None]
         for i, pid in enumerate(node_pids):
             budgets.assign(f"node{i + 1}", pid)
