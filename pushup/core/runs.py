@@ -112,6 +112,42 @@ def oldest_head(runs: Iterable[Run]) -> Message | None:
     return best
 
 
+class OldestHeads:
+    """The oldest by (timestamp, id) of the heads of ``runs`` (an origin's run
+    each, none empty), kept as they change: a heap of heads, each checked
+    against its run when it comes to the top and dropped there if its run
+    has let it go. Whoever changes a run's head says so (:meth:`moved`).
+    O(log n) a change instead of a walk of every run per look: a node
+    following 1,024 Redis partitions looked once per publish (the sweep's
+    next deadline), a third of its CPU per message."""
+
+    __slots__ = ("_heap", "_runs")
+
+    def __init__(self, runs: dict[str, Run]) -> None:
+        self._runs = runs
+        self._heap: list[tuple[int, str, str]] = []  # (ts, id, origin)
+
+    def moved(self, origin: str) -> None:
+        """``origin``'s run has a new head (or none)."""
+        run = self._runs.get(origin)
+        if run:
+            head = run[0]
+            heapq.heappush(self._heap, (head.ts, head.id, origin))
+        if len(self._heap) > 2 * len(self._runs) + 64:  # heads let go, not yet on top
+            self._heap = [(r[0].ts, r[0].id, o) for o, r in self._runs.items() if r]
+            heapq.heapify(self._heap)
+
+    def oldest(self) -> Message | None:
+        heap = self._heap
+        while heap:
+            _, ident, origin = heap[0]
+            run = self._runs.get(origin)
+            if run and run[0].id == ident:
+                return run[0]
+            heapq.heappop(heap)
+        return None
+
+
 _Head = tuple[int, str, int, Message, Iterator[Message]]  # (ts, id, stream no., msg, rest)
 
 

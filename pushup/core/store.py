@@ -35,7 +35,7 @@ from pushup.core.image import ChannelImage, StoreImage, channel_of
 from pushup.core.model import Draft, Message, Origin, Query
 from pushup.core.model import Result as Result  # re-exported: the store's answers
 from pushup.core.origins import Origins
-from pushup.core.runs import Run, oldest_head
+from pushup.core.runs import OldestHeads, Run
 from pushup.core.views import Sources, Views
 
 _by_time = attrgetter("sort_key")
@@ -74,6 +74,7 @@ class Store:
         self._channels = Channels(retention.channel_ttl, origin.name)
         self._bytes = 0
         self._by_origin: dict[str, Run] = {}  # origin -> its cached messages (none empty)
+        self._heads = OldestHeads(self._by_origin)  # what retention takes first
         self._holders: dict[str, int] = {}  # message id -> channels holding it
         self._changes: Changes = NO_CHANGES
         # Keyed publishes of every origin, for their window (pushup.core.idempotency).
@@ -466,7 +467,7 @@ class Store:
 
     def _oldest(self) -> Message | None:
         """The message retention takes first: the oldest of the origins' heads."""
-        return oldest_head(self._by_origin.values())
+        return self._heads.oldest()
 
     def _insert(self, m: Message, now: int, renew: bool = True,
                 into: tuple[str, ...] | None = None) -> None:
@@ -491,6 +492,8 @@ class Store:
         if mine is None:
             mine = self._by_origin[m.origin] = Run()
         mine.add(m)
+        if mine[0] is m:
+            self._heads.moved(m.origin)
         self._bytes += m.size
         for name in names:
             channel = channels.get(name)
@@ -529,6 +532,7 @@ class Store:
     def _forget(self, m: Message) -> None:
         if self._holders.pop(m.id, None) is not None:
             mine = self._by_origin[m.origin]
+            was_head = mine[0] is m
             mine.remove(m)
             self._bytes -= m.size
             self._changes.message(m)
@@ -536,4 +540,6 @@ class Store:
                 del self._by_origin[m.origin]
                 if self._origins.superseded(m.origin):
                     self._origins.retired.add(m.origin)
+            elif was_head:
+                self._heads.moved(m.origin)
 

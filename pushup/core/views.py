@@ -125,7 +125,13 @@ class Views:
         if not scoped:
             return list(self._horizon.items())
         relevant = self.relevant(channels)
-        return [(o, h) for o, h in self._horizon.items() if o not in scoped or o in relevant]
+        horizon = self._horizon
+        if not self._origins.live_unscoped:
+            # (the origins outside the scoped ones all at 0: a cursor names none
+            # of them, so only the channels' own are looked at, not the whole
+            # horizon: a node following 1,024 Redis partitions walked it per poll)
+            return [(o, horizon[o]) for o in relevant if o in horizon]
+        return [(o, h) for o, h in horizon.items() if o not in scoped or o in relevant]
 
     def read(self, q: Query) -> Result:
         """``Store.query`` the long way: merge the channels' runs from

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pushup.core.model import Message
-from pushup.core.runs import Run, merge
+from pushup.core.runs import OldestHeads, Run, merge, oldest_head
 
 
 def msg(seq: int, origin: str = "o.1", ts: int | None = None, data: bytes = b"1") -> Message:
@@ -134,3 +134,31 @@ def test_merge_is_the_sorted_union_of_its_streams_cut_at_limit(channel_seqs, lim
     after = union[limit:]
     assert all(m.seq in after for m in rest) and (not after or min(after) in
                                                    {m.seq for m in rest})
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(1, 40), st.integers(0, 50),
+                          st.booleans()), max_size=120))
+def test_the_oldest_head_is_the_oldest_of_the_runs_heads_through_any_adds_and_removes(ops):
+    """``OldestHeads`` answers what a walk of every run's head answers, whatever
+    runs gain and lose, in any order: the store's retention takes that one first."""
+    runs: dict[str, Run] = {}
+    heads = OldestHeads(runs)
+    held: dict[tuple[str, int], Message] = {}
+    for origin, seq, ts, add in ops:
+        key = (origin, seq)
+        if add and key not in held:
+            m = held[key] = msg(seq, origin=origin, ts=ts)
+            run = runs.setdefault(origin, Run())
+            run.add(m)
+            if run[0] is m:
+                heads.moved(origin)
+        elif not add and key in held:
+            m = held.pop(key)
+            run = runs[origin]
+            was_head = run[0] is m
+            run.remove(m)
+            if not run:
+                del runs[origin]
+            elif was_head:
+                heads.moved(origin)
+        assert heads.oldest() is oldest_head(runs.values())
