@@ -21,9 +21,11 @@ import json
 import pytest
 
 from loadtest.bench.__main__ import parse_args
+from deploy.launch import haproxy_config
 from loadtest.bench.capacity import (
     FOLLOW_CHUNK,
     HAPROXY_POLLS,
+    HOLD_S,
     MODES,
     WORKLOADS,
     Workload,
@@ -34,6 +36,7 @@ from loadtest.bench.capacity import (
     plan,
     verdict,
 )
+from loadtest.bench.cluster import NODE_ARGS
 from loadtest.bench.report import capacity_rows
 from loadtest.cgroups import CPU_ROOT
 from tests.loadtest.quick_bench import run_quick_bench
@@ -86,6 +89,18 @@ def test_enough_haproxy_processes_to_hold_every_poll() -> None:
     assert haproxies_for(0) == haproxies_for(3000) == haproxies_for(HAPROXY_POLLS) == 1
     assert haproxies_for(HAPROXY_POLLS + 1) == 2
     assert haproxies_for(19000) == 3  # one holds about 10,000 under 20,000 fds
+
+
+def test_no_poll_times_out_while_rates_are_measured() -> None:
+    """Polls ask to be held past a configuration's run, the nodes hold them as
+    long and HAProxy carries them as long: no wave of timed-out polls falls
+    into some steps and not others."""
+    assert HOLD_S >= 1800
+    assert int(NODE_ARGS[NODE_ARGS.index("--max-timeout") + 1]) >= HOLD_S
+    cfg = haproxy_config(8000, [8001, 8002], balance="channel", longest_poll_s=HOLD_S)
+    assert "timeout client 1830s" in cfg and "timeout server 1830s" in cfg
+    assert "150s" not in cfg
+    assert "timeout client 150s" in haproxy_config(8000, [8001])  # the shipped default
 
 
 def test_a_step_starts_with_all_but_a_few_re_polls_held() -> None:
