@@ -1,0 +1,101 @@
+"""The Ed25519 key that signs Durable Streams webhook deliveries (protocol
+§6.5, §7.1), and its public half as a JWK Set.
+
+The private key is ``--stream-webhook-key FILE`` (PKCS#8 or OpenSSL PEM,
+unencrypted), the same on every node of a cluster; without it a node makes
+one at start, which lives as long as the process (said once in the log). The
+``kid`` is ``ds_`` and the key's RFC 7638 thumbprint, so it is stable for
+the key's life and the same on every node holding the key. A signature is
+``t=<unix seconds>,kid=<kid>,ed25519=<unpadded base64url>`` over
+``<t>.<body>``. All the cryptography is the ``cryptography`` package's; the
+JWK is PyJWT's export.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from jwt.algorithms import OKPAlgorithm
+from twisted.logger import Logger
+
+from pushup.config import Config
+
+log = Logger(namespace="pushup")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class WebhookKey:
+    """One Ed25519 signing key: ``kid``, ``jwks`` and ``signature``."""
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        self._private = private
+        jwk = OKPAlgorithm.to_jwk(private.public_key(), as_dict=True)
+        # RFC 7638: the required members, sorted, no spaces, SHA-256
+        members = json.dumps({k: jwk[k] for k in ("crv", "kty", "x")}, sort_keys=True,
+                             separators=(",", ":"))
+        self.kid = "ds_" + _b64url(hashlib.sha256(members.encode()).digest())
+        self.jwk: dict[str, str] = {**jwk, "kid": self.kid, "use": "sig", "alg": "EdDSA"}
+
+    @property
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        return {"keys": [self.jwk]}
+
+    def signature(self, timestamp: int, body: bytes) -> str:
+        """The ``Webhook-Signature`` header's value for ``body`` sent at ``timestamp``."""
+        signed = self._private.sign(str(timestamp).encode() + b"." + body)
+        return f"t={timestamp},kid={self.kid},ed25519={_b64url(signed)}"
+
+
+def read_key(path: str) -> WebhookKey:
+    """The key of the PEM file ``path``; ValueError naming what is wrong."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"--stream-webhook-key: cannot read {path}: "
+                         f"{e.strerror or e}") from None
+    try:
+        private = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--stream-webhook-key: {path} is not an unencrypted PEM private "
+                         f"key ({e})") from None
+    if not isinstance(private, Ed25519PrivateKey):
+        raise ValueError(f"--stream-webhook-key: {path} holds a "
+                         f"{type(private).__name__}, not an Ed25519 key")
+    return WebhookKey(private)
+
+
+def webhook_key_problem(config: Config) -> str | None:
+    """What keeps ``--stream-webhook-key`` from being used (the start is
+    refused with it, exit 2), or None."""
+    if not config.stream_webhook_key:
+        return None
+    try:
+        read_key(config.stream_webhook_key)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def webhook_key(config: Config) -> WebhookKey:
+    """The node's key: ``--stream-webhook-key``'s, else one made now."""
+    if config.stream_webhook_key:
+        return read_key(config.stream_webhook_key)
+    key = WebhookKey(Ed25519PrivateKey.generate())
+    log.info("stream webhooks: no --stream-webhook-key; signing with a key made at start "
+             "(kid {kid}), which ends with this process", kid=key.kid)
+    return key
+
+
+def new_key_pem() -> bytes:
+    """A new Ed25519 private key, PKCS#8 PEM (for ``--stream-webhook-key``)."""
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
