@@ -27,7 +27,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from pushup.core.errors import (
@@ -534,3 +534,55 @@ def _is_127_0_0(host: str) -> bool:
     except ValueError:
         return False
     return isinstance(address, ipaddress.IPv4Address) and host.startswith("127.0.0.")
+
+
+# -- as kept (``--data-dir``): what a restart reads back ----------------------------
+# A link's tail is not kept: it is the stream's, read again from the streams at
+# start; so a stream's append changes nothing kept. A glob link is kept when the
+# subscription is made (its backfill) and when an ack moves it; a matching stream
+# found unlinked at start was made since, and is linked from its start. A wake
+# whose POST was under way is tried again at once.
+
+def state_of(sub: Subscription) -> dict[str, object]:
+    spec, wake = sub.spec, sub.wake
+    return {
+        "spec": [spec.kind, spec.pattern, list(spec.streams), spec.webhook_url,
+                 spec.wake_stream, spec.lease_ttl_ms, spec.description],
+        "created_at": sub.created_at, "phase": sub.phase.value, "generation": sub.generation,
+        "links": {path: [link.explicit, link.glob, link.acked.appends, link.acked.size]
+                  for path, link in sub.links.items()},
+        "wake": None if wake is None else [
+            wake.wake_id, wake.generation, wake.lease_until, wake.holder, wake.attempts,
+            wake.next_attempt_at,
+            {path: [at.appends, at.size] for path, at in wake.snapshot.items()}]}
+
+
+def subscription_of(sub_id: str, state: dict[str, Any],
+                    tails: dict[str, Position], now: int) -> Subscription:
+    """A subscription as ``state_of`` kept it; ``tails``: the streams' now."""
+    kind, pattern, streams, url, wake_stream, lease, description = state["spec"]
+    spec = Definition(kind, pattern, tuple(streams), url, wake_stream, lease, description)
+    sub = Subscription(sub_id, spec, int(state["created_at"]),
+                       None if pattern is None else glob_pattern(pattern))
+    sub.phase = Phase(state["phase"])
+    sub.generation = int(state["generation"])
+    for path, (explicit, glob, appends, size) in state["links"].items():
+        acked = Position(int(appends), int(size))
+        tail = tails.get(path, acked)
+        if (tail.appends, tail.size) < (acked.appends, acked.size):
+            tail = acked
+        sub.links[path] = Link(bool(explicit), bool(glob), acked, tail)
+    for path in [path for path in sub.links if path not in tails]:  # deleted meanwhile
+        sub.gone(path)
+    for path, tail in tails.items():  # made after the state was kept: linked from the start
+        if path not in sub.links and sub.matches(path):
+            sub.links[path] = Link(False, True, START, tail)
+    kept = state["wake"]
+    if kept is not None:
+        wake_id, generation, lease_until, holder, attempts, next_at, snapshot = kept
+        sub.wake = Wake(wake_id, generation, lease_until, holder, attempts, next_at,
+                        {path: Position(a, b) for path, (a, b) in snapshot.items()})
+        if sub.phase is Phase.DELIVERING:  # its answer was lost with the process
+            sub.phase = Phase.RETRYING
+            sub.wake.next_attempt_at = now
+    return sub

@@ -49,8 +49,10 @@ from pushup.core.subscriptions import (
     Wake,
     definition,
     link_view,
+    state_of,
     stream_paths,
     subscription_id,
+    subscription_of,
     webhook_url_problem,
 )
 from pushup.http.exchange import Request, Response, error_response
@@ -66,6 +68,14 @@ class Sender(Protocol):
     def send(self, url: str, body: bytes) -> defer.Deferred[tuple[int, bytes]]: ...
 
     def stats(self) -> dict[str, int]: ...
+
+
+class Keeper(Protocol):
+    """Where subscriptions are kept across restarts (``--data-dir``)."""
+
+    def subscriptions(self) -> dict[str, dict[str, Any]]: ...
+
+    def subscription_kept(self, sub_id: str, state: dict[str, object] | None) -> None: ...
 
 
 class SigningKey(Protocol):
@@ -87,11 +97,13 @@ class SubscriptionDesk:
 
     def __init__(self, service: Service, streams: Streams, prefix: str, key: SigningKey,
                  sender: Sender, secret: bytes, authorize: Callable[[Request], None],
-                 authorize_read: Callable[[Request], None]) -> None:
+                 authorize_read: Callable[[Request], None],
+                 keeper: Keeper | None = None) -> None:
         """``prefix``: the streams' root (``/v1/stream/``); ``secret``: what
         callback and claim tokens are signed with; ``authorize``: the
         publish token's guard (control requests), ``authorize_read`` the
-        readers' (GET)."""
+        readers' (GET); ``keeper``: where the subscriptions are kept (they
+        are read back from it now, their timers armed again)."""
         self.service = service
         self.streams = streams
         self.prefix = prefix
@@ -108,6 +120,35 @@ class SubscriptionDesk:
         self._bases: dict[str, str] = {}  # each subscription's root URL, as its PUT named it
         self._random = random.Random()
         self.wakes = 0  # wakes begun (/stats)
+        self.keeper = keeper
+        if keeper is not None:
+            self._restore(keeper)
+
+    def _restore(self, keeper: Keeper) -> None:
+        now = self.service.now()
+        tails = self._relative_tails()
+        for sub_id, state in keeper.subscriptions().items():
+            sub = subscription_of(sub_id, state, tails, now)
+            self.registry.subscriptions[sub_id] = sub
+            self._bases[sub_id] = state.get("base", "http://localhost" + self.prefix)
+            self._arm(sub)
+            if sub.pending:
+                self._wake_later(sub_id)
+        if self.registry.subscriptions:
+            log.info("stream subscriptions: {n} read back from the data directory",
+                     n=len(self.registry))
+
+    def _keep(self, sub: Subscription, deleted: bool = False) -> None:
+        """Keep ``sub``'s state (with ``--data-dir``); a disk that refuses
+        it leaves the change in memory only (said in the log)."""
+        if self.keeper is None:
+            return
+        try:
+            self.keeper.subscription_kept(
+                sub.id, None if deleted else {**state_of(sub), "base": self._bases.get(sub.id)})
+        except PushUpError as e:
+            log.warn("stream subscription {id}: not kept on disk ({why})", id=sub.id,
+                     why=e.message)
 
     # -- what the stream endpoints tell ------------------------------------------
 
@@ -161,9 +202,11 @@ class SubscriptionDesk:
                 _allow(method, (b"POST",))
                 paths = stream_paths(_field(_body(request), "streams"), "streams")
                 sub.add_explicit(paths, self._relative_tails())
+                self._keep(sub)
                 return Response(204, headers=_NO_STORE)
             _allow(method, (b"DELETE",))
             sub.remove_explicit(unquote(action[len("streams/"):]))
+            self._keep(sub)
             return Response(204, headers=_NO_STORE)
         _allow(method, (b"POST",))
         sub = self.registry.get(sub_id)
@@ -192,6 +235,7 @@ class SubscriptionDesk:
         sub, created = self.registry.put(sub_id, spec, self._relative_tails(), now)
         if created:
             self._bases[sub_id] = self._url(request, "")
+            self._keep(sub)
             log.info("stream subscription {id} created ({kind}, {links} streams linked)",
                      id=sub_id, kind=spec.kind, links=len(sub.links))
             if sub.pending:
@@ -199,7 +243,7 @@ class SubscriptionDesk:
         return _json(201 if created else 200, self._view(sub, request))
 
     def _delete(self, sub_id: str) -> None:
-        self.registry.delete(sub_id)
+        self._keep(self.registry.delete(sub_id), deleted=True)
         self._due.discard(sub_id)
         self._failing.discard(sub_id)
         self._bases.pop(sub_id, None)
@@ -263,6 +307,7 @@ class SubscriptionDesk:
         if not isinstance(done, bool):
             raise BadRequest("done is true or false")
         next_wake = sub.finish(body.get("acks", []), done, now)
+        self._keep(sub)
         if done:
             self._ended(sub)
         else:
@@ -279,6 +324,7 @@ class SubscriptionDesk:
         if sub.phase is Phase.IDLE:  # claimed before (or without) a wake event
             self._begin(sub, now)
         wake = sub.claim(worker, now)
+        self._keep(sub)
         self._arm(sub)
         log.debug("stream subscription {id}: generation {gen} claimed by {worker}",
                   id=sub.id, gen=wake.generation, worker=worker)
@@ -295,6 +341,7 @@ class SubscriptionDesk:
         body = _body(request)
         sub.fenced(body.get("wake_id"), body.get("generation"), token_generation)
         sub.move(Event.RELEASE)
+        self._keep(sub)
         self._ended(sub)
         return Response(204, headers=_NO_STORE)
 
@@ -327,7 +374,9 @@ class SubscriptionDesk:
 
     def _begin(self, sub: Subscription, now: int) -> Wake:
         self.wakes += 1
-        return sub.begin_wake("w_" + secrets.token_hex(8), now)
+        wake = sub.begin_wake("w_" + secrets.token_hex(8), now)
+        self._keep(sub)
+        return wake
 
     def _write_wake(self, sub: Subscription, now: int) -> None:
         """A pull-wake's wake event, appended to its wake stream (§7.2)."""
@@ -343,6 +392,7 @@ class SubscriptionDesk:
                                                     None), now)
         except PushUpError as e:
             sub.move(Event.FAILED)
+            self._keep(sub)
             if sub.id not in self._failing:
                 self._failing.add(sub.id)
                 log.warn("stream subscription {id}: its wake stream {path} refused the "
@@ -387,6 +437,7 @@ class SubscriptionDesk:
             self._failing.discard(sub.id)
             log.info("stream subscription {id}: its webhook answers again", id=sub.id)
         sub.answered(wake_id, done, self.service.now())
+        self._keep(sub)
         if sub.phase is Phase.IDLE:
             self._ended(sub)
         else:
@@ -402,6 +453,7 @@ class SubscriptionDesk:
         retry_at = sub.failed(wake_id, self._random.uniform(-1, 1), self.service.now())
         if retry_at is None:
             return
+        self._keep(sub)  # its next_attempt_at, honoured after a restart (§7.1)
         if sub.id not in self._failing:
             self._failing.add(sub.id)
             log.warn("stream subscription {id}: webhook delivery failed ({why}); retrying "
@@ -432,9 +484,11 @@ class SubscriptionDesk:
         now = self.service.now()
         if sub.phase is Phase.RETRYING:
             sub.retry(now)
+            self._keep(sub)
             self._deliver(sub)
         elif sub.expire(now):
             log.debug("stream subscription {id}: lease expired", id=sub.id)
+            self._keep(sub)
             self._ended(sub)
         else:
             self._arm(sub)

@@ -44,7 +44,13 @@ from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
 from pushup.http.stream_retention import retention_asked, retention_fields
 from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
-from pushup.http.stream_subscriptions import CONTROL, Sender, SigningKey, SubscriptionDesk
+from pushup.http.stream_subscriptions import (
+    CONTROL,
+    Keeper,
+    Sender,
+    SigningKey,
+    SubscriptionDesk,
+)
 
 PREFIX = b"/v1/stream/"
 _CONTROL = PREFIX + CONTROL
@@ -126,12 +132,14 @@ class StreamEndpoints:
         # the reserved __ds/ paths (protocol §6-7): served once the node says how
         self.subscriptions: SubscriptionDesk | None = None
 
-    def serve_subscriptions(self, key: SigningKey, sender: Sender, secret: bytes) -> None:
+    def serve_subscriptions(self, key: SigningKey, sender: Sender, secret: bytes,
+                            keeper: Keeper | None = None) -> None:
         """Serve the subscription APIs (``__ds/``): webhooks signed with
-        ``key``, sent by ``sender``; wake tokens signed with ``secret``."""
+        ``key``, sent by ``sender``; wake tokens signed with ``secret``; the
+        subscriptions kept by ``keeper`` (``--data-dir``'s file)."""
         self.subscriptions = SubscriptionDesk(
             self.service, self.streams, PREFIX.decode("latin-1"), key, sender, secret,
-            self._authorize, self._authorize_read)
+            self._authorize, self._authorize_read, keeper)
 
     def _authorize_read(self, request: Request) -> None:
         if self.config.subscribers_need_tokens and self.config.publish_token:

@@ -127,6 +127,7 @@ class Node:
         endpoints = None if self.mesh is None else MeshEndpoints(
             self.mesh, self.spreads if isinstance(self.spreads, MeshPresence) else None)
         streams = new_streams(config)
+        self.streams_file: StreamsFile | None = None  # --data-dir's (and the subscriptions')
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
@@ -202,8 +203,7 @@ class Node:
         # receiver closed meanwhile would fail a POST)
         sender = WakeSender(key, HTTPClient(Agent(self.reactor)),  # type: ignore[no-untyped-call]
                             self.reactor, self.config.stream_webhook_queue)
-        secret = self.config.cluster_secret.encode() or secrets.token_bytes(32)
-        endpoints.serve_subscriptions(key, sender, secret)
+        endpoints.serve_subscriptions(key, sender, key.token_secret, self.streams_file)
         return endpoints.subscriptions
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
@@ -218,12 +218,13 @@ class Node:
             assert isinstance(self.backplane, RedisEngine)
             return SharedStreams(self.backplane.shards, streams, self.service.now,
                                  self.backplane.timeout, self.reactor)
-        kept = None
+        kept = self.streams_file = None
         if self.data is not None:  # Durable Streams on disk too
             try:
                 kept = StreamsFile(self.data.path)
             except StreamsFileError as e:
                 raise DataDirError(str(e)) from None
+            self.streams_file = kept
             streams.restore(kept, kept.load(), self.service.now())
         if self.mesh is not None and config.peer:  # each stream on one node of the mesh
             return self._stream_routes(streams, kept)

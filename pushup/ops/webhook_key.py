@@ -3,12 +3,15 @@
 
 The private key is ``--stream-webhook-key FILE`` (PKCS#8 or OpenSSL PEM,
 unencrypted), the same on every node of a cluster; without it a node makes
-one at start, which lives as long as the process (said once in the log). The
+one at start (said once in the log), kept in ``--data-dir`` when it has one
+(``stream-webhook.pem``, mode 0600), else as long as the process lives. The
 ``kid`` is ``ds_`` and the key's RFC 7638 thumbprint, so it is stable for
 the key's life and the same on every node holding the key. A signature is
 ``t=<unix seconds>,kid=<kid>,ed25519=<unpadded base64url>`` over
-``<t>.<body>``. All the cryptography is the ``cryptography`` package's; the
-JWK is PyJWT's export.
+``<t>.<body>``. The secret that signs the wakes' callback and claim tokens
+is derived from the key (HKDF-SHA256), so it is the same wherever the key
+is. All the cryptography is the ``cryptography`` package's; the JWK is
+PyJWT's export.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from jwt.algorithms import OKPAlgorithm
 from twisted.logger import Logger
 
@@ -43,6 +48,15 @@ class WebhookKey:
                              separators=(",", ":"))
         self.kid = "ds_" + _b64url(hashlib.sha256(members.encode()).digest())
         self.jwk: dict[str, str] = {**jwk, "kid": self.kid, "use": "sig", "alg": "EdDSA"}
+
+    @property
+    def token_secret(self) -> bytes:
+        """The HS256 secret of the wakes' tokens, derived from this key."""
+        raw = self._private.private_bytes(serialization.Encoding.Raw,
+                                          serialization.PrivateFormat.Raw,
+                                          serialization.NoEncryption())
+        return HKDF(hashes.SHA256(), 32, salt=None,
+                    info=b"pushup durable streams wake tokens").derive(raw)
 
     @property
     def jwks(self) -> dict[str, list[dict[str, str]]]:
@@ -84,14 +98,37 @@ def webhook_key_problem(config: Config) -> str | None:
     return None
 
 
+KEPT = "stream-webhook.pem"  # in --data-dir, without --stream-webhook-key
+
+
 def webhook_key(config: Config) -> WebhookKey:
-    """The node's key: ``--stream-webhook-key``'s, else one made now."""
+    """The node's key: ``--stream-webhook-key``'s, else the one ``--data-dir``
+    keeps, else one made now (kept there when there is one)."""
     if config.stream_webhook_key:
         return read_key(config.stream_webhook_key)
-    key = WebhookKey(Ed25519PrivateKey.generate())
-    log.info("stream webhooks: no --stream-webhook-key; signing with a key made at start "
-             "(kid {kid}), which ends with this process", kid=key.kid)
+    kept = Path(config.data_dir) / KEPT if config.data_dir else None
+    if kept is not None and kept.exists():
+        return read_key(str(kept))
+    pem = new_key_pem()
+    key = read_key_pem(pem)
+    if kept is not None:
+        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(pem)
+            out.flush()
+            os.fsync(out.fileno())
+        log.info("stream webhooks: no --stream-webhook-key; signing with a key made now "
+                 "(kid {kid}), kept in {path}", kid=key.kid, path=str(kept))
+    else:
+        log.info("stream webhooks: no --stream-webhook-key; signing with a key made at "
+                 "start (kid {kid}), which ends with this process", kid=key.kid)
     return key
+
+
+def read_key_pem(pem: bytes) -> WebhookKey:
+    private = serialization.load_pem_private_key(pem, password=None)
+    assert isinstance(private, Ed25519PrivateKey)
+    return WebhookKey(private)
 
 
 def new_key_pem() -> bytes:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -286,3 +287,50 @@ def test_a_bad_key_file_stops_the_start(tmp_path: Path) -> None:
                           timeout=20, check=False)
     assert done.returncode == 2
     assert b"--stream-webhook-key" in done.stderr and b"PEM" in done.stderr
+
+
+def test_with_a_data_dir_subscriptions_their_acks_retries_and_key_survive_a_restart(
+        tmp_path: Path, receivers: type[Receiver]) -> None:
+    receiver = receivers(failing=True)
+    data = str(tmp_path / "data")
+    first = served("--data-dir", data)
+    try:
+        kid = first.get("/v1/stream/__ds/jwks.json").json["keys"][0]["kid"]
+        pull = uniq("pull")
+        assert first.request("PUT", "/v1/stream/wake/" + pull, raw_body=b"[]",
+                             headers={"Content-Type": "application/json"}).status == 201
+        assert first.request("PUT", SUB + pull, {"type": "pull-wake", "pattern": "p/*",
+                                                 "wake_stream": "wake/" + pull}).status == 201
+        first.request("PUT", "/v1/stream/p/a", raw_body=b"x",
+                      headers={"Content-Type": "text/plain"})
+        claim = first.post(SUB + pull + "/claim", {"worker": "w1"}).json
+        tail = claim["streams"][0]["tail_offset"]
+        done = first.post(SUB + pull + "/ack", {
+            "wake_id": claim["wake_id"], "generation": claim["generation"], "done": True,
+            "acks": [{"stream": "p/a", "offset": tail}]}, token=claim["token"])
+        assert done.json == {"ok": True, "next_wake": False}
+        hook = subscribe(first, receiver.url, "h/*")
+        first.request("PUT", "/v1/stream/h/a", raw_body=b"x",
+                      headers={"Content-Type": "text/plain"})
+        [(body, _)] = receiver.wait(1)
+        deadline = time.monotonic() + 10
+        while first.get(SUB + hook["id"]).json["status"] != "failed":
+            assert time.monotonic() < deadline, "the 500 never made the subscription failed"
+            time.sleep(0.02)
+    finally:
+        assert first.served is not None and first.served.stop() == 0
+    again = served("--data-dir", data)
+    try:
+        assert again.get("/v1/stream/__ds/jwks.json").json["keys"][0]["kid"] == kid
+        kept = again.get(SUB + pull).json
+        assert kept["streams"] == [{"path": "p/a", "link_type": "glob", "acked_offset": tail}]
+        assert again.get(SUB + hook["id"]).json["status"] == "failed"
+        retried = json.loads(receiver.wait(2)[1][0])  # the kept schedule, honoured
+        assert (retried["wake_id"], retried["generation"]) == (
+            json.loads(body)["wake_id"], json.loads(body)["generation"])
+        callback = again.post(urlsplit(retried["callback_url"]).path, {
+            "wake_id": retried["wake_id"], "generation": retried["generation"], "done": True,
+            "acks": []}, token=retried["callback_token"])
+        assert callback.status == 200, callback  # the token of before the restart holds
+    finally:
+        assert again.served is not None and again.served.stop() == 0
