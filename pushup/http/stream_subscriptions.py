@@ -85,6 +85,9 @@ class SigningKey(Protocol):
     @property
     def jwks(self) -> dict[str, list[dict[str, str]]]: ...
 
+    @property
+    def token_secret(self) -> bytes: ...
+
 
 def _json(status: int, value: object, headers: tuple[tuple[bytes, bytes], ...] = _NO_STORE,
           content_type: bytes = _JSON) -> Response:
@@ -96,11 +99,11 @@ class SubscriptionDesk:
     """Every subscription of this node, its routes and its wakes."""
 
     def __init__(self, service: Service, streams: Streams, prefix: str, key: SigningKey,
-                 sender: Sender, secret: bytes, authorize: Callable[[Request], None],
+                 sender: Sender, authorize: Callable[[Request], None],
                  authorize_read: Callable[[Request], None],
                  keeper: Keeper | None = None) -> None:
-        """``prefix``: the streams' root (``/v1/stream/``); ``secret``: what
-        callback and claim tokens are signed with; ``authorize``: the
+        """``prefix``: the streams' root (``/v1/stream/``); ``key``: what
+        signs the webhooks (its ``token_secret``, the wakes' tokens); ``authorize``: the
         publish token's guard (control requests), ``authorize_read`` the
         readers' (GET); ``keeper``: where the subscriptions are kept (they
         are read back from it now, their timers armed again)."""
@@ -109,7 +112,6 @@ class SubscriptionDesk:
         self.prefix = prefix
         self.key = key
         self.sender = sender
-        self.secret = secret
         self._authorize = authorize
         self._authorize_read = authorize_read
         self.registry = Registry()
@@ -176,7 +178,7 @@ class SubscriptionDesk:
     def _route(self, request: Request, rest: str) -> Response:
         method = request.method
         if rest == "jwks.json":
-            _allow(method, (b"GET", b"HEAD"))
+            _allow(method, (b"GET",))
             return _json(200, self.key.jwks, ((b"Cache-Control", b"public, max-age=300"),),
                          b"application/jwk-set+json")
         parts = rest.split("/", 2)
@@ -277,7 +279,7 @@ class SubscriptionDesk:
         now_s = self.service.now() // 1_000_000
         return jwt.encode({"sub": sub.id, "made": sub.created_at, "gen": wake.generation,
                            "wake": wake.wake_id, "exp": now_s + TOKEN_LIFE_S},
-                          self.secret, algorithm="HS256")
+                          self.key.token_secret, algorithm="HS256")
 
     def _bearer(self, sub: Subscription, request: Request) -> int:
         """The generation the request's token is for; 401 for none or another
@@ -286,7 +288,7 @@ class SubscriptionDesk:
         if not given.startswith("Bearer "):
             raise Unauthorized("give the wake's token: Authorization: Bearer <token>")
         try:
-            claims = jwt.decode(given[7:].strip(), self.secret, algorithms=["HS256"],
+            claims = jwt.decode(given[7:].strip(), self.key.token_secret, algorithms=["HS256"],
                                 options={"require": ["sub", "gen", "exp"]})
         except jwt.PyJWTError as e:
             raise Unauthorized(f"the wake's token is not valid: {e}") from None

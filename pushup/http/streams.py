@@ -132,13 +132,13 @@ class StreamEndpoints:
         # the reserved __ds/ paths (protocol §6-7): served once the node says how
         self.subscriptions: SubscriptionDesk | None = None
 
-    def serve_subscriptions(self, key: SigningKey, sender: Sender, secret: bytes,
+    def serve_subscriptions(self, key: SigningKey, sender: Sender,
                             keeper: Keeper | None = None) -> None:
         """Serve the subscription APIs (``__ds/``): webhooks signed with
-        ``key``, sent by ``sender``; wake tokens signed with ``secret``; the
-        subscriptions kept by ``keeper`` (``--data-dir``'s file)."""
+        ``key`` (and the wakes' tokens with its ``token_secret``), sent by
+        ``sender``; the subscriptions kept by ``keeper`` (``--data-dir``'s file)."""
         self.subscriptions = SubscriptionDesk(
-            self.service, self.streams, PREFIX.decode("latin-1"), key, sender, secret,
+            self.service, self.streams, PREFIX.decode("latin-1"), key, sender,
             self._authorize, self._authorize_read, keeper)
 
     def _authorize_read(self, request: Request) -> None:

@@ -56,7 +56,7 @@ from pushup.ops.jwks import subscribe_verifier
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
 from pushup.ops.stream_webhooks import WakeSender
 from pushup.ops.timing import Timed, Timings
-from pushup.ops.webhook_key import webhook_key
+from pushup.ops.webhook_key import NodeKey
 from pushup.ops.webhooks import Webhooks
 
 if TYPE_CHECKING:  # (Redis's modules are imported only with --engine redis://)
@@ -198,12 +198,12 @@ class Node:
         endpoints = self.handlers.streams
         if not isinstance(endpoints.engine, LocalStreams) or self.config.workers > 1:
             return None
-        key = webhook_key(self.config)
+        key = NodeKey(self.config)  # read (or made) when first needed
         # a connection per delivery, as presence's webhooks (a kept one the
         # receiver closed meanwhile would fail a POST)
         sender = WakeSender(key, HTTPClient(Agent(self.reactor)),  # type: ignore[no-untyped-call]
                             self.reactor, self.config.stream_webhook_queue)
-        endpoints.serve_subscriptions(key, sender, key.token_secret, self.streams_file)
+        endpoints.serve_subscriptions(key, sender, self.streams_file)
         return endpoints.subscriptions
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:

@@ -18,7 +18,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from pushup.ops.webhook_key import WebhookKey
+from pushup.ops.webhook_key import NodeKey, WebhookKey
 from pushup.ops.webhooks import post
 
 TIMEOUT_S = 10.0
@@ -40,7 +40,7 @@ class _Waiting:
 class WakeSender:
     """``send(url, body)``: a Deferred of the receiver's (status, body)."""
 
-    def __init__(self, key: WebhookKey, http: Any, clock: Any, queue: int) -> None:
+    def __init__(self, key: WebhookKey | NodeKey, http: Any, clock: Any, queue: int) -> None:
         self.key = key
         self.http = http
         self.clock = clock

@@ -3,8 +3,9 @@
 
 The private key is ``--stream-webhook-key FILE`` (PKCS#8 or OpenSSL PEM,
 unencrypted), the same on every node of a cluster; without it a node makes
-one at start (said once in the log), kept in ``--data-dir`` when it has one
-(``stream-webhook.pem``, mode 0600), else as long as the process lives. The
+one when first asked for one (said once in the log), kept in ``--data-dir``
+when it has one (``stream-webhook.pem``, mode 0600), else as long as the
+process lives. The
 ``kid`` is ``ds_`` and the key's RFC 7638 thumbprint, so it is stable for
 the key's life and the same on every node holding the key. A signature is
 ``t=<unix seconds>,kid=<kid>,ed25519=<unpadded base64url>`` over
@@ -48,15 +49,11 @@ class WebhookKey:
                              separators=(",", ":"))
         self.kid = "ds_" + _b64url(hashlib.sha256(members.encode()).digest())
         self.jwk: dict[str, str] = {**jwk, "kid": self.kid, "use": "sig", "alg": "EdDSA"}
-
-    @property
-    def token_secret(self) -> bytes:
-        """The HS256 secret of the wakes' tokens, derived from this key."""
-        raw = self._private.private_bytes(serialization.Encoding.Raw,
-                                          serialization.PrivateFormat.Raw,
-                                          serialization.NoEncryption())
-        return HKDF(hashes.SHA256(), 32, salt=None,
-                    info=b"pushup durable streams wake tokens").derive(raw)
+        raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                    serialization.NoEncryption())
+        # the HS256 secret of the wakes' tokens, derived from this key
+        self.token_secret = HKDF(hashes.SHA256(), 32, salt=None,
+                                 info=b"pushup durable streams wake tokens").derive(raw)
 
     @property
     def jwks(self) -> dict[str, list[dict[str, str]]]:
@@ -101,6 +98,36 @@ def webhook_key_problem(config: Config) -> str | None:
 KEPT = "stream-webhook.pem"  # in --data-dir, without --stream-webhook-key
 
 
+class NodeKey:
+    """The node's key, read or made the first time it is needed (a node
+    whose subscription APIs nobody uses makes none, and says nothing)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._key: WebhookKey | None = None
+
+    @property
+    def key(self) -> WebhookKey:
+        if self._key is None:
+            self._key = webhook_key(self.config)
+        return self._key
+
+    @property
+    def kid(self) -> str:
+        return self.key.kid
+
+    @property
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        return self.key.jwks
+
+    @property
+    def token_secret(self) -> bytes:
+        return self.key.token_secret
+
+    def signature(self, timestamp: int, body: bytes) -> str:
+        return self.key.signature(timestamp, body)
+
+
 def webhook_key(config: Config) -> WebhookKey:
     """The node's key: ``--stream-webhook-key``'s, else the one ``--data-dir``
     keeps, else one made now (kept there when there is one)."""
@@ -120,8 +147,8 @@ def webhook_key(config: Config) -> WebhookKey:
         log.info("stream webhooks: no --stream-webhook-key; signing with a key made now "
                  "(kid {kid}), kept in {path}", kid=key.kid, path=str(kept))
     else:
-        log.info("stream webhooks: no --stream-webhook-key; signing with a key made at "
-                 "start (kid {kid}), which ends with this process", kid=key.kid)
+        log.info("stream webhooks: no --stream-webhook-key; signing with a key made now "
+                 "(kid {kid}), which ends with this process", kid=key.kid)
     return key
 
 
