@@ -273,17 +273,19 @@ class Subscription:
 
     # -- links ------------------------------------------------------------------
 
-    def heard(self, path: str, tail: Position, created: bool) -> bool:
+    def heard(self, path: str, tail: Position, created: bool,
+              start: Position = START) -> bool:
         """A stream at ``path`` has ``tail`` now; whether that is pending
         work. A stream this subscription's pattern matches but does not yet
-        link is new: linked from its start, so its first data wakes (§6.2)."""
+        link is new: linked from ``start`` (its first byte; a fork, where it
+        forked), so its first data wakes (§6.2)."""
         link = self.links.get(path)
         if link is None:
             if not self.matches(path):
                 return False
-            link = self.links[path] = Link(False, True, START, START)
+            link = self.links[path] = Link(False, True, start, start)
         elif created:  # a stream made again at a linked path starts over
-            link.acked = START
+            link.acked = start
         link.tail = tail
         return link.pending
 
@@ -479,9 +481,11 @@ class Registry:
         del self.subscriptions[sub_id]
         return sub
 
-    def heard(self, path: str, tail: Position, created: bool) -> list[Subscription]:
+    def heard(self, path: str, tail: Position, created: bool,
+              start: Position = START) -> list[Subscription]:
         """A stream changed: the subscriptions it gave pending work."""
-        return [sub for sub in self.subscriptions.values() if sub.heard(path, tail, created)]
+        return [sub for sub in self.subscriptions.values()
+                if sub.heard(path, tail, created, start)]
 
     def gone(self, path: str) -> None:
         for sub in self.subscriptions.values():

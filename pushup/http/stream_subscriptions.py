@@ -37,7 +37,7 @@ from twisted.python.failure import Failure
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError, Unauthorized, WebhookUrlRejected
 from pushup.core.service import Service
-from pushup.core.stream_values import Append, Position
+from pushup.core.stream_values import START, Append, Position
 from pushup.core.streams import Streams
 from pushup.core.subscriptions import (
     PULL_WAKE,
@@ -154,12 +154,15 @@ class SubscriptionDesk:
 
     # -- what the stream endpoints tell ------------------------------------------
 
-    def heard(self, path: str, tail: Position, created: bool = False) -> None:
-        """The stream at ``path`` (as the streams' core keys it) has ``tail``."""
+    def heard(self, path: str, tail: Position, created: bool = False,
+              start: Position = START) -> None:
+        """The stream at ``path`` (as the streams' core keys it) has ``tail``;
+        ``created``: made now, its data from ``start`` on its own (a fork's
+        inherited data is not pending)."""
         if not self.registry.subscriptions:
             return
         relative = path[len(self.prefix):]
-        for sub in self.registry.heard(relative, tail, created):
+        for sub in self.registry.heard(relative, tail, created, start):
             self._wake_later(sub.id)
 
     def gone(self, path: str) -> None:

@@ -241,8 +241,9 @@ class StreamEndpoints:
             0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)),
             *retention_asked(request, self.config, fork=forked_from is not None))
         stream, created = self.streams.create(params[0], asked, self.service.now())
-        if self.subscriptions is not None:
-            self.subscriptions.heard(params[0], stream.tail, created)
+        if self.subscriptions is not None:  # a fork's inherited data is no news
+            self.subscriptions.heard(params[0], stream.tail, created,
+                                     START if forked_from is None else stream.tail)
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if created:

@@ -74,6 +74,8 @@ def test_existing_streams_link_at_their_tails_and_a_new_one_from_its_start() -> 
     assert registry.heard("a/new", at(1), created=True) == [sub]  # its first data wakes
     assert sub.links["a/new"].acked == START
     assert registry.heard("b/other", at(2), created=False) == []
+    assert registry.heard("a/fork", at(4), created=True, start=at(4)) == []  # what it inherited
+    assert sub.links["a/fork"].acked == at(4)
 
 
 def test_an_explicit_link_outlives_its_removal_while_the_glob_matches() -> None:
