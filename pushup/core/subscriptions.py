@@ -35,6 +35,7 @@ from pushup.core.errors import (
     BadRequest,
     Fenced,
     NotFound,
+    StreamsFull,
     SubscriptionConflict,
 )
 from pushup.core.stream_values import START, Position, parse_offset
@@ -45,6 +46,7 @@ LEASE_MIN_MS, LEASE_MAX_MS = 1_000, 600_000
 RETRY_FIRST_S, RETRY_MOST_S, RETRY_JITTER = 1.0, 60.0, 0.2  # §7.1
 MAX_STREAMS_GIVEN = 1_000  # explicit paths in one request
 MAX_PATTERN = 1024  # bytes of a pattern (a stream path's most)
+MAX_SUBSCRIPTIONS = 10_000  # a node's; past it a new one is 507
 _ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
@@ -467,6 +469,9 @@ class Registry:
                 raise SubscriptionConflict(f"subscription {sub_id[:128]} exists with "
                                            "another definition")
             return known, False
+        if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
+            raise StreamsFull(f"this node holds {MAX_SUBSCRIPTIONS} subscriptions, its most: "
+                              "delete some")
         matcher = None if spec.pattern is None else glob_pattern(spec.pattern)
         sub = Subscription(sub_id, spec, now, matcher)
         for path, tail in tails.items():

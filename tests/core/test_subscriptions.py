@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pushup.core.errors import AlreadyClaimed, BadRequest, Fenced, SubscriptionConflict
+from pushup.core import subscriptions
+from pushup.core.errors import (
+    AlreadyClaimed,
+    BadRequest,
+    Fenced,
+    StreamsFull,
+    SubscriptionConflict,
+)
 from pushup.core.stream_values import START, Position
 from pushup.core.subscriptions import (
     MOVES,
@@ -189,3 +196,14 @@ def test_each_kind_moves_only_among_its_own_phases() -> None:
 ])
 def test_a_webhook_url_is_public_https_or_local_development(url: str, refused: bool) -> None:
     assert (webhook_url_problem(url) is not None) is refused
+
+
+def test_a_node_holds_at_most_its_number_of_subscriptions(monkeypatch) -> None:
+    monkeypatch.setattr(subscriptions, "MAX_SUBSCRIPTIONS", 2)
+    registry = Registry()
+    spec = definition({**HOOK, "pattern": "a/*"})
+    registry.put("one", spec, {}, 0)
+    registry.put("two", spec, {}, 0)
+    assert registry.put("two", spec, {}, 1)[1] is False  # re-confirming is no new one
+    with pytest.raises(StreamsFull):
+        registry.put("three", spec, {}, 2)
