@@ -4,7 +4,8 @@ This module writes each change :mod:`pushup.core.streams` names (a stream's
 state, the appends it gained, a stream gone) in one transaction committed,
 and fsynced, before the change is answered, and reads every stream back at
 start; on the mesh, also where the forks of paths this node owns live
-(``placed``). It keeps ``streams.sqlite3`` next to the channels' ``pushup.sqlite3``
+(``placed``); and the Durable Streams subscriptions' state
+(``subscription_kept``). It keeps ``streams.sqlite3`` next to the channels' ``pushup.sqlite3``
 in the data directory :class:`pushup.backplane.disk.DataDir` holds locked.
 """
 
@@ -34,6 +35,9 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE TABLE IF NOT EXISTS placements (  -- the mesh: forks of paths we own, on another node
     path TEXT PRIMARY KEY,
     node TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscriptions (  -- Durable Streams subscriptions (protocol §6-7)
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL) WITHOUT ROWID;  -- JSON: pushup.core.subscriptions.state_of
 """
 
 
@@ -104,6 +108,19 @@ class StreamsFile:
         else:
             self._write([("INSERT OR REPLACE INTO placements (path, node) VALUES (?, ?)",
                           (path, node))])
+
+    def subscriptions(self) -> dict[str, dict[str, Any]]:
+        """Every subscription kept, by id (its state as ``subscription_kept`` had it)."""
+        return {sub_id: json.loads(state) for sub_id, state in
+                self.db.execute("SELECT id, state FROM subscriptions")}
+
+    def subscription_kept(self, sub_id: str, state: dict[str, object] | None) -> None:
+        """Keep a subscription's state (None: it was deleted)."""
+        if state is None:
+            self._write([("DELETE FROM subscriptions WHERE id = ?", (sub_id,))])
+        else:
+            self._write([("INSERT OR REPLACE INTO subscriptions (id, state) VALUES (?, ?)",
+                          (sub_id, json.dumps(state, separators=(",", ":"))))])
 
     def dropped(self, stream: Stream) -> None:
         self._write([("DELETE FROM streams WHERE uid = ?", (stream.uid,)),

@@ -104,6 +104,10 @@ class Config:
     webhook_url: tuple[str, ...] = ()
     webhook_secret: str = ""
     webhook_queue: int = 10_000  # events queued per URL; past it the oldest are dropped
+    # Durable Streams subscriptions (docs/api.md, "Stream subscriptions"): the
+    # Ed25519 key webhook deliveries are signed with, and their bounded queue
+    stream_webhook_key: str = ""  # PEM file; empty: a key made at start
+    stream_webhook_queue: int = 10_000  # deliveries waiting for a connection; past it refused
 
     @property
     def presence_on(self) -> bool:
@@ -209,6 +213,12 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "webhook_secret": ("HMAC-SHA256 secret the webhooks are signed with", "S"),
     "webhook_queue": ("webhook events queued per URL while its receiver is slow or down; "
                       "past it the oldest are dropped (counted in /metrics)", "N"),
+    "stream_webhook_key": ("Ed25519 private key (PEM) Durable Streams subscription webhooks "
+                           "are signed with, published at /v1/stream/__ds/jwks.json; the "
+                           "same file on every node (default: one made at start)", "FILE"),
+    "stream_webhook_queue": ("stream subscription webhook deliveries waiting for a "
+                             "connection; past it a delivery is refused and retried with "
+                             "backoff (counted in /metrics)", "N"),
 }
 _TYPES = {f.name: f.type for f in fields(Config)}
 # The settings that are byte sizes: bytes, or a number with a unit (256MiB; sizes.py).
@@ -517,6 +527,7 @@ def validate(c: Config) -> Config:
     need(c.webhook_queue >= 50, "--webhook-queue must be at least 50 (one batch)")
     need(not c.webhook_url or bool(c.webhook_secret),
          f"{spelled('webhook_url')} needs {spelled('webhook_secret')}: webhooks are signed")
+    need(c.stream_webhook_queue >= 1, "--stream-webhook-queue must be at least 1")
     need(c.redis_maxlen >= 1, "--redis-maxlen must be at least 1")
     need(1 <= c.redis_partitions <= 1024, "--redis-partitions must be from 1 to 1024")
     need(not c.peer or bool(c.cluster_secret),

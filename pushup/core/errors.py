@@ -154,3 +154,32 @@ class StaleEpoch(PushUpError, status=403, code="stale_producer_epoch"):
     def __init__(self, current: int) -> None:
         super().__init__(f"producer epoch is stale; the current one is {current}")
         self.current = current
+
+
+# -- Durable Streams subscriptions (pushup.core.subscriptions, protocol §6-7):
+# the protocol's own codes, spelled as its clients match them
+
+class WebhookUrlRejected(BadRequest, code="WEBHOOK_URL_REJECTED"):
+    """400: a webhook URL the node will not POST to (§6.2, §12.8)."""
+
+
+class SubscriptionConflict(PushUpError, status=409, code="SUBSCRIPTION_CONFLICT"):
+    """409: a subscription exists at the id with another definition."""
+
+
+class Fenced(PushUpError, status=409, code="FENCED"):
+    """409: a callback, ack or release of a wake that is not the current one."""
+
+
+class AlreadyClaimed(PushUpError, status=409, code="ALREADY_CLAIMED"):
+    """409: a pull-wake claim while another worker holds the lease."""
+
+    def __init__(self, message: str, holder: str, generation: int) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.generation = generation
+
+    @property
+    def fields(self) -> dict[str, object]:
+        """What the error body carries besides code and message (§7.2)."""
+        return {"current_holder": self.holder, "generation": self.generation}

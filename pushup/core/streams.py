@@ -42,6 +42,7 @@ from pushup.core.stream_values import (
     Appended,
     Creation,
     Entry,
+    Position,
     Producer,
     expiry_of,
     json_messages,
@@ -133,6 +134,11 @@ class Streams:
             return {"count": len(self._streams)}
         return {"count": len(self._streams), "bytes": self.held, "budget": self.budget,
                 "producers": self.producers}
+
+    def tails(self, now: int) -> dict[str, Position]:
+        """Every live stream's tail, by path (a subscription's backfill)."""
+        return {path: stream.tail for path, stream in self._streams.items()
+                if not stream.deleted and (stream.deadline is None or now < stream.deadline)}
 
     def mapped(self, stream: Stream) -> bool:
         """Whether ``stream`` answers at its path (else forks keep it)."""

@@ -128,8 +128,10 @@ class Pending:
 
 
 def error_body(e: PushUpError) -> bytes:
-    """The contract's one error shape."""
-    return dumps({"error": {"code": e.code, "message": e.message}})
+    """The contract's one error shape (and what an error says besides, as
+    ``fields``: a claimed subscription's holder)."""
+    return dumps({"error": {"code": e.code, "message": e.message,
+                            **getattr(e, "fields", {})}})
 
 
 def error_response(e: PushUpError, close: bool = False) -> Response:

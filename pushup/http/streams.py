@@ -44,8 +44,16 @@ from pushup.http.params import Args, query_args
 from pushup.http.stream_polls import Group, Later, LongPolls
 from pushup.http.stream_retention import retention_asked, retention_fields
 from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
+from pushup.http.stream_subscriptions import (
+    CONTROL,
+    Keeper,
+    Sender,
+    SigningKey,
+    SubscriptionDesk,
+)
 
 PREFIX = b"/v1/stream/"
+_CONTROL = PREFIX + CONTROL
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
 # short because the suite gives a whole long-poll test 5 s.
 LONG_POLL_S = 3.0
@@ -121,6 +129,21 @@ class StreamEndpoints:
                                           | Pending]] = {
             b"PUT": self.create, b"POST": self.append, b"GET": self.read,
             b"HEAD": self.head, b"DELETE": self.delete}
+        # the reserved __ds/ paths (protocol §6-7): served once the node says how
+        self.subscriptions: SubscriptionDesk | None = None
+
+    def serve_subscriptions(self, key: SigningKey, sender: Sender,
+                            keeper: Keeper | None = None) -> None:
+        """Serve the subscription APIs (``__ds/``): webhooks signed with
+        ``key`` (and the wakes' tokens with its ``token_secret``), sent by
+        ``sender``; the subscriptions kept by ``keeper`` (``--data-dir``'s file)."""
+        self.subscriptions = SubscriptionDesk(
+            self.service, self.streams, PREFIX.decode("latin-1"), key, sender,
+            self._authorize, self._authorize_read, keeper)
+
+    def _authorize_read(self, request: Request) -> None:
+        if self.config.subscribers_need_tokens and self.config.publish_token:
+            self._authorize(request)
 
     @property
     def long_polls(self) -> int:
@@ -146,6 +169,8 @@ class StreamEndpoints:
         """``request`` to a stream path, answered (errors included)."""
         if request.method == b"OPTIONS":
             return _answer(204, headers=h.PREFLIGHT)
+        if request.path.startswith(_CONTROL):
+            return self._control(request)
         handler = self.routes.get(request.method)
         try:
             if handler is None:
@@ -177,6 +202,15 @@ class StreamEndpoints:
         except PushUpError as e:
             return _error(e)
 
+    def _control(self, request: Request) -> Response:
+        """A request to the reserved ``__ds/`` paths."""
+        if self.subscriptions is None:
+            return _error(errors.NotFound("this node does not serve the subscription APIs "
+                                          "(docs/api.md, \"Stream subscriptions\")"))
+        answer = self.subscriptions.answer(request, request.path[len(_CONTROL):])
+        return Response(answer.status, answer.body, answer.content_type,
+                        answer.headers + h.COMMON)
+
     # -- create, append, close, delete -----------------------------------------
 
     def create(self, request: Request, params: tuple[str, ...], _: object) -> Response:
@@ -207,6 +241,9 @@ class StreamEndpoints:
             0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)),
             *retention_asked(request, self.config, fork=forked_from is not None))
         stream, created = self.streams.create(params[0], asked, self.service.now())
+        if self.subscriptions is not None:  # a fork's inherited data is no news
+            self.subscriptions.heard(params[0], stream.tail, created,
+                                     START if forked_from is None else stream.tail)
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
         if created:
@@ -229,6 +266,8 @@ class StreamEndpoints:
             None if content_type is None else content_type.decode("latin-1"),
             request.body, close, None if seq is None else seq.decode("latin-1"), producer),
             self.service.now())
+        if self.subscriptions is not None and request.body:
+            self.subscriptions.heard(params[0], done.tail)
         headers: Headers = ((h.NEXT_OFFSET, done.tail.offset.encode()),)
         if done.closed:
             headers += ((h.CLOSED, h.TRUE),)
@@ -240,6 +279,8 @@ class StreamEndpoints:
 
     def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         self.streams.delete(params[0], self.service.now())
+        if self.subscriptions is not None:
+            self.subscriptions.gone(params[0])
         return _answer(204)
 
     # -- read ------------------------------------------------------------------

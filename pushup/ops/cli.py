@@ -65,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"pushup: error: {problem}", file=sys.stderr)
         return 2
+    from pushup.ops.webhook_key import webhook_key_problem
+
+    problem = webhook_key_problem(config)  # the same for --stream-webhook-key's PEM
+    if problem:
+        print(f"pushup: error: {problem}", file=sys.stderr)
+        return 2
     short = short_secret(config.subscribe_secret)
     worker = any(key.startswith(INTERNAL_ENV_PREFIX) for key in os.environ)
     if short and not worker:  # a worker's supervisor has said it, once

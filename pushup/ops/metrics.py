@@ -75,6 +75,24 @@ WEBHOOK_FIGURES = (
     ("queued", "pushup_webhook_events_queued", "gauge", "Webhook events waiting to be sent"),
 )
 
+# Durable Streams subscriptions (one node): under the "stream_subscriptions" key.
+STREAM_SUBSCRIPTION_FIGURES = (
+    ("count", "pushup_stream_subscriptions", "gauge", "Durable Streams subscriptions held"),
+    ("wakes", "pushup_stream_subscription_wakes", "counter", "Subscription wakes begun"),
+    ("retrying", "pushup_stream_subscriptions_retrying", "gauge",
+     "Webhook subscriptions waiting to retry a failed delivery"),
+    ("in_flight", "pushup_stream_webhook_in_flight", "gauge",
+     "Subscription webhook POSTs under way"),
+    ("queued", "pushup_stream_webhook_queued", "gauge",
+     "Subscription webhook POSTs waiting for a connection"),
+    ("sent", "pushup_stream_webhook_answered", "counter",
+     "Subscription webhook POSTs a receiver answered (any status)"),
+    ("failed", "pushup_stream_webhook_failed", "counter",
+     "Subscription webhook POSTs that got no answer (down, slow, unreachable)"),
+    ("dropped", "pushup_stream_webhook_dropped", "counter",
+     "Subscription webhook deliveries refused, the queue full (retried with backoff)"),
+)
+
 
 def rss_bytes() -> int:
     """Resident memory of this process (Linux /proc; 0 where unavailable)."""
@@ -104,6 +122,8 @@ class Collector:
             yield from _families(PRESENCE_FIGURES, stats["presence"])
         if "webhooks" in stats:
             yield from _families(WEBHOOK_FIGURES, stats["webhooks"])
+        if "stream_subscriptions" in stats:
+            yield from _families(STREAM_SUBSCRIPTION_FIGURES, stats["stream_subscriptions"])
         yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
         peers = stats["peers"]

@@ -48,12 +48,15 @@ from pushup.http.handlers import Handlers
 from pushup.http.params import max_target
 from pushup.http.presence import PresenceDesk
 from pushup.http.sse import max_event_id
+from pushup.http.stream_subscriptions import SubscriptionDesk
 from pushup.http.streams import new_streams
 from pushup.ops.admin import AdminApp
 from pushup.ops.fleet import Fleet
 from pushup.ops.jwks import subscribe_verifier
 from pushup.ops.metrics import prometheus_text, registry_for, rss_bytes
+from pushup.ops.stream_webhooks import WakeSender
 from pushup.ops.timing import Timed, Timings
+from pushup.ops.webhook_key import NodeKey
 from pushup.ops.webhooks import Webhooks
 
 if TYPE_CHECKING:  # (Redis's modules are imported only with --engine redis://)
@@ -124,12 +127,14 @@ class Node:
         endpoints = None if self.mesh is None else MeshEndpoints(
             self.mesh, self.spreads if isinstance(self.spreads, MeshPresence) else None)
         streams = new_streams(config)
+        self.streams_file: StreamsFile | None = None  # --data-dir's (and the subscriptions')
         self.handlers = Handlers(self.service, config, self.stats, self.metrics,
                                  self.backplane, mount=endpoints,
                                  figures=not config.admin_port, streams=streams,
                                  stream_engine=self._stream_engine(streams),
                                  tokens=subscribe_verifier(config, reactor),
                                  presence=self.presence)
+        self.subscriptions = self._stream_subscriptions()
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -182,6 +187,25 @@ class Node:
         desk.listeners.append(hooks.events)
         return hooks
 
+    def _stream_subscriptions(self) -> SubscriptionDesk | None:
+        """The Durable Streams subscription APIs (``/v1/stream/__ds/``): on a
+        node whose streams are its own alone (one process, no cluster); a
+        cluster's nodes would each hold other subscriptions, so there they
+        answer 404 (docs/api.md, "Stream subscriptions")."""
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent
+
+        endpoints = self.handlers.streams
+        if not isinstance(endpoints.engine, LocalStreams) or self.config.workers > 1:
+            return None
+        key = NodeKey(self.config)  # read (or made) when first needed
+        # a connection per delivery, as presence's webhooks (a kept one the
+        # receiver closed meanwhile would fail a POST)
+        sender = WakeSender(key, HTTPClient(Agent(self.reactor)),  # type: ignore[no-untyped-call]
+                            self.reactor, self.config.stream_webhook_queue)
+        endpoints.serve_subscriptions(key, sender, self.streams_file)
+        return endpoints.subscriptions
+
     def _stream_engine(self, streams: Streams) -> StreamEngine:
         """Where the Durable Streams of ``streams`` (the core's) are decided:
         in Redis, shared by every node; on the mesh, each on one node; else
@@ -194,12 +218,13 @@ class Node:
             assert isinstance(self.backplane, RedisEngine)
             return SharedStreams(self.backplane.shards, streams, self.service.now,
                                  self.backplane.timeout, self.reactor)
-        kept = None
+        kept = self.streams_file = None
         if self.data is not None:  # Durable Streams on disk too
             try:
                 kept = StreamsFile(self.data.path)
             except StreamsFileError as e:
                 raise DataDirError(str(e)) from None
+            self.streams_file = kept
             streams.restore(kept, kept.load(), self.service.now())
         if self.mesh is not None and config.peer:  # each stream on one node of the mesh
             return self._stream_routes(streams, kept)
@@ -278,6 +303,8 @@ class Node:
                 **({} if self.webhooks is None else {"webhooks": self.webhooks.stats()}),
                 "stream_sse_readers": self.handlers.streams.sse_readers,
                 "streams": self.stream_figures(),
+                **({} if self.subscriptions is None
+                   else {"stream_subscriptions": self.subscriptions.stats()}),
                 "timings": self.timings.figures()}
 
     def stream_figures(self) -> dict[str, int]:

@@ -62,6 +62,33 @@ class Figures:
     requests: int = 0  # attempts made
 
 
+@defer.inlineCallbacks
+def post(http: Any, clock: Any, url: str, body: bytes, headers: dict[str, list[str]],
+         timeout: float, most: int = 0) -> Any:
+    """POST ``body`` to ``url`` (treq's ``http``): a Deferred of the answer's
+    status and at most ``most`` bytes of its body (it is read through, so
+    the connection is kept); failing for a receiver down, slow or unreachable.
+    Every webhook of a node is sent by this function (presence events here,
+    Durable Streams wakes by :mod:`pushup.ops.stream_webhooks`)."""
+    response = yield http.request("POST", url, data=body, headers=headers, timeout=timeout,
+                                  reactor=clock)
+    if most <= 0:
+        yield response.content()  # read through, so the connection is kept
+        return response.code, b""
+    kept: list[bytes] = []
+    room = [most]
+
+    def collect(chunk: bytes) -> None:
+        if room[0] > 0:
+            kept.append(chunk[:room[0]])
+            room[0] -= len(kept[-1])
+
+    from treq import collect as read_through
+
+    yield read_through(response, collect)
+    return response.code, b"".join(kept)
+
+
 def signature(secret: str, timestamp: int, body: bytes) -> str:
     digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256)
     return "sha256=" + digest.hexdigest()
@@ -147,12 +174,10 @@ class Webhooks:
                    "X-PushUp-Webhook-Signature": [signature(self.secret, stamp, batch.body)]}
         why = ""
         try:
-            response = yield self.http.request("POST", target.url, data=batch.body,
-                                               headers=headers, timeout=TIMEOUT_S,
-                                               reactor=self.clock)
-            yield response.content()  # read through, so the connection is kept
-            ok = 200 <= response.code < 300
-            why = f"answered {response.code}"
+            code, _ = yield post(self.http, self.clock, target.url, batch.body, headers,
+                                 TIMEOUT_S)
+            ok = 200 <= code < 300
+            why = f"answered {code}"
         except Exception as e:  # the receiver is down, slow or unreachable: retried
             ok = False
             why = type(e).__name__

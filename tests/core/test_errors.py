@@ -23,7 +23,7 @@ def documented() -> dict[int, set[str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and re.fullmatch(r"\d{3}(, \d{3})*", cells[0]):
             for status in cells[0].split(", "):
-                out.setdefault(int(status), set()).update(re.findall(r"`([a-z_]+)`", cells[1]))
+                out.setdefault(int(status), set()).update(re.findall(r"`([A-Za-z_]+)`", cells[1]))
     return out
 
 
