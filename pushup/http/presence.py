@@ -51,6 +51,7 @@ from pushup.http.sse import StreamClient
 
 log = Logger()
 MAX_INFO_BYTES = 1024  # a token's info claim, as JSON
+MAX_USER_CHARS = 200  # a user (a token's sub, or user=)
 _CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KEPT_CLAIMS = 4096  # tokens whose (sub, info) are remembered
 POSITION_PREFIX = "_presence-"  # a cursor's origin that holds a presence position
@@ -106,8 +107,8 @@ class PresenceDesk:
         """The identity of a subscribe (its token already verified, if any):
         the token's user on a node with tokens, else ``user=`` (``given``)."""
         user, info = self._claims_of(token) if self.tokens else (given, None)
-        if user is not None and not 0 < len(user) <= 200:
-            raise errors.BadRequest("a user is 1 to 200 characters")
+        if user is not None and not 0 < len(user) <= MAX_USER_CHARS:
+            raise errors.BadRequest(f"a user is 1 to {MAX_USER_CHARS} characters")
         if client is not None and not _CLIENT_ID.fullmatch(client):
             raise errors.BadRequest("client is 1 to 64 letters, digits, _ or -")
         base = f"c:{client}" if client else (f"u:{user}:{token}" if user else None)
