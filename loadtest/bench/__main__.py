@@ -100,7 +100,7 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "interest": interest.Settings(),
         "streams_sizes": [10, 1000], "streams_read_seconds": 3.0, "streams_read_reps": 3,
         "streams_holds": [1000, 10000], "streams_rounds": 20, "sse_latency_events": 300,
-        "presence_n": 2000, "presence_rounds": 10, "presence_publish_seconds": 3.0,
+        "presence_n": 4000, "presence_rounds": 10, "presence_publish_seconds": 3.0,
         "presence_reps": 3}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,

@@ -4,8 +4,9 @@ against off, on one node in one run (``python -m loadtest.bench --only presence`
 Rule: the two sides differ only by ``--presence``; each side is a fresh
 `pushup serve`, measured by the same code as the ``fanout`` and ``publish``
 scenarios (``scenarios.bench_fanout``, ``scenarios.bench_publish``), the sides
-taking turns within each repeat (neither always goes first), so a ratio
-compares what presence adds and the machine's noise lands on both:
+taking turns within each repeat, so a ratio
+compares what presence adds and the machine's noise lands on both (each side
+takes each place in the order in turn: run as many repeats as sides):
 
 * fan-out: ``n`` long polls on one channel re-polling on receipt, ``rounds``
   publishes, each waited for until every poll has it; the figure is the
@@ -138,7 +139,9 @@ def bench_presence(ctx: Context, n: int, rounds: int, round_timeout: float, publ
     with WorkerPool(size, target=member_worker_main) as members_pool:
         pools = {"plain": ctx.pool, "members": members_pool}
         for rep in range(reps):
-            order = sides if rep % 2 == 0 else sides[::-1]
+            # each side first, in the middle and last in turn (rotated: a side's
+            # place within a repeat is no bias of its median)
+            order = sides[rep % len(sides):] + sides[:rep % len(sides)]
             for kind in KINDS:
                 for side, command, flags in order:
                     key = f"{kind}_{side}"
