@@ -1,5 +1,5 @@
 """`python -m loadtest.bench [--only memory,fanout,cpu,publish,16k,cluster,propagation,ack,nchan,
-engines,interest,scale,capacity,workers,faults,soak,streams,sse_latency] [--quick]
+engines,interest,scale,capacity,workers,faults,soak,streams,sse_latency,presence] [--quick]
 [--budget CORES] [--worker-budget CORES] [--soak-minutes M] [--interest-widths W,...]
 [--capacity-workload CxP,...] [--capacity-nodes K,...] [--capacity-step S]`.
 
@@ -40,6 +40,9 @@ through /subscribe on one node, with their ratios (streams.py). `sse_latency` is
 issue 40's: one event's latency on an event stream straight from a node, through
 the shipped HAProxy (plain and TLS) and through the shipped nginx TLS site, the
 fronts taking turns against one node (sse_latency.py; needs haproxy and nginx).
+`presence` is issue 38's: one node's CPU per held-poll delivery (fan-out, plain
+polls and polls that each name a client and a user) and per publish, with
+`--presence` off and on, the sides taking turns, and the ratios (presence.py).
 Exit status: 0 when every selected benchmark produced its figures (whether or
 not targets were met), 1 when one failed to run, 2 on bad arguments.
 """
@@ -67,6 +70,7 @@ from . import (
     faults,
     interest,
     nodescale,
+    presence,
     report,
     scenarios,
     soak,
@@ -81,7 +85,7 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "loadtest" / "out"
 CHOICES = ["memory", "fanout", "cpu", "publish", "16k", "cluster", "propagation", "ack", "nchan",
            "engines", "interest", "scale", "capacity", "workers", "faults", "soak", "streams",
-           "sse_latency"]
+           "sse_latency", "presence"]
 
 FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "fanout_publishes": 20, "publish_seconds": 10.0, "publish_reps": 3,
@@ -95,7 +99,9 @@ FULL = {"memory_sizes": [1000, 10000], "memory_reps": 3, "fanout_n": 10000,
         "soak_minutes": soak.MINUTES, "capacity": capacity.Settings(),
         "interest": interest.Settings(),
         "streams_sizes": [10, 1000], "streams_read_seconds": 3.0, "streams_read_reps": 3,
-        "streams_holds": [1000, 10000], "streams_rounds": 20, "sse_latency_events": 300}
+        "streams_holds": [1000, 10000], "streams_rounds": 20, "sse_latency_events": 300,
+        "presence_n": 4000, "presence_rounds": 10, "presence_publish_seconds": 3.0,
+        "presence_reps": 3}
 QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
          "fanout_publishes": 3, "publish_seconds": 2.0, "publish_reps": 1,
          "big_n": 1000, "big_publishes": 1, "round_timeout": 10.0,
@@ -111,7 +117,9 @@ QUICK = {"memory_sizes": [200, 500], "memory_reps": 1, "fanout_n": 500,
              max_steps=2),
          "interest": interest.Settings(widths=(20, 2000), duration_s=4.0),
          "streams_sizes": [20], "streams_read_seconds": 0.5, "streams_read_reps": 1,
-         "streams_holds": [200], "streams_rounds": 2, "sse_latency_events": 40}
+         "streams_holds": [200], "streams_rounds": 2, "sse_latency_events": 40,
+         "presence_n": 100, "presence_rounds": 2, "presence_publish_seconds": 0.5,
+         "presence_reps": 1}
 WATCHDOG_S = 1800  # the whole run stops itself after this, whatever happens
 CAPACITY_WATCHDOG_S = 2400  # ... and after this much more when it measures capacity
 
@@ -167,6 +175,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="fan-out subscribers re-poll on receipt (default) or only after "
                     "every subscriber has the publish (separates fan-out from re-poll cost)")
     ap.add_argument("--subscribers", type=int, help="override the fan-out subscriber count")
+    ap.add_argument("--presence-against", metavar="SERVER",
+                    help="presence: also measure this server command (split like a shell), "
+                    "presence off, beside the others: e.g. another checkout's node")
     ap.add_argument("--soak-minutes", type=float,
                     help="soak: how long the steady load runs (default 10, --quick 0.25)")
     ap.add_argument("--publishes", type=int, help="override the fan-out publish count")
@@ -346,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         if "sse_latency" in args.only:
             plan.append(("sse_latency", lambda: sse_latency.bench_sse_latency(
                 ctx, cfg["sse_latency_events"])))
+        if "presence" in args.only:
+            plan.append(("presence", lambda: presence.bench_presence(
+                ctx, cfg["presence_n"], cfg["presence_rounds"], cfg["round_timeout"],
+                args.publishers, cfg["presence_publish_seconds"], cfg["presence_reps"],
+                shlex.split(args.presence_against) if args.presence_against else None)))
         for name, run in plan:
             print(f"== {name}", flush=True)
             t0 = time.monotonic()
@@ -410,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(latency, dict) and "fronts" in latency:
         print()
         print(sse_latency.table(latency))
+    who = results.get("presence")
+    if isinstance(who, dict) and "ratios" in who:
+        print()
+        print(presence.table(who))
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "

@@ -51,6 +51,7 @@ class _Entry:
     info: str | None
     channels: tuple[str, ...]
     holds: int = 0  # held polls and open streams under this key now
+    until: int = 0  # when the key goes, once none is held (µs; set at each release)
 
 
 @dataclass(slots=True)
@@ -72,15 +73,24 @@ class Presence:
     the channels whose count moved are noted, and ``take_counts`` says them
     (a ``Count`` each, the count as it is then), so a fan-out's thousands of
     re-polls on one channel are one ``Count``. ``expire`` must be called by
-    ``next_deadline`` at the latest for lingering keys to go."""
+    ``next_deadline`` at the latest for lingering keys to go.
+
+    A subscriber between two polls costs O(1) per poll and no timer of its
+    own: ``hold`` of a key it knows only counts one more hold, ``release``
+    stamps when the key goes and moves it to the end of the keys released,
+    which stay in the order they go in (the window is one, time only moves
+    on); ``expire`` looks only at their head, and passes over a key held
+    again since (its next release puts it back)."""
 
     def __init__(self, window: int) -> None:
         self.window = window  # µs a released key stays counted
         self.anonymous = 0  # subscriptions held under no key
         self._entries: dict[str, _Entry] = {}
         self._channels: dict[str, _Channel] = {}
-        # released keys, by when they go: in that order, as the window is one
-        self._lingering: OrderedDict[str, int] = OrderedDict()
+        # keys released, in the order they go (see above); a key held again
+        # since its release may still be in it (never deleted per poll:
+        # move_to_end, not a delete and an insert, so no churn of the table)
+        self._lingering: OrderedDict[str, _Entry] = OrderedDict()
         self._moved: dict[str, None] = {}  # channels whose count moved, in order
 
     def __len__(self) -> int:
@@ -91,33 +101,39 @@ class Presence:
         return len(self._channels)
 
     def hold(self, key: str, user: str | None, info: str | None,
-             channels: tuple[str, ...]) -> list[Join | Leave]:
+             channels: tuple[str, ...]) -> list[Join | Leave] | None:
         """A poll or a stream under ``key`` starts. A key that names other
         channels or another user than before is a new subscription (the old
-        one goes at once: a client that changed its mind is not in both)."""
+        one goes at once: a client that changed its mind is not in both).
+        None when nothing moved (a key known, as before: a re-poll)."""
         entry = self._entries.get(key)
-        if entry is not None and (entry.channels != channels or entry.user != user):
+        if entry is not None:
+            if entry.channels == channels and entry.user == user:
+                entry.holds += 1
+                return None
             out = self._remove(key, entry)
-            entry = None
         else:
             out = []
-        if entry is None:
-            entry = self._entries[key] = _Entry(user, info, channels)
-            out += self._add(entry)
-        elif not entry.holds:
-            del self._lingering[key]
-        entry.holds += 1
+        entry = self._entries[key] = _Entry(user, info, channels, 1)
+        out += self._add(entry)
         return out
 
-    def release(self, key: str, now: int) -> None:
+    def release(self, key: str, now: int) -> bool:
         """A poll or stream under ``key`` ended; once none is held, the key
-        counts on for the window (``expire`` lets it go)."""
+        counts on for the window (``expire`` lets it go). True when it is
+        the first key to go (``next_deadline`` moved from None to it)."""
         entry = self._entries.get(key)
         if entry is None or entry.holds == 0:
-            return
+            return False
         entry.holds -= 1
-        if not entry.holds:
-            self._lingering[key] = now + self.window
+        if entry.holds:
+            return False
+        entry.until = now + self.window
+        lingering = self._lingering
+        first = not lingering
+        lingering[key] = entry
+        lingering.move_to_end(key)
+        return first
 
     def hold_anonymous(self, channels: tuple[str, ...]) -> None:
         """A poll nobody could recognise again: counted while held only."""
@@ -154,21 +170,25 @@ class Presence:
         return [Count(name, self.subscribers(name)) for name in moved]
 
     def next_deadline(self) -> int | None:
-        """When the first lingering key is due to go (µs), if any."""
-        for until in self._lingering.values():
-            return until
+        """When the first key released is due to go (µs), if any (it may be
+        held again by then: ``expire`` then only passes it over)."""
+        for entry in self._lingering.values():
+            return entry.until
         return None
 
     def expire(self, now: int) -> list[Join | Leave]:
-        """Let go of every key released more than the window ago."""
+        """Let go of every key released more than the window ago and not
+        held since."""
         out: list[Join | Leave] = []
         lingering = self._lingering
         while lingering:
-            key, until = next(iter(lingering.items()))
-            if until > now:
+            key, entry = next(iter(lingering.items()))
+            if entry.holds:  # held again: its next release puts it back
+                del lingering[key]
+                continue
+            if entry.until > now:
                 break
-            del lingering[key]
-            out += self._remove(key, self._entries[key])
+            out += self._remove(key, entry)
         return out
 
     def subscribers(self, channel: str) -> int:

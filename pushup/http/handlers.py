@@ -515,8 +515,10 @@ def _parse_subscribe(config: Config, presence: bool) -> Callable[[bytes], Parsed
         args = query_args(raw)
         query, timeout = subscribe_query(args, config)
         given = Args(args)
-        marks = (given.get("presence"), given.get("client"), given.get("user")) \
-            if presence else None
+        # (each looked up only when given: most subscribes name none of them)
+        marks = (given.get("presence") if b"presence" in args else None,
+                 given.get("client") if b"client" in args else None,
+                 given.get("user") if b"user" in args else None) if presence else None
         return query, timeout, given.get("token"), marks
     return parse
 

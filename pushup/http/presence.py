@@ -51,8 +51,10 @@ from pushup.http.sse import StreamClient
 
 log = Logger()
 MAX_INFO_BYTES = 1024  # a token's info claim, as JSON
+MAX_USER_CHARS = 200  # a user (a token's sub, or user=)
 _CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KEPT_CLAIMS = 4096  # tokens whose (sub, info) are remembered
+_KEPT_WHOS = 4096  # identities remembered (each re-poll of a member is one lookup)
 POSITION_PREFIX = "_presence-"  # a cursor's origin that holds a presence position
 
 
@@ -84,6 +86,10 @@ class PresenceDesk:
         self._woken: set[str] = set()  # channels with events for followers, this turn
         self._wake: DelayedCall | None = None
         self._claims: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
+        # who a subscribe is, by what names it (client, user=, token, channels): a
+        # member's re-polls are one lookup, not a check and a key built each time;
+        # emptied when full (a cache, not a record: a miss only costs the build)
+        self._whos: dict[tuple[str | None, str | None, str | None, tuple[str, ...]], Who] = {}
         self._counting: DelayedCall | None = None  # the counts that moved, said next turn
         self._alarm = Alarm(service.clock, self._expire)
 
@@ -99,15 +105,22 @@ class PresenceDesk:
             return ANONYMOUS, False  # (most polls, where nobody asks for presence: no work)
         if follow not in (None, "0", "1"):
             raise errors.BadRequest("presence is 0 or 1")
-        return self.who(client, user, token, channels), follow == "1"
+        named = (client, user, token, channels)
+        who = self._whos.get(named)
+        if who is None:
+            who = self.who(client, user, token, channels)  # (400 for a bad one: not kept)
+            if len(self._whos) >= _KEPT_WHOS:
+                self._whos.clear()
+            self._whos[named] = who
+        return who, follow == "1"
 
     def who(self, client: str | None, given: str | None, token: str | None,
             channels: tuple[str, ...]) -> Who:
         """The identity of a subscribe (its token already verified, if any):
         the token's user on a node with tokens, else ``user=`` (``given``)."""
         user, info = self._claims_of(token) if self.tokens else (given, None)
-        if user is not None and not 0 < len(user) <= 200:
-            raise errors.BadRequest("a user is 1 to 200 characters")
+        if user is not None and not 0 < len(user) <= MAX_USER_CHARS:
+            raise errors.BadRequest(f"a user is 1 to {MAX_USER_CHARS} characters")
         if client is not None and not _CLIENT_ID.fullmatch(client):
             raise errors.BadRequest("client is 1 to 64 letters, digits, _ or -")
         base = f"c:{client}" if client else (f"u:{user}:{token}" if user else None)
@@ -143,24 +156,29 @@ class PresenceDesk:
 
     def hold(self, who: Who, channels: tuple[str, ...]) -> None:
         """A poll or stream starts (``release`` it with the same ``who``)."""
-        if who.key is None:
+        key = who.key
+        if key is None:
             self.local.hold_anonymous(channels)
             if self._counting is None:
                 self._counting = self.service.clock.callLater(0, self._say_counts)
-        else:
-            self._local(self.local.hold(who.key, who.user, who.info, channels))
+            return
+        changes = self.local.hold(key, who.user, who.info, channels)
+        if changes is not None:  # (None: a re-poll of a known key moved nothing)
+            self._local(changes)
 
     def release(self, who: Who, channels: tuple[str, ...]) -> None:
         """A poll or stream ended: an anonymous one leaves the count at once,
-        a keyed one lingers for the window."""
-        if who.key is None:
+        a keyed one lingers for the window (the alarm is set when the first
+        key lingers, and by each expiry for the next: not once per poll)."""
+        key = who.key
+        if key is None:
             self.local.release_anonymous(channels)
             if self._counting is None:
                 self._counting = self.service.clock.callLater(0, self._say_counts)
             return
         now = self.service.now()
-        self.local.release(who.key, now)
-        self._alarm.set(self.local.next_deadline(), now)
+        if self.local.release(key, now):
+            self._alarm.set(self.local.next_deadline(), now)
 
     def _expire(self, deadline: int) -> None:
         now = self.service.now()

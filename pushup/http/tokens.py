@@ -40,15 +40,22 @@ class Grant:
 
 
 def issue(key: Any, channels: Iterable[str], expires: float, *, algorithm: str = ALGORITHM,
-          kid: str | None = None, issuer: str = "", audience: str = "") -> str:
+          kid: str | None = None, issuer: str = "", audience: str = "", sub: str = "",
+          info: Mapping[str, Any] | None = None) -> str:
     """A token for ``channels`` (names, or prefixes ending in ``*``) until
     ``expires``, signed with ``key``: the secret for HS256, a private key (PEM
-    or a ``cryptography`` key) for RS256, ES256 or EdDSA, named by ``kid``."""
+    or a ``cryptography`` key) for RS256, ES256 or EdDSA, named by ``kid``.
+    ``sub`` and ``info``: the user presence counts the subscriber as, and
+    what it says of that user (docs/api.md, "Who a subscriber is")."""
     claims: dict[str, Any] = {"channels": list(channels), "exp": int(expires)}
     if issuer:
         claims["iss"] = issuer
     if audience:
         claims["aud"] = audience
+    if sub:
+        claims["sub"] = sub
+    if info is not None:
+        claims["info"] = dict(info)
     return jwt.encode(claims, key, algorithm=algorithm,
                       headers={"kid": kid} if kid is not None else None)
 

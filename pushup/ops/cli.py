@@ -117,6 +117,13 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     parser.add_argument("--issuer", metavar="ISS", help="the iss claim (--subscribe-issuer)")
     parser.add_argument("--audience", metavar="AUD",
                         help="the aud claim (--subscribe-audience)")
+    parser.add_argument("--sub", metavar="USER",
+                        help="the sub claim: the user --presence counts the subscriber as "
+                             "(1 to 200 characters; GET /presence lists members by it)")
+    parser.add_argument("--info", metavar="JSON",
+                        help="the info claim: a JSON object of at most 1024 bytes, said with "
+                             "the user in GET /presence and presence events, e.g. "
+                             "'{\"name\":\"Ann\"}'")
     parser.add_argument("--jwks", action="store_true",
                         help="print the public JWKS of --key-file under --kid (a file for "
                              "--subscribe-jwks) instead of a token")
@@ -128,6 +135,8 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     problem = key_problem(opts)
     if problem is None and not opts.jwks:
         problem = channels_problem(opts.channels, opts.ttl)
+    info, info_problem = presence_claims(opts.sub, opts.info)
+    problem = problem or info_problem
     if problem:
         print(f"pushup token: error: {problem}", file=sys.stderr)
         return 2
@@ -141,7 +150,8 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             print(json.dumps(public_jwks(key, algorithm, opts.kid), indent=2))
             return 0
         print(issue(key, opts.channels.split(","), time.time() + opts.ttl, algorithm=algorithm,
-                    kid=opts.kid, issuer=opts.issuer or "", audience=opts.audience or ""))
+                    kid=opts.kid, issuer=opts.issuer or "", audience=opts.audience or "",
+                    sub=opts.sub or "", info=info))
         return 0
     secret_file = opts.secret_file or environ.get("PUSHUP_SUBSCRIBE_SECRET_FILE")
     try:
@@ -158,8 +168,36 @@ def token(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if short:
         print(f"pushup token: warning: {short}", file=sys.stderr)
     print(issue(secret, opts.channels.split(","), time.time() + opts.ttl, kid=opts.kid,
-                issuer=opts.issuer or "", audience=opts.audience or ""))
+                issuer=opts.issuer or "", audience=opts.audience or "", sub=opts.sub or "",
+                info=info))
     return 0
+
+
+def presence_claims(sub: str | None, info: str | None,
+                    ) -> tuple[dict[str, Any] | None, str | None]:
+    """``--sub`` and ``--info`` checked as a node with ``--presence`` checks
+    the claims (pushup.http.presence): the info object, and what is wrong, or None."""
+    import json
+
+    from pushup.http.presence import MAX_INFO_BYTES, MAX_USER_CHARS
+
+    if sub is not None and not 0 < len(sub) <= MAX_USER_CHARS:
+        return None, f"--sub: a user is 1 to {MAX_USER_CHARS} characters, not {len(sub)}"
+    if info is None:
+        return None, None
+    try:
+        value = json.loads(info)
+    except ValueError as e:
+        return None, f"--info: not JSON ({e}): {info!r:.80}"
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "true or false",
+                type(None): "null"}.get(type(value), "a number")
+        return None, f"--info: a JSON object ({{...}}), not {kind}: {info!r:.80}"
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          sort_keys=True).encode())
+    if size > MAX_INFO_BYTES:
+        return None, f"--info: {size} bytes as JSON; a node takes {MAX_INFO_BYTES} at most"
+    return value, None
 
 
 def key_problem(opts: Any) -> str | None:

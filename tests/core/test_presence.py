@@ -49,7 +49,7 @@ def test_a_poll_again_within_the_window_is_no_change():
     p.hold("t1", "ann", None, ("room",))
     p.release("t1", now=10 * S)
     p.take_counts()
-    assert p.hold("t1", "ann", None, ("room",)) == []  # the next poll: nothing changed
+    assert p.hold("t1", "ann", None, ("room",)) is None  # the next poll: nothing moved
     assert p.take_counts() == []
     assert p.expire(20 * S) == []  # held: it lingers no more
     assert p.subscribers("room") == 1
@@ -87,3 +87,32 @@ def test_changes_and_states_go_over_the_wire_and_back():
 def test_a_malformed_change_list_is_refused(raw):
     with pytest.raises(ValueError):
         changes_of(raw)
+
+
+def test_a_subscriber_polling_again_and_again_goes_one_window_after_its_last_poll():
+    p = Presence(window=5 * S)
+    assert p.hold("t1", "ann", None, ("room",)) == [Join("room", "ann", None)]
+    assert p.release("t1", now=1 * S) is True  # the first key to linger: the alarm is for it
+    p.hold("t2", "bob", None, ("room",))
+    assert p.release("t2", now=2 * S) is False  # a key lingers already, due earlier
+    for poll in range(1, 1000):  # ann re-polls, each held, then released, 1 ms apart
+        assert p.hold("t1", "ann", None, ("room",)) is None
+        assert p.release("t1", now=2 * S + poll * 1000) is False
+    last = 2 * S + 999 * 1000
+    assert p.next_deadline() == 7 * S  # bob's: ann's release moved hers behind his
+    assert p.expire(7 * S) == [Leave("room", "bob")]
+    assert p.next_deadline() == last + 5 * S
+    assert p.expire(last + 5 * S - 1) == []
+    assert p.expire(last + 5 * S) == [Leave("room", "ann")]
+    assert p.next_deadline() is None and len(p) == 0
+
+
+def test_a_key_held_again_is_passed_over_by_expiry_and_lingers_from_its_next_release():
+    p = Presence(window=5 * S)
+    p.hold("t1", "ann", None, ("room",))
+    p.release("t1", now=1 * S)
+    p.hold("t1", "ann", None, ("room",))  # an event stream, say: held long
+    assert p.expire(60 * S) == [] and p.members("room") == {"ann": None}
+    assert p.next_deadline() is None  # nothing lingers: no timer
+    assert p.release("t1", now=61 * S) is True
+    assert p.expire(66 * S) == [Leave("room", "ann")]

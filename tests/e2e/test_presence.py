@@ -9,7 +9,7 @@ import urllib.parse
 import jwt
 import pytest
 
-from tests.e2e.support import Pending, assert_error, assert_json_ok, serving, uniq
+from tests.e2e.support import Pending, assert_error, assert_json_ok, run_cli, serving, uniq
 from tests.sse_client import SSE
 
 SECRET = "presence-test-secret-of-32-bytes-at-least"
@@ -71,6 +71,17 @@ def test_a_user_with_two_tabs_is_one_member_and_the_count_is_every_tab(node):
     until(lambda: presence(node, [ch])[ch]["occupancy"] == 0, "the window to pass")
     assert presence(node, [ch])[ch] == {"occupancy": 0, "members": [],
                                         "members_truncated": False}
+
+
+def test_a_token_from_pushup_token_sub_info_makes_its_user_a_member_with_that_info(node):
+    ch = uniq("minted")
+    minted = run_cli("token", "--channels", ch, "--sub", "cid", "--info", '{"name": "Cid"}',
+                     env={"PUSHUP_SUBSCRIBE_SECRET": SECRET})
+    assert minted.returncode == 0, minted.stderr
+    held = Pending(lambda: poll(node, ch, minted.stdout.strip(), "tab1", timeout=3))
+    seen = until(lambda: (p := presence(node, [ch])[ch])["occupancy"] == 1 and p, "Cid")
+    assert seen["members"] == [{"user": "cid", "info": {"name": "Cid"}}]
+    assert_json_ok(held.result(20))
 
 
 def test_the_member_list_is_capped_and_the_count_stays_exact(node):

@@ -110,3 +110,20 @@ def test_presence_needs_channels_and_a_method_it_knows(node):
     answer = node.handlers.handle(Request(b"POST", b"/presence", b"channels=a", {}, b""),
                                   Client())
     assert answer.status == 405
+
+
+def test_ten_thousand_members_of_one_channel_are_listed_to_the_cap_and_counted_exactly(node):
+    # docs/operations.md, "Presence: sizing": the cap (--presence-members, 100 by
+    # default) bounds what GET /presence answers; the count is every subscriber
+    polls = [get(node, f"/subscribe?channels=big&timeout=30&client=t{i}&user=u{i}")
+             for i in range(10_000)]
+    seen = occupancy(node, "big")
+    assert seen["occupancy"] == 10_000
+    assert len(seen["members"]) == 100 and seen["members_truncated"] is True
+    assert len({m["user"] for m in seen["members"]}) == 100
+    assert len(get(node, "/presence?channels=big&members=1").body) < 100 * 20 + 100
+    for held in polls:
+        held.cancel()
+    node.reactor.advance(WINDOW + 0.1)  # every member leaves, each once, after the window
+    assert occupancy(node, "big") == {"occupancy": 0, "members": [], "members_truncated": False}
+    assert node.presence.figures()["presence_subscriptions"] == 0
