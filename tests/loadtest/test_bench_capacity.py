@@ -20,8 +20,8 @@ import json
 
 import pytest
 
-from loadtest.bench.__main__ import parse_args
 from deploy.launch import haproxy_config
+from loadtest.bench.__main__ import parse_args
 from loadtest.bench.capacity import (
     FOLLOW_CHUNK,
     HAPROXY_POLLS,
