@@ -108,6 +108,10 @@ INTERPRETED = {
     "pushup.http.seams": "typing Protocols only: nothing runs",
     "pushup.core.presence": "presence (issue 38, only with --presence): once per poll "
                             "counted; not measured compiled yet",
+    "pushup.core.subscriptions": "Durable Streams' subscriptions (issue 39, §6-7): once per "
+                                 "subscription request or wake, not per delivery",
+    "pushup.http.stream_subscriptions": "the __ds/ subscription endpoints (issue 39): once "
+                                        "per subscription request",
     "pushup.core.roster": "presence (issue 38): once per membership change and once per "
                           "turn for the counts; not measured compiled yet",
     "pushup.http.presence": "presence (issue 38): PyJWT reads a token's claims; once per "
