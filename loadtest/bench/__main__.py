@@ -399,37 +399,25 @@ def main(argv: list[str] | None = None) -> int:
     if "engines_side_by_side" in record:
         print()
         print(engines.table(eng))
-    wide = results.get("interest")
-    if isinstance(wide, dict) and "widths" in wide:
+    # each benchmark's own table, when its figures are in (the key its
+    # results always hold says so), in this order
+    for name, key, table in (("interest", "widths", interest.table),
+                             ("capacity", "workloads", capacity.table),
+                             ("workers", "fanout", workerscale.table),
+                             ("scale", "engines", nodescale.table),
+                             ("streams", "wake_up", streams.table),
+                             ("sse_latency", "fronts", sse_latency.table),
+                             ("presence", "ratios", presence.table)):
+        figures = results.get(name)
+        if not (isinstance(figures, dict) and key in figures):
+            continue
         print()
-        print(interest.table(wide))
-    cap = results.get("capacity")
-    if isinstance(cap, dict) and "workloads" in cap:
-        print()
-        print(capacity.table(cap))
-    workers = results.get("workers")
-    if isinstance(workers, dict) and "fanout" in workers:
-        print()
-        print(workerscale.table(workers))
-    scale = results.get("scale")
-    if isinstance(scale, dict) and "engines" in scale:
-        print()
-        print(nodescale.table(scale))
-        where = REPO / "loadtest" / "results" / "nodes" if args.results else OUT / f"scale-{stamp}"
-        nodescale.write(record, scale, where)
-        print(f"node scaling: {where.relative_to(REPO)}/report.md")
-    durable = results.get("streams")
-    if isinstance(durable, dict) and "wake_up" in durable:
-        print()
-        print(streams.table(durable))
-    latency = results.get("sse_latency")
-    if isinstance(latency, dict) and "fronts" in latency:
-        print()
-        print(sse_latency.table(latency))
-    who = results.get("presence")
-    if isinstance(who, dict) and "ratios" in who:
-        print()
-        print(presence.table(who))
+        print(table(figures))
+        if name == "scale":  # (its report too)
+            where = (REPO / "loadtest" / "results" / "nodes" if args.results
+                     else OUT / f"scale-{stamp}")
+            nodescale.write(record, figures, where)
+            print(f"node scaling: {where.relative_to(REPO)}/report.md")
     print(f"\nmachine: {record['machine']['cores']} cores, load average "
           f"{record['machine']['loadavg_at_start'][0]:.2f} at start, "
           f"{record['machine']['loadavg_at_end'][0]:.2f} at end; run took "
