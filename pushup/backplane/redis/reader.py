@@ -33,7 +33,7 @@ from twisted.python.failure import Failure
 
 from pushup.backplane.links import SaidOnce
 from pushup.backplane.redis.cluster import Shards
-from pushup.backplane.redis.exceptions import RedisError, RedisGone
+from pushup.backplane.redis.exceptions import RedisError, RedisGone, RedisNotSent
 from pushup.backplane.redis.following import (
     READABLE,
     Follow,
@@ -229,7 +229,9 @@ class LogReader(EnginePart):
     def _read_done(self, result: Any, p: Partition) -> None:
         if isinstance(result, Failure):
             if not self.stopped and p.followed:
-                if isinstance(result.value, RedisGone | RedisError):
+                if isinstance(result.value, RedisNotSent):
+                    pass  # not connected: the connection says so itself, once
+                elif isinstance(result.value, RedisGone | RedisError):
                     why = result.getErrorMessage()
                     if self._failing.new(why):  # once, not once a partition and retry
                         log.info("redis: reading channels failed ({why}); trying again every "

@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from pushup.backplane.redis.exceptions import RedisNotSent
+from pushup.backplane.redis.exceptions import RedisNotSent, RedisTimeout
 from pushup.backplane.redis.following import FollowedChannel, Partition, Step
 from pushup.backplane.redis.reader import RETRY, LogReader
 from pushup.core.model import Origin
@@ -19,14 +19,16 @@ S = 1_000_000  # µs
 
 
 class Unreachable:
-    """Shards whose every command fails at once, never sent; counts the reads."""
+    """Shards whose every command fails at once (never sent, unless told
+    another failure); counts the reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, failure: Exception | None = None) -> None:
         self.reads = 0
+        self.failure = failure or RedisNotSent("not connected")
 
     def evalsha(self, *args: Any, **kwargs: Any) -> defer.Deferred[Any]:
         self.reads += 1
-        return defer.fail(RedisNotSent("not connected"))
+        return defer.fail(self.failure)
 
 
 def _reader() -> tuple[LogReader, Partition, Unreachable, task.Clock]:
@@ -71,12 +73,14 @@ def test_reads_failing_while_a_retry_is_armed_arm_no_other() -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_reads_failing_again_and_again_on_many_partitions_are_said_once() -> None:
+def _said_reading_failed(failure: Exception) -> tuple[int, int]:
+    """(reads, lines said) when every read of 3 partitions fails with
+    ``failure``, 5 times each."""
     from twisted.logger import globalLogPublisher
 
     clock = task.Clock()
     store = Store(Retention(3600 * S, 3600 * S, 1000, 10**9), Origin("n", 1))
-    shards = Unreachable()
+    shards = Unreachable(failure)
     partitions = [Partition(i, f"p{i}") for i in range(3)]
     reader = LogReader(Service(store, clock, 60.0), shards, partitions,  # type: ignore[arg-type]
                        clock, maxlen=1000, timeout=2.0, most=1000, on_abroad=lambda *_: None)
@@ -97,4 +101,14 @@ def test_reads_failing_again_and_again_on_many_partitions_are_said_once() -> Non
     finally:
         globalLogPublisher.removeObserver(observe)
         reader.stop()
-    assert shards.reads == 15 and len(said) == 1
+    return shards.reads, len(said)
+
+
+def test_reads_failing_again_and_again_on_many_partitions_are_said_once() -> None:
+    assert _said_reading_failed(RedisTimeout("no reply within 2 s")) == (15, 1)
+
+
+def test_reads_never_sent_are_not_said_the_connection_says_it_is_down() -> None:
+    # Redis restarted: a read issued before its connection is back is never
+    # sent; "lost" and "up" are the connection's lines, not one per read.
+    assert _said_reading_failed(RedisNotSent("not connected")) == (15, 0)
