@@ -566,9 +566,10 @@ def state_of(sub: Subscription) -> dict[str, object]:
             {path: [at.appends, at.size] for path, at in wake.snapshot.items()}]}
 
 
-def subscription_of(sub_id: str, state: dict[str, Any],
-                    tails: dict[str, Position], now: int) -> Subscription:
-    """A subscription as ``state_of`` kept it; ``tails``: the streams' now."""
+def subscription_of(sub_id: str, state: dict[str, Any], tails: dict[str, Position],
+                    now: int, complete: bool = True) -> Subscription:
+    """A subscription as ``state_of`` kept it; ``tails``: the streams' now
+    (``complete``: every stream's, so a linked path missing was deleted)."""
     kind, pattern, streams, url, wake_stream, lease, description = state["spec"]
     spec = Definition(kind, pattern, tuple(streams), url, wake_stream, lease, description)
     sub = Subscription(sub_id, spec, int(state["created_at"]),
@@ -581,7 +582,7 @@ def subscription_of(sub_id: str, state: dict[str, Any],
         if (tail.appends, tail.size) < (acked.appends, acked.size):
             tail = acked
         sub.links[path] = Link(bool(explicit), bool(glob), acked, tail)
-    for path in [path for path in sub.links if path not in tails]:  # deleted meanwhile
+    for path in [path for path in sub.links if complete and path not in tails]:  # deleted
         sub.gone(path)
     for path, tail in tails.items():  # made after the state was kept: linked from the start
         if path not in sub.links and sub.matches(path):

@@ -34,6 +34,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pushup.backplane import Relayed
 from pushup.core import errors
 from pushup.core.errors import BadRequest, PushUpError, Unauthorized, WebhookUrlRejected
 from pushup.core.service import Service
@@ -42,6 +43,7 @@ from pushup.core.streams import Streams
 from pushup.core.subscriptions import (
     PULL_WAKE,
     WEBHOOK,
+    Definition,
     Event,
     Phase,
     Registry,
@@ -62,6 +64,62 @@ CONTROL = b"__ds/"
 TOKEN_LIFE_S = 3600  # a callback or claim token's life; fencing ends it sooner
 _JSON = b"application/json"
 _NO_STORE = ((b"Cache-Control", b"no-store"),)
+Answer = Response | defer.Deferred[Response]  # a request's answer: now, or when the streams told
+
+
+class Reach(Protocol):
+    """The streams a desk links and wakes: this node's alone
+    (``LocalReach``), or a cluster's (:mod:`pushup.backplane.mesh.stream_subscriptions`)."""
+
+    complete: bool  # tails() names every stream, so a path it lacks was deleted
+
+    def tails(self, now: int) -> defer.Deferred[dict[str, Position]]:
+        """Every stream's tail, by its path (as the streams' core keys it)."""
+
+    def append(self, path: str, event: bytes, now: int) -> defer.Deferred[Position]:
+        """A wake event appended to the stream at ``path``: its new tail (a
+        ``PushUpError`` when it refused)."""
+
+
+class LocalReach:
+    """The streams of this node alone (its core's)."""
+
+    complete = True
+
+    def __init__(self, streams: Streams) -> None:
+        self.streams = streams
+
+    def tails(self, now: int) -> defer.Deferred[dict[str, Position]]:
+        return defer.succeed(self.streams.tails(now))
+
+    def append(self, path: str, event: bytes, now: int) -> defer.Deferred[Position]:
+        try:
+            done = self.streams.append(path, Append("application/json", event, False, None,
+                                                    None), now)
+        except PushUpError as e:
+            return defer.fail(e)
+        return defer.succeed(done.tail)
+
+
+class StreamNews(Protocol):
+    """Who hears what the streams this node serves do (the desk, or a
+    cluster's part that tells the node holding the subscriptions)."""
+
+    def heard(self, path: str, tail: Position, created: bool = False,
+              start: Position = START) -> None: ...
+
+    def gone(self, path: str) -> None: ...
+
+
+class ClusterPart(Reach, StreamNews, Protocol):
+    """A cluster's side of the subscriptions (the mesh's: one node holds
+    them, the others tell it their news): the desk's reach, the news of
+    this node's streams, and the questions the nodes ask each other."""
+
+    desk: Any  # the desk this node serves them with, once made
+
+    def internal(self, request: Request, rest: bytes) -> Relayed | None:
+        """A node's own question under ``__ds/`` answered, or None (a client's)."""
 
 
 class Sender(Protocol):
@@ -98,7 +156,7 @@ def _json(status: int, value: object, headers: tuple[tuple[bytes, bytes], ...] =
 class SubscriptionDesk:
     """Every subscription of this node, its routes and its wakes."""
 
-    def __init__(self, service: Service, streams: Streams, prefix: str, key: SigningKey,
+    def __init__(self, service: Service, reach: Reach, prefix: str, key: SigningKey,
                  sender: Sender, authorize: Callable[[Request], None],
                  authorize_read: Callable[[Request], None],
                  keeper: Keeper | None = None) -> None:
@@ -108,7 +166,7 @@ class SubscriptionDesk:
         readers' (GET); ``keeper``: where the subscriptions are kept (they
         are read back from it now, their timers armed again)."""
         self.service = service
-        self.streams = streams
+        self.reach = reach
         self.prefix = prefix
         self.key = key
         self.sender = sender
@@ -126,11 +184,22 @@ class SubscriptionDesk:
         if keeper is not None:
             self._restore(keeper)
 
+    def __len__(self) -> int:
+        """The subscriptions held."""
+        return len(self.registry)
+
     def _restore(self, keeper: Keeper) -> None:
+        """The kept subscriptions, with the tails this node has now (a
+        cluster's others tell theirs as their streams change)."""
+        kept = keeper.subscriptions()
+        if kept:
+            self._relative_tails().addCallback(self._restored, kept, self.reach.complete)
+
+    def _restored(self, tails: dict[str, Position], kept: dict[str, dict[str, Any]],
+                  complete: bool) -> None:
         now = self.service.now()
-        tails = self._relative_tails()
-        for sub_id, state in keeper.subscriptions().items():
-            sub = subscription_of(sub_id, state, tails, now)
+        for sub_id, state in kept.items():
+            sub = subscription_of(sub_id, state, tails, now, complete)
             self.registry.subscriptions[sub_id] = sub
             self._bases[sub_id] = state.get("base", "http://localhost" + self.prefix)
             self._arm(sub)
@@ -171,14 +240,18 @@ class SubscriptionDesk:
 
     # -- routes ----------------------------------------------------------------
 
-    def answer(self, request: Request, rest: bytes) -> Response:
-        """``request`` to ``{prefix}__ds/{rest}``, answered (errors included)."""
+    def answer(self, request: Request, rest: bytes) -> Answer:
+        """``request`` to ``{prefix}__ds/{rest}``, answered now or later
+        (errors included)."""
         try:
-            return self._route(request, rest.decode("latin-1"))
+            answer = self._route(request, rest.decode("latin-1"))
         except PushUpError as e:
             return error_response(e)
+        if isinstance(answer, defer.Deferred):
+            answer.addErrback(_refused)
+        return answer
 
-    def _route(self, request: Request, rest: str) -> Response:
+    def _route(self, request: Request, rest: str) -> Answer:
         method = request.method
         if rest == "jwks.json":
             _allow(method, (b"GET",))
@@ -206,9 +279,14 @@ class SubscriptionDesk:
             if action == "streams":
                 _allow(method, (b"POST",))
                 paths = stream_paths(_field(_body(request), "streams"), "streams")
-                sub.add_explicit(paths, self._relative_tails())
-                self._keep(sub)
-                return Response(204, headers=_NO_STORE)
+
+                def add(tails: dict[str, Position]) -> Response:
+                    if self.registry.subscriptions.get(sub_id) is not sub:
+                        raise errors.NotFound(f"subscription {sub_id} was deleted meanwhile")
+                    sub.add_explicit(paths, tails)
+                    self._keep(sub)
+                    return Response(204, headers=_NO_STORE)
+                return self._relative_tails().addCallback(add)
             _allow(method, (b"DELETE",))
             sub.remove_explicit(unquote(action[len("streams/"):]))
             self._keep(sub)
@@ -226,18 +304,29 @@ class SubscriptionDesk:
             return self._release(sub, request)
         raise errors.NotFound(f"no subscription API {action[:40]!r}")
 
-    def _relative_tails(self) -> dict[str, Position]:
+    def _relative_tails(self) -> defer.Deferred[dict[str, Position]]:
+        """Every stream's tail, by its path under the streams' root."""
         n = len(self.prefix)
-        return {path[n:]: tail for path, tail in self.streams.tails(self.service.now()).items()}
+        told = self.reach.tails(self.service.now())
+        return told.addCallback(lambda tails: {path[n:]: tail for path, tail in tails.items()})
 
-    def _put(self, sub_id: str, request: Request) -> Response:
+    def _put(self, sub_id: str, request: Request) -> Answer:
         spec = definition(_body(request))
         if spec.webhook_url is not None:
             problem = webhook_url_problem(spec.webhook_url)
             if problem is not None:
                 raise WebhookUrlRejected(f"webhook URL refused: {problem}")
-        now = self.service.now()
-        sub, created = self.registry.put(sub_id, spec, self._relative_tails(), now)
+        known = self.registry.subscriptions.get(sub_id)
+        if known is not None:  # the same again (200) or another definition (409): no backfill
+            return self._made(self.registry.put(sub_id, spec, {}, self.service.now()), spec,
+                              request)
+        return self._relative_tails().addCallback(
+            lambda tails: self._made(self.registry.put(sub_id, spec, tails, self.service.now()),
+                                     spec, request))
+
+    def _made(self, put: tuple[Subscription, bool], spec: Definition, request: Request) -> Response:
+        sub, created = put
+        sub_id = sub.id
         if created:
             self._bases[sub_id] = self._url(request, "")
             self._keep(sub)
@@ -392,20 +481,30 @@ class SubscriptionDesk:
                             "generation": wake.generation, "ts": now // 1000},
                            separators=(",", ":")).encode()
         path = self.prefix + sub.spec.wake_stream
-        try:
-            done = self.streams.append(path, Append("application/json", event, False, None,
-                                                    None), now)
-        except PushUpError as e:
-            sub.move(Event.FAILED)
-            self._keep(sub)
-            if sub.id not in self._failing:
-                self._failing.add(sub.id)
-                log.warn("stream subscription {id}: its wake stream {path} refused the "
-                         "wake ({why}); woken again at the next append",
-                         id=sub.id, path=sub.spec.wake_stream, why=e.message)
-            return
+        written = self.reach.append(path, event, now)
+        written.addCallbacks(self._wake_written, self._wake_refused, (sub, path),
+                             errbackArgs=(sub, wake))
+
+    def _wake_written(self, tail: Position, sub: Subscription, path: str) -> None:
         self._failing.discard(sub.id)
-        self.heard(path, done.tail)
+        self.heard(path, tail)
+
+    def _wake_refused(self, failure: Failure, sub: Subscription, wake: Wake) -> None:
+        if not isinstance(failure.value, PushUpError):
+            log.failure("stream subscription {id}: writing its wake failed", failure,
+                        id=sub.id)
+        if self.registry.subscriptions.get(sub.id) is not sub or sub.wake is not wake \
+                or sub.phase is not Phase.WAKE_WRITTEN:
+            return  # deleted, or claimed meanwhile: the claim holds the work
+        sub.move(Event.FAILED)
+        self._keep(sub)
+        if sub.id not in self._failing:
+            self._failing.add(sub.id)
+            why = failure.value.message if isinstance(failure.value, PushUpError) \
+                else type(failure.value).__name__
+            log.warn("stream subscription {id}: its wake stream {path} refused the "
+                     "wake ({why}); woken again at the next append",
+                     id=sub.id, path=sub.spec.wake_stream, why=why)
 
     def _deliver(self, sub: Subscription) -> None:
         wake = sub.wake
@@ -504,6 +603,14 @@ class SubscriptionDesk:
         return {"count": len(self.registry), "wakes": self.wakes,
                 "retrying": sum(sub.phase is Phase.RETRYING for sub in subs),
                 **self.sender.stats()}
+
+
+def _refused(failure: Failure) -> Response:
+    """A later answer that failed: a PushUpError is its answer; anything else
+    is a bug, passed on for the front to log and answer 500."""
+    if not isinstance(failure.value, PushUpError):
+        return failure  # type: ignore[return-value]
+    return error_response(failure.value)
 
 
 def _allow(method: bytes, allowed: tuple[bytes, ...]) -> None:

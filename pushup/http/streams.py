@@ -46,14 +46,19 @@ from pushup.http.stream_retention import retention_asked, retention_fields
 from pushup.http.stream_sse import EVENT_BOUND_BUDGETS, Feed, WholeEvents
 from pushup.http.stream_subscriptions import (
     CONTROL,
+    Answer,
+    ClusterPart,
     Keeper,
+    LocalReach,
     Sender,
     SigningKey,
+    StreamNews,
     SubscriptionDesk,
 )
 
 PREFIX = b"/v1/stream/"
 _CONTROL = PREFIX + CONTROL
+HOME_PATH = _CONTROL.decode()  # the path whose node holds a cluster's subscriptions
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
 # short because the suite gives a whole long-poll test 5 s.
 LONG_POLL_S = 3.0
@@ -131,15 +136,25 @@ class StreamEndpoints:
             b"HEAD": self.head, b"DELETE": self.delete}
         # the reserved __ds/ paths (protocol §6-7): served once the node says how
         self.subscriptions: SubscriptionDesk | None = None
+        self.news: StreamNews | None = None  # who hears what the streams here do
+        self._cluster: ClusterPart | None = None
 
     def serve_subscriptions(self, key: SigningKey, sender: Sender,
-                            keeper: Keeper | None = None) -> None:
+                            keeper: Keeper | None = None,
+                            cluster: ClusterPart | None = None) -> None:
         """Serve the subscription APIs (``__ds/``): webhooks signed with
         ``key`` (and the wakes' tokens with its ``token_secret``), sent by
-        ``sender``; the subscriptions kept by ``keeper`` (``--data-dir``'s file)."""
-        self.subscriptions = SubscriptionDesk(
-            self.service, self.streams, PREFIX.decode("latin-1"), key, sender,
-            self._authorize, self._authorize_read, keeper)
+        ``sender``; the subscriptions kept by ``keeper`` (``--data-dir``'s
+        file); on a cluster, ``cluster`` reaches the other nodes' streams and
+        hears this node's (every client request goes to the engine's
+        ``HOME_PATH`` node)."""
+        desk = SubscriptionDesk(
+            self.service, cluster or LocalReach(self.streams), PREFIX.decode("latin-1"), key,
+            sender, self._authorize, self._authorize_read, keeper)
+        self.subscriptions = self.news = desk
+        if cluster is not None:
+            cluster.desk = desk
+            self.news = self._cluster = cluster
 
     def _authorize_read(self, request: Request) -> None:
         if self.config.subscribers_need_tokens and self.config.publish_token:
@@ -170,7 +185,7 @@ class StreamEndpoints:
         if request.method == b"OPTIONS":
             return _answer(204, headers=h.PREFLIGHT)
         if request.path.startswith(_CONTROL):
-            return self._control(request)
+            return self._control(request, client)
         handler = self.routes.get(request.method)
         try:
             if handler is None:
@@ -202,14 +217,24 @@ class StreamEndpoints:
         except PushUpError as e:
             return _error(e)
 
-    def _control(self, request: Request) -> Response:
-        """A request to the reserved ``__ds/`` paths."""
-        if self.subscriptions is None:
+    def _control(self, request: Request, client: object) -> Response | Held | Pending:
+        """A request to the reserved ``__ds/`` paths: a node's own question
+        answered here, a client's by the node that holds the subscriptions
+        (the engine's node of ``HOME_PATH``; one node: this one)."""
+        desk = self.subscriptions
+        if desk is None:
             return _error(errors.NotFound("this node does not serve the subscription APIs "
                                           "(docs/api.md, \"Stream subscriptions\")"))
-        answer = self.subscriptions.answer(request, request.path[len(_CONTROL):])
-        return Response(answer.status, answer.body, answer.content_type,
-                        answer.headers + h.COMMON)
+        rest = request.path[len(_CONTROL):]
+        try:
+            if self._cluster is not None:
+                own = self._cluster.internal(request, rest)
+                if own is not None:
+                    return _relayed(own)
+            return _outcome(self.engine.serve(
+                [HOME_PATH], lambda: _common(desk.answer(request, rest)), request, client))
+        except PushUpError as e:
+            return _error(e)
 
     # -- create, append, close, delete -----------------------------------------
 
@@ -241,8 +266,8 @@ class StreamEndpoints:
             0 if sub is None else decimal(sub.decode("latin-1"), _name(h.FORK_SUB_OFFSET)),
             *retention_asked(request, self.config, fork=forked_from is not None))
         stream, created = self.streams.create(params[0], asked, self.service.now())
-        if self.subscriptions is not None:  # a fork's inherited data is no news
-            self.subscriptions.heard(params[0], stream.tail, created,
+        if self.news is not None:  # a fork's inherited data is no news
+            self.news.heard(params[0], stream.tail, created,
                                      START if forked_from is None else stream.tail)
         headers: Headers = ((h.NEXT_OFFSET, stream.tail.offset.encode()),
                             *_closed(stream))
@@ -266,8 +291,8 @@ class StreamEndpoints:
             None if content_type is None else content_type.decode("latin-1"),
             request.body, close, None if seq is None else seq.decode("latin-1"), producer),
             self.service.now())
-        if self.subscriptions is not None and request.body:
-            self.subscriptions.heard(params[0], done.tail)
+        if self.news is not None and request.body:
+            self.news.heard(params[0], done.tail)
         headers: Headers = ((h.NEXT_OFFSET, done.tail.offset.encode()),)
         if done.closed:
             headers += ((h.CLOSED, h.TRUE),)
@@ -279,8 +304,8 @@ class StreamEndpoints:
 
     def delete(self, request: Request, params: tuple[str, ...], _: object) -> Response:
         self.streams.delete(params[0], self.service.now())
-        if self.subscriptions is not None:
-            self.subscriptions.gone(params[0])
+        if self.news is not None:
+            self.news.gone(params[0])
         return _answer(204)
 
     # -- read ------------------------------------------------------------------
@@ -414,6 +439,13 @@ def _relayed(outcome: object) -> Response | Held | Pending:
 
 
 _ANSWERS = (Response, Held, Pending)  # built once: a union built per call cost ~3 µs a read
+
+
+def _common(answer: Answer) -> Answer:
+    """The desk's answer with the headers of every stream answer."""
+    if isinstance(answer, defer.Deferred):
+        return answer.addCallback(_common)
+    return Response(answer.status, answer.body, answer.content_type, answer.headers + h.COMMON)
 
 
 def _outcome(outcome: object) -> Response | Held | Pending:

@@ -189,21 +189,31 @@ class Node:
 
     def _stream_subscriptions(self) -> SubscriptionDesk | None:
         """The Durable Streams subscription APIs (``/v1/stream/__ds/``): on a
-        node whose streams are its own alone (one process, no cluster); a
-        cluster's nodes would each hold other subscriptions, so there they
-        answer 404 (docs/api.md, "Stream subscriptions")."""
+        node whose streams are its own alone (one process, no cluster), and
+        on the mesh, where one node holds them and the others tell it their
+        streams' news (pushup.backplane.mesh.stream_subscriptions). On Redis
+        and with ``--workers`` they answer 404 (docs/api.md, "Stream
+        subscriptions")."""
         from treq.client import HTTPClient
         from twisted.web.client import Agent
 
+        from pushup.backplane.mesh.stream_routes import StreamRoutes
+        from pushup.backplane.mesh.stream_subscriptions import MeshSubscriptions
+
         endpoints = self.handlers.streams
-        if not isinstance(endpoints.engine, LocalStreams) or self.config.workers > 1:
+        engine = endpoints.engine
+        self.mesh_subscriptions: MeshSubscriptions | None = None
+        if not isinstance(engine, LocalStreams | StreamRoutes) or self.config.workers > 1:
             return None
         key = NodeKey(self.config)  # read (or made) when first needed
         # a connection per delivery, as presence's webhooks (a kept one the
         # receiver closed meanwhile would fail a POST)
         sender = WakeSender(key, HTTPClient(Agent(self.reactor)),  # type: ignore[no-untyped-call]
                             self.reactor, self.config.stream_webhook_queue)
-        endpoints.serve_subscriptions(key, sender, self.streams_file)
+        mesh = None if isinstance(engine, LocalStreams) else MeshSubscriptions(
+            engine, endpoints.streams, self.service.now)
+        self.mesh_subscriptions = mesh
+        endpoints.serve_subscriptions(key, sender, self.streams_file, mesh)
         return endpoints.subscriptions
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
@@ -353,6 +363,8 @@ class Node:
         log.info("stopped listening; draining: answered {n} waiting subscribers",
                  n=held - len(self.service.hub))
         self.handlers.streams.drain()  # Durable Streams' held reads, answered too
+        if self.mesh_subscriptions is not None:
+            self.mesh_subscriptions.stop()  # its news to the home: no retry armed
         # idle and answered connections go now, not after the flush; peers'
         # streams into us stay until then (they flush to us too), and so do
         # event streams given a time to end

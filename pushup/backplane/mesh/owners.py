@@ -27,9 +27,11 @@ from pushup.core import errors
 HOP = b"x-pushup-stream-hop"
 # The kinds of hop: to the path's owner (it may follow a placement), to the
 # node that serves the stream (it answers, never hands on), and the question
-# where a path's stream lives (answered in NODE).
+# where a path's stream lives (answered in NODE); and the subscriptions' home
+# and the other nodes asking each other (pushup.backplane.mesh.stream_subscriptions).
 TO_OWNER, SERVE_HERE, WHERE = "owner", "here", "where"
-KINDS = (TO_OWNER, SERVE_HERE, WHERE)
+SUBSCRIPTIONS = "subscriptions"
+KINDS = (TO_OWNER, SERVE_HERE, WHERE, SUBSCRIPTIONS)
 NODE = b"x-pushup-stream-node"
 
 

@@ -28,6 +28,7 @@ from pushup.backplane.mesh.owners import (
     HOP,
     NODE,
     SERVE_HERE,
+    SUBSCRIPTIONS,
     TO_OWNER,
     WHERE,
     hop_kind,
@@ -96,11 +97,12 @@ class StreamRoutes:
         self.relay.drain()
 
     def internal(self, request: StreamRequest) -> bool:
-        """Whether ``request`` is a node asking the owner of a path where its
-        stream lives (``WHERE``): the one hop that is no client's request
-        handed on; every other is authorized again where it is served, with
-        the client's own headers. 401 if wrongly signed."""
-        return self.hop(request) == WHERE
+        """Whether ``request`` is a node's own: asking the owner of a path
+        where its stream lives (``WHERE``), or the subscriptions' home
+        appending a wake (``SUBSCRIPTIONS``); every other hop is a client's
+        request handed on, authorized again where it is served with the
+        client's own headers. 401 if wrongly signed."""
+        return self.hop(request) in (WHERE, SUBSCRIPTIONS)
 
     def serve(self, paths: Sequence[str], run: Callable[[], object],
               request: StreamRequest | None = None, client: object = None) -> object:
