@@ -213,7 +213,10 @@ class Node:
         mesh = None if isinstance(engine, LocalStreams) else MeshSubscriptions(
             engine, endpoints.streams, self.service.now)
         self.mesh_subscriptions = mesh
-        endpoints.serve_subscriptions(key, sender, self.streams_file, mesh)
+        # only the home keeps them (another node's kept ones, from when the
+        # members were others, are not woken)
+        keeper = self.streams_file if mesh is None or mesh.is_home else None
+        endpoints.serve_subscriptions(key, sender, keeper, mesh)
         return endpoints.subscriptions
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:

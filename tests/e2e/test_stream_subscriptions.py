@@ -324,7 +324,8 @@ def test_with_a_data_dir_subscriptions_their_acks_retries_and_key_survive_a_rest
         assert again.get("/v1/stream/__ds/jwks.json").json["keys"][0]["kid"] == kid
         kept = again.get(SUB + pull).json
         assert kept["streams"] == [{"path": "p/a", "link_type": "glob", "acked_offset": tail}]
-        assert again.get(SUB + hook["id"]).json["status"] == "failed"
+        # (its status is not read here: the kept retry may be due at once,
+        # and while it is under way the subscription is "active")
         retried = json.loads(receiver.wait(2)[1][0])  # the kept schedule, honoured
         assert (retried["wake_id"], retried["generation"]) == (
             json.loads(body)["wake_id"], json.loads(body)["generation"])
