@@ -121,6 +121,11 @@ class ClusterPart(Reach, StreamNews, Protocol):
     def internal(self, request: Request, rest: bytes) -> Relayed | None:
         """A node's own question under ``__ds/`` answered, or None (a client's)."""
 
+    def serve(self, here: Callable[[], object], request: Request, client: object) -> object:
+        """A client's request under ``__ds/``: ``here()`` on the node that
+        holds the subscriptions, else that node's answer (as
+        ``StreamEngine.serve`` gives it)."""
+
 
 class Sender(Protocol):
     def send(self, url: str, body: bytes) -> defer.Deferred[tuple[int, bytes]]: ...
@@ -180,6 +185,7 @@ class SubscriptionDesk:
         self._bases: dict[str, str] = {}  # each subscription's root URL, as its PUT named it
         self._random = random.Random()
         self.wakes = 0  # wakes begun (/stats)
+        self.stopped = False  # another node holds them now (``stop``)
         self.keeper = keeper
         if keeper is not None:
             self._restore(keeper)
@@ -197,6 +203,8 @@ class SubscriptionDesk:
 
     def _restored(self, tails: dict[str, Position], kept: dict[str, dict[str, Any]],
                   complete: bool) -> None:
+        if self.stopped:
+            return
         now = self.service.now()
         for sub_id, state in kept.items():
             sub = subscription_of(sub_id, state, tails, now, complete)
@@ -596,6 +604,20 @@ class SubscriptionDesk:
             self._ended(sub)
         else:
             self._arm(sub)
+
+    def stop(self) -> None:
+        """This desk holds them no more (another node does now): its timers
+        go, and answers still to come change nothing; nothing is kept."""
+        for timer in self._timers.values():
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
+        if self._pump is not None and self._pump.active():
+            self._pump.cancel()
+        self._pump = None
+        self._due.clear()
+        self.registry.subscriptions.clear()
+        self.stopped = True
 
     def stats(self) -> dict[str, int]:
         """/stats ``stream_subscriptions``."""

@@ -58,7 +58,6 @@ from pushup.http.stream_subscriptions import (
 
 PREFIX = b"/v1/stream/"
 _CONTROL = PREFIX + CONTROL
-HOME_PATH = _CONTROL.decode()  # the path whose node holds a cluster's subscriptions
 # How long a long poll waits for data before its 204, unless it asks (timeout=);
 # short because the suite gives a whole long-poll test 5 s.
 LONG_POLL_S = 3.0
@@ -146,8 +145,8 @@ class StreamEndpoints:
         ``key`` (and the wakes' tokens with its ``token_secret``), sent by
         ``sender``; the subscriptions kept by ``keeper`` (``--data-dir``'s
         file); on a cluster, ``cluster`` reaches the other nodes' streams and
-        hears this node's (every client request goes to the engine's
-        ``HOME_PATH`` node)."""
+        hears this node's, and serves every client request under ``__ds/``
+        on the node that holds them."""
         desk = SubscriptionDesk(
             self.service, cluster or LocalReach(self.streams), PREFIX.decode("latin-1"), key,
             sender, self._authorize, self._authorize_read, keeper)
@@ -220,7 +219,7 @@ class StreamEndpoints:
     def _control(self, request: Request, client: object) -> Response | Held | Pending:
         """A request to the reserved ``__ds/`` paths: a node's own question
         answered here, a client's by the node that holds the subscriptions
-        (the engine's node of ``HOME_PATH``; one node: this one)."""
+        (one node: this one)."""
         desk = self.subscriptions
         if desk is None:
             return _error(errors.NotFound("this node does not serve the subscription APIs "
@@ -231,8 +230,12 @@ class StreamEndpoints:
                 own = self._cluster.internal(request, rest)
                 if own is not None:
                     return _relayed(own)
-            return _outcome(self.engine.serve(
-                [HOME_PATH], lambda: _common(desk.answer(request, rest)), request, client))
+            def here() -> Answer:  # the desk then (on Redis a node may take them meanwhile)
+                now_serving = self.subscriptions
+                assert now_serving is not None
+                return _common(now_serving.answer(request, rest))
+            return _outcome(here() if self._cluster is None
+                            else self._cluster.serve(here, request, client))
         except PushUpError as e:
             return _error(e)
 

@@ -30,7 +30,7 @@ from pushup.backplane.disk_streams import StreamsFile, StreamsFileError
 from pushup.backplane.mesh.dial import http_agent, http_client
 from pushup.backplane.mesh.endpoints import MeshEndpoints
 from pushup.backplane.mesh.mesh import PEER_FLUSH, Mesh
-from pushup.backplane.mesh.owners import advertised
+from pushup.backplane.mesh.owners import advertised, member
 from pushup.backplane.mesh.presence import MeshPresence
 from pushup.backplane.mesh.relay import Relay
 from pushup.backplane.mesh.stream_routes import Placements, StreamRoutes
@@ -134,7 +134,7 @@ class Node:
                                  stream_engine=self._stream_engine(streams),
                                  tokens=subscribe_verifier(config, reactor),
                                  presence=self.presence)
-        self.subscriptions = self._stream_subscriptions()
+        self._stream_subscriptions()
         limit = config.max_connections
         if config.reactor == "select" and limit > SELECT_CONNECTIONS:
             log.warn("select reactor: capping connections at {n}", n=SELECT_CONNECTIONS)
@@ -187,37 +187,64 @@ class Node:
         desk.listeners.append(hooks.events)
         return hooks
 
-    def _stream_subscriptions(self) -> SubscriptionDesk | None:
+    @property
+    def subscriptions(self) -> SubscriptionDesk | None:
+        """The desk serving Durable Streams subscriptions here (on a cluster,
+        the home's holds them; another's is empty), or None: not served."""
+        return self.handlers.streams.subscriptions
+
+    def _stream_subscriptions(self) -> None:
         """The Durable Streams subscription APIs (``/v1/stream/__ds/``): on a
-        node whose streams are its own alone (one process, no cluster), and
-        on the mesh, where one node holds them and the others tell it their
-        streams' news (pushup.backplane.mesh.stream_subscriptions). On Redis
-        and with ``--workers`` they answer 404 (docs/api.md, "Stream
-        subscriptions")."""
+        node alone, and on a cluster, where one node holds them and the
+        others tell it their streams' news (the mesh:
+        pushup.backplane.mesh.stream_subscriptions; Redis:
+        pushup.ops.redis_subscriptions). With ``--workers`` they answer 404
+        (docs/api.md, "Stream subscriptions")."""
         from treq.client import HTTPClient
         from twisted.web.client import Agent
 
-        from pushup.backplane.mesh.stream_routes import StreamRoutes
         from pushup.backplane.mesh.stream_subscriptions import MeshSubscriptions
 
         endpoints = self.handlers.streams
         engine = endpoints.engine
-        self.mesh_subscriptions: MeshSubscriptions | None = None
-        if not isinstance(engine, LocalStreams | StreamRoutes) or self.config.workers > 1:
-            return None
+        self.stream_cluster: MeshSubscriptions | None = None
+        if self.config.workers > 1:
+            return
         key = NodeKey(self.config)  # read (or made) when first needed
         # a connection per delivery, as presence's webhooks (a kept one the
         # receiver closed meanwhile would fail a POST)
         sender = WakeSender(key, HTTPClient(Agent(self.reactor)),  # type: ignore[no-untyped-call]
                             self.reactor, self.config.stream_webhook_queue)
-        mesh = None if isinstance(engine, LocalStreams) else MeshSubscriptions(
-            engine, endpoints.streams, self.service.now)
-        self.mesh_subscriptions = mesh
-        # only the home keeps them (another node's kept ones, from when the
-        # members were others, are not woken)
-        keeper = self.streams_file if mesh is None or mesh.is_home else None
-        endpoints.serve_subscriptions(key, sender, keeper, mesh)
-        return endpoints.subscriptions
+        if isinstance(engine, LocalStreams):
+            endpoints.serve_subscriptions(key, sender, self.streams_file)
+            return
+        if isinstance(engine, StreamRoutes):
+            mesh = self.stream_cluster = MeshSubscriptions(engine, endpoints.streams,
+                                                           self.service.now)
+            # only the home keeps them (another node's kept ones, from when
+            # the members were others, are not woken)
+            endpoints.serve_subscriptions(key, sender,
+                                          self.streams_file if mesh.is_home else None, mesh)
+            return
+        from pushup.backplane.redis.engine import RedisEngine
+        from pushup.backplane.redis.streams import SharedStreams
+        from pushup.ops.redis_subscriptions import RedisKeeper, RedisSubscriptions
+
+        assert isinstance(engine, SharedStreams) and isinstance(self.backplane, RedisEngine)
+        config = self.config
+        relay = Relay(http_agent(self.reactor, STREAM_IDLE_CONNECTIONS), self.reactor,
+                      config.cluster_secret, answer_s=STREAM_ANSWER_S)
+
+        def desk_of(keeper: RedisKeeper) -> SubscriptionDesk | None:
+            endpoints.serve_subscriptions(key, sender, keeper, redis)
+            return endpoints.subscriptions
+
+        redis = RedisSubscriptions(
+            self.backplane.shards, engine, endpoints.streams, relay,
+            member(config.advertise_url or advertised(config.host, config.port)),
+            config.cluster_secret, self.service.now, self.backplane.timeout, desk_of)
+        self.stream_cluster = redis
+        endpoints.serve_subscriptions(key, sender, None, redis)  # held by another, until taken
 
     def _stream_engine(self, streams: Streams) -> StreamEngine:
         """Where the Durable Streams of ``streams`` (the core's) are decided:
@@ -301,6 +328,9 @@ class Node:
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
         if self.spreads is not None:
             self.spreads.start()
+        start = getattr(self.stream_cluster, "start", None)
+        if start is not None:  # Redis: who holds the subscriptions
+            start()
         return d
 
     def stats(self) -> dict[str, Any]:
@@ -366,8 +396,8 @@ class Node:
         log.info("stopped listening; draining: answered {n} waiting subscribers",
                  n=held - len(self.service.hub))
         self.handlers.streams.drain()  # Durable Streams' held reads, answered too
-        if self.mesh_subscriptions is not None:
-            self.mesh_subscriptions.stop()  # its news to the home: no retry armed
+        if self.stream_cluster is not None:
+            self.stream_cluster.stop()  # its news to the home: no retry armed
         # idle and answered connections go now, not after the flush; peers'
         # streams into us stay until then (they flush to us too), and so do
         # event streams given a time to end

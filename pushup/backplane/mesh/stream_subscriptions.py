@@ -7,12 +7,12 @@ client request under ``__ds/`` is handed on to it as a stream's request is
 to the stream's owner. Its desk (:mod:`pushup.http.stream_subscriptions`)
 reaches the other nodes' streams by hops signed with the cluster secret:
 
-- ``GET __ds/_mesh/tails`` asks a node the tails of the streams it serves
+- ``GET __ds/_nodes/tails`` asks a node the tails of the streams it serves
   (a subscription's backfill); being asked also tells the node that
   subscriptions exist, so it tells the home its streams' changes again;
 - an append of a pull-wake's wake event goes to the wake stream's owner as
   a client's append would, marked ``subscriptions`` (no token needed);
-- ``POST __ds/_mesh/heard`` is how every other node tells the home what the
+- ``POST __ds/_nodes/heard`` is how every other node tells the home what the
   streams it serves did (made, appended to, deleted): the changes since the
   last batch, one entry a stream, one batch in flight. The home answers how
   many subscriptions it holds; at none the node stops telling until asked
@@ -50,8 +50,8 @@ from pushup.core.streams import Streams
 
 log = Logger(namespace="pushup")
 HOME = "/v1/stream/__ds/"  # the path whose owner is the home
-TAILS = b"/v1/stream/__ds/_mesh/tails"
-HEARD = b"/v1/stream/__ds/_mesh/heard"
+TAILS = b"/v1/stream/__ds/_nodes/tails"
+HEARD = b"/v1/stream/__ds/_nodes/heard"
 RETRY_S = 1.0  # a batch the home did not take goes again after this
 _JSON = b"application/json"
 # one change of a stream, as a batch carries it: ("heard", tail, created,
@@ -208,16 +208,21 @@ class MeshSubscriptions:
 
     # -- the hops this node answers ------------------------------------------------
 
+    def serve(self, here: Callable[[], object], request: StreamRequest,
+              client: object) -> object:
+        """A client's request under ``__ds/``, served on the home."""
+        return self.routes.serve([HOME], here, request, client)
+
     def internal(self, request: StreamRequest, rest: bytes) -> Relayed | None:
-        """A node's own question under ``__ds/_mesh/`` answered, or None: a
+        """A node's own question under ``__ds/_nodes/`` answered, or None: a
         client's request (handed on to the home). 401 if wrongly signed."""
-        if not rest.startswith(b"_mesh/") or self.routes.hop(request) != SUBSCRIPTIONS:
+        if not rest.startswith(b"_nodes/") or self.routes.hop(request) != SUBSCRIPTIONS:
             return None
-        if rest == b"_mesh/tails" and request.method == b"GET":
+        if rest == b"_nodes/tails" and request.method == b"GET":
             self.telling = True
             tails = self.streams.tails(self.now())
             return _answer({path: tail.offset for path, tail in tails.items()})
-        if rest == b"_mesh/heard" and request.method == b"POST" and self.is_home:
+        if rest == b"_nodes/heard" and request.method == b"POST" and self.is_home:
             return _answer({"subscriptions": self._take(request.body)})
         raise errors.NotFound("no such question between nodes")
 

@@ -108,6 +108,15 @@ class Shards:
             return connection.execute(*args, timeout=timeout)
         return self._route(key, send, MAX_REDIRECTS)
 
+    def execute_on(self, address: str, *args: Arg,
+                   timeout: float | None = None) -> Deferred[Any]:
+        """Run a command on the primary at ``address`` (one of ``primaries()``:
+        a SCAN walks each in turn); ``RedisNotSent`` if it is not known."""
+        primary = self._pool.primaries.get(address)
+        if primary is None:
+            return defer.fail(RedisNotSent(f"redis {self._name}: no primary {address}"))
+        return primary.commands.execute(*args, timeout=timeout)
+
     def evalsha(self, sha: str, script: str | bytes, keys: Sequence[Arg], args: Sequence[Arg],
                 timeout: float | None = None) -> Deferred[Any]:
         """``RedisConnection.evalsha`` (EVAL on NOSCRIPT) on the owner of ``keys[0]``."""

@@ -113,7 +113,7 @@ def test_a_home_holding_no_subscription_stops_the_news_until_tails_are_asked() -
     relay.sent[0][3].callback(Answer(200, b'{"subscriptions":0}'))
     mesh.heard("/v1/stream/a", P(2))
     assert len(relay.sent) == 1  # nothing told: no subscription to wake
-    asked = mesh.internal(_Request(b"GET", b"/v1/stream/__ds/_mesh/tails"), b"_mesh/tails")
+    asked = mesh.internal(_Request(b"GET", b"/v1/stream/__ds/_nodes/tails"), b"_nodes/tails")
     assert asked is not None and asked.status == 200
     mesh.heard("/v1/stream/a", P(3))
     assert len(relay.sent) == 2
