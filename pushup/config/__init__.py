@@ -133,7 +133,8 @@ _HELP: dict[str, tuple[str, str | None]] = {
     "peer": ("base URL of another node of the cluster (repeatable)", "URL"),
     "advertise_url": ("this node's base URL as the other nodes' --peer name it (default "
                       "http://HOST:PORT): on the mesh, each Durable Stream is held by one "
-                      "node, chosen from these URLs", "URL"),
+                      "node, chosen from these URLs; on Redis, the others reach it there "
+                      "when it holds the stream subscriptions", "URL"),
     "engine": ("what carries the cluster: mesh (peers, --peer) or "
                "redis://HOST:PORT[,HOST:PORT...][/DB] (one redis-server, or seeds of a "
                "Redis Cluster)", "ENGINE"),
