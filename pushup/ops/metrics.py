@@ -75,7 +75,7 @@ WEBHOOK_FIGURES = (
     ("queued", "pushup_webhook_events_queued", "gauge", "Webhook events waiting to be sent"),
 )
 
-# Durable Streams subscriptions (one node): under the "stream_subscriptions" key.
+# Durable Streams subscriptions: under the "stream_subscriptions" key.
 STREAM_SUBSCRIPTION_FIGURES = (
     ("count", "pushup_stream_subscriptions", "gauge", "Durable Streams subscriptions held"),
     ("wakes", "pushup_stream_subscription_wakes", "counter", "Subscription wakes begun"),
@@ -91,6 +91,13 @@ STREAM_SUBSCRIPTION_FIGURES = (
      "Subscription webhook POSTs that got no answer (down, slow, unreachable)"),
     ("dropped", "pushup_stream_webhook_dropped", "counter",
      "Subscription webhook deliveries refused, the queue full (retried with backoff)"),
+    # on a cluster (pushup.backplane.mesh.stream_subscriptions)
+    ("home", "pushup_stream_subscriptions_home", "gauge",
+     "1 on the node that holds the cluster's subscriptions, else 0"),
+    ("telling", "pushup_stream_subscriptions_telling", "gauge",
+     "1 while this node tells the home its streams' news, else 0"),
+    ("news_sent", "pushup_stream_subscription_news_batches", "counter",
+     "Batches of stream news this node's home took"),
 )
 
 

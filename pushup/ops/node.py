@@ -347,7 +347,9 @@ class Node:
                 "stream_sse_readers": self.handlers.streams.sse_readers,
                 "streams": self.stream_figures(),
                 **({} if self.subscriptions is None
-                   else {"stream_subscriptions": self.subscriptions.stats()}),
+                   else {"stream_subscriptions": {
+                       **self.subscriptions.stats(),
+                       **({} if self.stream_cluster is None else self.stream_cluster.stats())}}),
                 "timings": self.timings.figures()}
 
     def stream_figures(self) -> dict[str, int]:

@@ -7,8 +7,10 @@ whichever node holds a lease in Redis.
   else ``http://HOST:PORT``), set ``NX`` with a ``LEASE_S`` expiry by the first
   node asked for a subscription while there is no home, renewed every
   ``CHECK_S`` while it lives. Every other node reads it every ``CHECK_S``,
-  and hears at once when a node becomes home (the sharded channel
-  ``pushup:{ds}:told``, published before the new home answers anything).
+  and hears at once when a node becomes home, and whenever a subscription is
+  being made (the sharded channel ``pushup:{ds}:told``, published before
+  the home answers): a node tells the home its news from then on, until
+  the home answers that it holds none.
 - **Requests.** A client's request under ``__ds/`` on another node goes to
   the home over HTTP as it came (the home authorizes it); one handed on to a
   node that is home no more is 503 (the client tries again).
@@ -159,7 +161,12 @@ class RedisSubscriptions(MeshSubscriptions):
     # -- the home --------------------------------------------------------------------
 
     def _told(self, payload: bytes) -> None:
-        self._home_is(payload.decode("utf-8", "replace"))
+        """The home said its URL: it took them, or a subscription is being
+        made (tell it our news again, though it said it held none)."""
+        url = payload.decode("utf-8", "replace")
+        self._home_is(url)
+        if url and not self.is_home and not self.telling:
+            self.telling = True
 
     def _home_is(self, url: str) -> None:
         if url == self.home or self.is_home:
@@ -278,7 +285,9 @@ class RedisSubscriptions(MeshSubscriptions):
         if self._tails is not None:  # read just before the takeover's desk asks
             tails, self._tails = self._tails, None
             return defer.succeed(tails)
-        return self._scanned(now)
+        # a subscription is being made: every node tells its news from now on
+        told = self.redis.execute(TOLD, "SPUBLISH", TOLD, self.routes.me, timeout=self.timeout)
+        return told.addCallback(lambda _: self._scanned(now))
 
     @defer.inlineCallbacks
     def _scanned(self, now: int) -> Generator[Any, Any, dict[str, Position]]:

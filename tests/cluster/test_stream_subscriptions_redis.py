@@ -15,6 +15,14 @@ import signal
 from tests.cluster.clients import request, uniq
 from tests.cluster.test_stream_subscriptions_mesh import append, make_stream, pending_in, subscribe
 from tests.e2e.test_stream_subscriptions import SUB, Receiver
+from tests.toolkit import wait_until
+
+
+def told_none(base: str) -> bool:
+    """Whether the node at ``base`` stopped telling (the home held none)."""
+    _, _, body = request("GET", f"{base}/stats")
+    figures = json.loads(body)["stream_subscriptions"]
+    return figures["news_sent"] > 0 and figures["telling"] == 0
 
 
 def test_the_home_killed_another_node_takes_the_subscriptions_and_wakes_for_the_news(
@@ -39,5 +47,27 @@ def test_the_home_killed_another_node_takes_the_subscriptions_and_wakes_for_the_
         assert json.loads(woken)["generation"] == json.loads(first)["generation"] + 1
         status, _, seen = request("GET", f"{c.bases[2]}{SUB}{sub_id}")
         assert status == 200 and [link["path"] for link in json.loads(seen)["streams"]] == [path]
+    finally:
+        receiver.close()
+
+
+def test_a_subscription_made_after_the_home_held_none_is_told_every_nodes_news(
+        fresh_cluster, redis_server):
+    c = fresh_cluster(3, haproxy=False, engine=redis_server.url)
+    folder = uniq("g")
+    path = f"{folder}/a"
+    make_stream(c.bases[1], path)
+    receiver = Receiver(answer={"done": True})
+    try:
+        first = uniq("sub")
+        assert subscribe(c.bases[0], first, f"{folder}/*", receiver.url)[0] == 201  # node 0: home
+        assert request("DELETE", f"{c.bases[0]}{SUB}{first}")[0] == 204
+        # node 2's news answered "none held": it stops telling
+        append(c.bases[2], path, b"nobody subscribed")
+        wait_until(lambda: told_none(c.bases[2]), 10, 0.05, "node 2 told the home, which held none")
+        assert subscribe(c.bases[0], uniq("sub"), f"{folder}/*", receiver.url)[0] == 201
+        append(c.bases[2], path, b"subscribed again")  # told: the new subscription was said
+        [(woken, _)] = receiver.wait(1)
+        assert pending_in(woken) == {path}
     finally:
         receiver.close()

@@ -91,6 +91,7 @@ class MeshSubscriptions:
         self._sending = False
         self._retry: Any = None
         self._home_lost = False
+        self.news_sent = 0  # batches the home took (/stats)
 
     # -- the home's reach --------------------------------------------------------
 
@@ -172,8 +173,14 @@ class MeshSubscriptions:
         sent.addCallback(_json_of).addCallbacks(self._taken, self._not_taken,
                                                 errbackArgs=(batch,))
 
+    def stats(self) -> dict[str, int]:
+        """/stats ``stream_subscriptions``' cluster figures."""
+        return {"home": int(self.is_home), "telling": int(self.telling and not self.is_home),
+                "news_sent": self.news_sent}
+
     def _taken(self, answer: object) -> None:
         self._sending = False
+        self.news_sent += 1
         if self._home_lost:
             self._home_lost = False
             log.info("stream subscriptions: the home {home} takes this node's news again",
