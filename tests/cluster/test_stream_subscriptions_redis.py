@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Iterator
 
+import pytest
+
+from deploy.launch import LocalCluster
 from tests.cluster.clients import request, uniq
 from tests.cluster.test_stream_subscriptions_mesh import append, make_stream, pending_in, subscribe
 from tests.e2e.test_stream_subscriptions import SUB, Receiver
@@ -25,49 +29,48 @@ def told_none(base: str) -> bool:
     return figures["news_sent"] > 0 and figures["telling"] == 0
 
 
-def test_the_home_killed_another_node_takes_the_subscriptions_and_wakes_for_the_news(
-        fresh_cluster, redis_server):
+@pytest.fixture
+def on_redis(fresh_cluster, redis_server) -> Iterator[tuple[LocalCluster, str, str, Receiver]]:
+    """3 nodes on one redis-server, a stream made through node 1 in a fresh
+    folder, and a receiver answering each wake done: (cluster, folder, the
+    stream's path, receiver)."""
     c = fresh_cluster(3, haproxy=False, engine=redis_server.url)
     folder = uniq("g")
-    path = f"{folder}/a"
-    make_stream(c.bases[1], path)
+    make_stream(c.bases[1], f"{folder}/a")
     receiver = Receiver(answer={"done": True})
     try:
-        sub_id = uniq("sub")
-        assert subscribe(c.bases[0], sub_id, f"{folder}/*", receiver.url)[0] == 201  # node 0: home
-        append(c.bases[2], path, b"told by another node")
-        [(first, _)] = receiver.wait(1)
-        assert pending_in(first) == {path}
-        c.kill(0, signal.SIGKILL)
-        append(c.bases[1], path, b"while no node holds them")
-        # within the lease's life and a check, node 1 or 2 takes them over: the
-        # subscription, its ack, and the stream's tail past it
-        woken = receiver.wait(2, guard=30)[1][0]
-        assert pending_in(woken) == {path}
-        assert json.loads(woken)["generation"] == json.loads(first)["generation"] + 1
-        status, _, seen = request("GET", f"{c.bases[2]}{SUB}{sub_id}")
-        assert status == 200 and [link["path"] for link in json.loads(seen)["streams"]] == [path]
+        yield c, folder, f"{folder}/a", receiver
     finally:
         receiver.close()
 
 
-def test_a_subscription_made_after_the_home_held_none_is_told_every_nodes_news(
-        fresh_cluster, redis_server):
-    c = fresh_cluster(3, haproxy=False, engine=redis_server.url)
-    folder = uniq("g")
-    path = f"{folder}/a"
-    make_stream(c.bases[1], path)
-    receiver = Receiver(answer={"done": True})
-    try:
-        first = uniq("sub")
-        assert subscribe(c.bases[0], first, f"{folder}/*", receiver.url)[0] == 201  # node 0: home
-        assert request("DELETE", f"{c.bases[0]}{SUB}{first}")[0] == 204
-        # node 2's news answered "none held": it stops telling
-        append(c.bases[2], path, b"nobody subscribed")
-        wait_until(lambda: told_none(c.bases[2]), 10, 0.05, "node 2 told the home, which held none")
-        assert subscribe(c.bases[0], uniq("sub"), f"{folder}/*", receiver.url)[0] == 201
-        append(c.bases[2], path, b"subscribed again")  # told: the new subscription was said
-        [(woken, _)] = receiver.wait(1)
-        assert pending_in(woken) == {path}
-    finally:
-        receiver.close()
+def test_the_home_killed_another_node_takes_the_subscriptions_and_wakes_for_the_news(on_redis):
+    c, folder, path, receiver = on_redis
+    sub_id = uniq("sub")
+    assert subscribe(c.bases[0], sub_id, f"{folder}/*", receiver.url)[0] == 201  # node 0: home
+    append(c.bases[2], path, b"told by another node")
+    [(first, _)] = receiver.wait(1)
+    assert pending_in(first) == {path}
+    c.kill(0, signal.SIGKILL)
+    append(c.bases[1], path, b"while no node holds them")
+    # within the lease's life and a check, node 1 or 2 takes them over: the
+    # subscription, its ack, and the stream's tail past it
+    woken = receiver.wait(2, guard=30)[1][0]
+    assert pending_in(woken) == {path}
+    assert json.loads(woken)["generation"] == json.loads(first)["generation"] + 1
+    status, _, seen = request("GET", f"{c.bases[2]}{SUB}{sub_id}")
+    assert status == 200 and [link["path"] for link in json.loads(seen)["streams"]] == [path]
+
+
+def test_a_subscription_made_after_the_home_held_none_is_told_every_nodes_news(on_redis):
+    c, folder, path, receiver = on_redis
+    first = uniq("sub")
+    assert subscribe(c.bases[0], first, f"{folder}/*", receiver.url)[0] == 201  # node 0: home
+    assert request("DELETE", f"{c.bases[0]}{SUB}{first}")[0] == 204
+    # node 2's news answered "none held": it stops telling
+    append(c.bases[2], path, b"nobody subscribed")
+    wait_until(lambda: told_none(c.bases[2]), 10, 0.05, "node 2 told the home, which held none")
+    assert subscribe(c.bases[0], uniq("sub"), f"{folder}/*", receiver.url)[0] == 201
+    append(c.bases[2], path, b"subscribed again")  # told: the new subscription was said
+    [(woken, _)] = receiver.wait(1)
+    assert pending_in(woken) == {path}
