@@ -328,9 +328,8 @@ class Node:
         d.addErrback(lambda f: log.failure("joining the cluster failed", failure=f))
         if self.spreads is not None:
             self.spreads.start()
-        start = getattr(self.stream_cluster, "start", None)
-        if start is not None:  # Redis: who holds the subscriptions
-            start()
+        if self.stream_cluster is not None:  # (Redis: who holds the subscriptions)
+            self.stream_cluster.start()
         return d
 
     def stats(self) -> dict[str, Any]:

@@ -208,6 +208,9 @@ class MeshSubscriptions:
         self._retry = None
         self._send()
 
+    def start(self) -> None:
+        """Nothing to start on the mesh: the home is known from the members."""
+
     def stop(self) -> None:
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
