@@ -91,7 +91,9 @@ STREAM_SUBSCRIPTION_FIGURES = (
      "Subscription webhook POSTs that got no answer (down, slow, unreachable)"),
     ("dropped", "pushup_stream_webhook_dropped", "counter",
      "Subscription webhook deliveries refused, the queue full (retried with backoff)"),
-    # on a cluster (pushup.backplane.mesh.stream_subscriptions)
+)
+# ... and on a cluster (pushup.backplane.mesh.stream_subscriptions)
+STREAM_SUBSCRIPTION_CLUSTER_FIGURES = (
     ("home", "pushup_stream_subscriptions_home", "gauge",
      "1 on the node that holds the cluster's subscriptions, else 0"),
     ("telling", "pushup_stream_subscriptions_telling", "gauge",
@@ -130,7 +132,10 @@ class Collector:
         if "webhooks" in stats:
             yield from _families(WEBHOOK_FIGURES, stats["webhooks"])
         if "stream_subscriptions" in stats:
-            yield from _families(STREAM_SUBSCRIPTION_FIGURES, stats["stream_subscriptions"])
+            held = stats["stream_subscriptions"]
+            yield from _families(STREAM_SUBSCRIPTION_FIGURES, held)
+            if "home" in held:  # a cluster's node
+                yield from _families(STREAM_SUBSCRIPTION_CLUSTER_FIGURES, held)
         yield from timing.families(stats["timings"], stats["engine"])
         yield engine_gauge(stats)
         peers = stats["peers"]

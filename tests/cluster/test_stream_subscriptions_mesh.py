@@ -87,6 +87,11 @@ def test_a_subscription_through_any_node_links_and_wakes_the_streams_of_every_no
         assert pending_in(second) == {later}
         status, _, seen = request("GET", f"{c.bases[home]}{SUB}{sub_id}")
         assert later in {link["path"] for link in json.loads(seen)["streams"]}
+        # /metrics says which node holds them, and that the others tell it
+        for i in range(3):
+            text = request("GET", f"{c.bases[i]}/metrics")[2].decode()
+            assert f"pushup_stream_subscriptions_home {1.0 if i == home else 0.0}" in text
+            assert f"pushup_stream_subscriptions_telling {0.0 if i == home else 1.0}" in text
     finally:
         receiver.close()
 
