@@ -97,16 +97,22 @@ class Publisher(threading.Thread):
 
     def __init__(self, name: str, history: History, urls: Sequence[str],
                  channels: Sequence[str], count: int, pace: float = 0.0,
-                 pad: int = 0) -> None:
+                 pad: int = 0, pause_after: int = -1,
+                 resume: threading.Event | None = None) -> None:
+        """``pause_after``: after that many, wait for ``resume`` (the fault in
+        place, so that what follows is published while it holds)."""
         super().__init__(name=name, daemon=True)
         self.history, self.urls, self.channels = history, list(urls), list(channels)
         self.count, self.pace, self.pad = count, pace, "x" * pad
+        self.pause_after, self.resume = pause_after, resume
         self.errors: list[str] = []
 
     def run(self) -> None:
         try:
             n = 0
             while n < self.count:  # (re-read: a run cut short sets it to 0)
+                if n == self.pause_after and self.resume is not None:
+                    self.resume.wait(120)
                 ch = self.channels[n % len(self.channels)]
                 seq = n // len(self.channels)
                 url = self.urls[n % len(self.urls)]
@@ -370,8 +376,13 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
         mine = every if k == 0 else sorted({every[k % len(every)],
                                             every[(k * 3 + 1) % len(every)]})
         subs.append(Subscriber(f"sub{k}", urls, mine, hop=k % 2 == 1))
+    # each publisher waits after its share of ``before`` until the fault is
+    # made: on a busy machine making it can outlast the whole load otherwise
+    resume = threading.Event()
+    share = -(-load.before // load.publishers)
     pubs = [Publisher(f"pub{p}", history, [*pub_urls[p:], *pub_urls[:p]], channels[p],
-                      load.count, load.pace, load.pad) for p in range(load.publishers)]
+                      load.count, load.pace, load.pad, share, resume)
+            for p in range(load.publishers)]
     cut_at = healed_at = 0.0
     held: object = None
     try:
@@ -384,6 +395,7 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
                    msg="load before the fault")
         with fault() as held:
             cut_at = time.monotonic()
+            resume.set()
             wait_until(lambda: history.count() >= min(load.before + load.during, total)
                        and time.monotonic() - cut_at >= load.min_fault_s,
                        120 + load.min_fault_s, msg="load during the fault")
@@ -393,6 +405,7 @@ def under_fault(fault: Callable[[], AbstractContextManager[object]], pub_urls: S
             assert not p.is_alive(), f"{p.name} did not finish"
         wait_delivered(history, subs, load.settle_s)
     finally:
+        resume.set()
         for p in pubs:
             p.count = 0  # (a publisher still running stops after its request)
         for s in subs:
