@@ -238,7 +238,7 @@ class RedisSubscriptions(MeshSubscriptions):
             self._home_is("" if home is None else _text(home))
             return
         kept = yield self.redis.execute(KEY_SUBS, "HGETALL", KEY_SUBS, timeout=self.timeout)
-        self._tails = yield self.tails(self.now())
+        self._tails = yield self._scanned(self.now())  # (its own SPUBLISH below says it)
         states = {_text(kept[i]): json.loads(kept[i + 1]) for i in range(0, len(kept), 2)}
         self.home = self.home_routes.home = me
         self.is_home = True
